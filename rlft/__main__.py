@@ -1,0 +1,5 @@
+import sys
+
+from rlft.cli import main
+
+sys.exit(main())

@@ -1,0 +1,99 @@
+"""Command line: ``rlft train``, ``rlft eval``, ``rlft prepare gsm8k``, ``rlft config``.
+
+    rlft train                                    # the embedded demo (tiny model, synthetic arithmetic)
+    rlft train recipes/grpo_gsm8k.yaml model.path=/models/qwen algo.group_size=4
+    rlft train runs/<name>/config.yaml train.resume=true   # continue from the last checkpoint
+    rlft eval runs/<name>/policy recipes/grpo_gsm8k.yaml    # held-out metrics of a saved policy
+    rlft prepare gsm8k --input path/to/gsm8k --output data/gsm8k
+    rlft config                                   # every key, its default and meaning
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from rlft.config import ConfigError, help_text, load_config
+from rlft.data.schema import DataError
+
+
+def _split_recipe(args: list[str]) -> tuple[str | None, list[str]]:
+    """The first argument is a recipe when it is not a key=value override."""
+    if args and "=" not in args[0]:
+        return args[0], args[1:]
+    return None, args
+
+
+def cmd_train(ns: argparse.Namespace) -> int:
+    from rlft.run import train
+
+    recipe, overrides = _split_recipe(ns.args)
+    cfg = load_config(recipe, overrides)
+    train(cfg)
+    return 0
+
+
+def cmd_eval(ns: argparse.Namespace) -> int:
+    from rlft.data.templates import encode_prompts
+    from rlft.eval import evaluate
+    from rlft.models.loading import load_model, load_tokenizer, quiet_transformers, resolve_device
+    from rlft.run import load_task
+
+    recipe, overrides = _split_recipe(ns.args)
+    cfg = load_config(recipe, overrides)
+    quiet_transformers()
+    tok = load_tokenizer(ns.model, cfg.model.trust_remote_code)
+    model = load_model(ns.model, dtype=cfg.model.dtype, device=resolve_device(cfg.model.device))
+    _, held_out = load_task(cfg)
+    prompts = encode_prompts(held_out, cfg.data.template, tok, cfg.data.max_prompt_tokens, "eval data")
+    print(json.dumps(evaluate(model, tok, prompts, held_out, cfg), indent=2))
+    return 0
+
+
+def cmd_prepare(ns: argparse.Namespace) -> int:
+    from rlft.data import gsm8k
+
+    written = gsm8k.prepare(ns.input, ns.output)
+    for split, path in written.items():
+        print(f"{split}: {path}")
+    return 0
+
+
+def cmd_config(ns: argparse.Namespace) -> int:
+    print(help_text())
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="rlft", description="Reinforcement fine-tuning of language models.",
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+    t = sub.add_parser("train", help="SFT warm-up -> eval -> RL -> eval (no arguments: the embedded demo)")
+    t.add_argument("args", nargs="*", help="[recipe.yaml] [section.key=value ...]")
+    t.set_defaults(fn=cmd_train)
+    e = sub.add_parser("eval", help="evaluate a saved policy on the held-out split of a recipe's data")
+    e.add_argument("model", help="directory written by save_pretrained (e.g. runs/<name>/policy)")
+    e.add_argument("args", nargs="*", help="[recipe.yaml] [section.key=value ...]")
+    e.set_defaults(fn=cmd_eval)
+    pr = sub.add_parser("prepare", help="convert a dataset to verl-style parquet rows")
+    pr.add_argument("dataset", choices=["gsm8k"])
+    pr.add_argument("--input", required=True, help="directory with train.jsonl/test.jsonl, or one .jsonl file")
+    pr.add_argument("--output", required=True, help="directory to write train.parquet/test.parquet")
+    pr.set_defaults(fn=cmd_prepare)
+    c = sub.add_parser("config", help="list every configuration key with its default and meaning")
+    c.set_defaults(fn=cmd_config)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = build_parser().parse_args(argv)
+    try:
+        return ns.fn(ns)
+    except (ConfigError, DataError, FileNotFoundError) as e:
+        print(f"rlft: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

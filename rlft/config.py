@@ -1,0 +1,459 @@
+"""One typed configuration tree, validated on parse and frozen afterwards.
+
+``load_config(recipe, overrides)`` reads an optional YAML recipe, applies dotted
+command-line overrides (``algo.group_size=4``), and builds the frozen tree.
+An unknown key or a bad value raises :class:`ConfigError` naming the key and
+what is allowed; nothing is adjusted silently.
+
+The defaults are the embedded demo: a tiny model built in the run directory and
+a synthetic arithmetic task, tuned to train on a laptop CPU in a few minutes.
+Recipes under ``recipes/`` set the values for real models.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Literal, Mapping
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A configuration key or value that is not allowed."""
+
+
+def _check(cond: bool, key: str, msg: str) -> None:
+    if not cond:
+        raise ConfigError(f"{key}: {msg}")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    path: str = ""
+    """Local directory or hub id of a causal LM; empty builds the embedded tiny model."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Parameter dtype of policy and reference model."""
+    device: str = "auto"
+    """'auto' (cuda if available, else cpu), 'cpu', 'cuda' or 'cuda:N'."""
+    gradient_checkpointing: bool = False
+    """Trade compute for activation memory in the policy update."""
+    attn_implementation: str = ""
+    """Passed to from_pretrained when set (e.g. 'sdpa', 'eager')."""
+    trust_remote_code: bool = False
+    tiny_hidden_size: int = 128
+    """Embedded tiny model: hidden size."""
+    tiny_layers: int = 4
+    """Embedded tiny model: number of decoder layers."""
+    tiny_heads: int = 4
+    """Embedded tiny model: attention heads."""
+
+    def __post_init__(self) -> None:
+        _check(self.device == "auto" or self.device.split(":")[0] in ("cpu", "cuda"),
+               "model.device", f"must be auto, cpu, cuda or cuda:N, got {self.device!r}")
+        for name in ("tiny_hidden_size", "tiny_layers", "tiny_heads"):
+            _check(getattr(self, name) >= 1, f"model.{name}", "must be >= 1")
+        _check(self.tiny_hidden_size % self.tiny_heads == 0, "model.tiny_hidden_size",
+               f"must be divisible by model.tiny_heads={self.tiny_heads}")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    source: str = "synthetic:arith"
+    """'synthetic:arith', a .jsonl/.json/.parquet file, a directory with <split>.parquet|jsonl, or 'hf:<name>[:<config>]'."""
+    train_split: str = "train"
+    eval_split: str = "test"
+    prompt_key: str = "prompt"
+    """Field holding the prompt in plain rows (verl-style rows are detected)."""
+    answer_key: str = ""
+    """Field holding the ground truth in plain rows; empty for verl-style rows."""
+    response_key: str = ""
+    """Field holding a reference response (used by SFT); empty for none or verl's extra_info.answer."""
+    template: str = "chat"
+    """'chat' (tokenizer chat template), 'raw' (prompt as is), or a format string containing '{prompt}'."""
+    max_prompt_tokens: int = 512
+    """Prompts longer than this are an error at load time, never truncated silently."""
+    num_train: int = 0
+    """Use the first N training examples (0: all)."""
+    num_eval: int = 200
+    """Number of held-out problems to evaluate (0: all)."""
+    synth_train_size: int = 4000
+    """Synthetic task: number of training problems."""
+    synth_max_operand: int = 99
+    """Synthetic task: operands are drawn from 0..N."""
+    synth_ops: str = "+-"
+    """Synthetic task: operators to draw from."""
+
+    def __post_init__(self) -> None:
+        _check(self.template in ("chat", "raw") or "{prompt}" in self.template, "data.template",
+               f"must be 'chat', 'raw' or a format string containing '{{prompt}}', got {self.template!r}")
+        _check(self.max_prompt_tokens >= 1, "data.max_prompt_tokens", "must be >= 1")
+        _check(self.num_train >= 0, "data.num_train", "must be >= 0")
+        _check(self.num_eval >= 0, "data.num_eval", "must be >= 0")
+        _check(self.synth_train_size >= 1, "data.synth_train_size", "must be >= 1")
+        _check(self.synth_max_operand >= 1, "data.synth_max_operand", "must be >= 1")
+        _check(bool(self.synth_ops) and set(self.synth_ops) <= set("+-*"), "data.synth_ops",
+               f"must be a non-empty string of '+', '-', '*', got {self.synth_ops!r}")
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    max_new_tokens: int = 16
+    """Generation budget per response; longer responses are truncated (and counted)."""
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    """0 disables top-k."""
+
+    def __post_init__(self) -> None:
+        _check(self.max_new_tokens >= 1, "rollout.max_new_tokens", "must be >= 1")
+        _check(self.temperature > 0, "rollout.temperature", "must be > 0")
+        _check(0 < self.top_p <= 1, "rollout.top_p", "must be in (0, 1]")
+        _check(self.top_k >= 0, "rollout.top_k", "must be >= 0")
+
+
+@dataclass(frozen=True)
+class AlgoConfig:
+    name: str = "grpo"
+    """Label of the algorithm, recorded with the run."""
+    group_size: int = 8
+    """G: responses sampled per prompt."""
+    advantage: str = "group_norm"
+    """Advantage estimator (rlft.core.advantages.ADVANTAGES)."""
+    policy_loss: str = "clip"
+    """Policy loss (rlft.core.losses.POLICY_LOSSES)."""
+    loss_agg: str = "seq-mean-token-mean"
+    """Loss aggregation (rlft.core.losses.AGGREGATIONS)."""
+    clip_low: float = 0.2
+    """PPO ratio lower bound 1 - clip_low."""
+    clip_high: float = 0.2
+    """PPO ratio upper bound 1 + clip_high (DAPO clip-higher: 0.28)."""
+    kl_coef: float = 0.0
+    """Coefficient of the KL-to-reference loss term; 0 loads no reference model."""
+    kl_estimator: str = "k3"
+    """KL estimator (rlft.core.kl.KL_ESTIMATORS)."""
+    entropy_coef: float = 0.0
+    """Entropy bonus coefficient."""
+    adv_eps: float = 1e-6
+    """Epsilon added to the group std."""
+    epochs: int = 1
+    """Passes over each rollout batch."""
+    minibatches: int = 1
+    """Optimizer steps per epoch (the batch is split into this many mini-batches)."""
+
+    def __post_init__(self) -> None:
+        from rlft.core.advantages import ADVANTAGES
+        from rlft.core.kl import KL_ESTIMATORS
+        from rlft.core.losses import AGGREGATIONS, POLICY_LOSSES
+
+        for key, reg in (("advantage", ADVANTAGES), ("policy_loss", POLICY_LOSSES),
+                         ("loss_agg", AGGREGATIONS), ("kl_estimator", KL_ESTIMATORS)):
+            _check(getattr(self, key) in reg, f"algo.{key}",
+                   f"unknown {getattr(self, key)!r}; allowed: {', '.join(reg.names())}")
+        _check(self.group_size >= 2, "algo.group_size", "must be >= 2 (group baselines need two samples)")
+        _check(self.clip_low >= 0 and self.clip_high >= 0, "algo.clip_low/clip_high", "must be >= 0")
+        _check(self.kl_coef >= 0, "algo.kl_coef", "must be >= 0")
+        _check(self.adv_eps >= 0, "algo.adv_eps", "must be >= 0")
+        _check(self.epochs >= 1, "algo.epochs", "must be >= 1")
+        _check(self.minibatches >= 1, "algo.minibatches", "must be >= 1")
+
+    @property
+    def needs_ref(self) -> bool:
+        return self.kl_coef > 0
+
+    @property
+    def single_pass(self) -> bool:
+        """One update pass per rollout: old log-probs come from the loss's own forward."""
+        return self.epochs == 1 and self.minibatches == 1
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    fns: tuple[str, ...] = ("gsm8k_strict", "format")
+    """Reward functions (rlft.rewards.REWARDS), combined as a weighted sum."""
+    weights: tuple[float, ...] = (1.0, 0.1)
+    """One weight per function."""
+    timeout_s: float = 5.0
+    """A reward call slower than this costs its sample (scored as unscorable, counted)."""
+
+    def __post_init__(self) -> None:
+        from rlft.rewards import REWARDS
+
+        _check(len(self.fns) >= 1, "reward.fns", "needs at least one reward function")
+        for fn in self.fns:
+            _check(fn in REWARDS, "reward.fns", f"unknown {fn!r}; allowed: {', '.join(REWARDS.names())}")
+        _check(len(self.weights) == len(self.fns), "reward.weights",
+               f"needs one weight per function ({len(self.fns)}), got {len(self.weights)}")
+        _check(self.timeout_s > 0, "reward.timeout_s", "must be > 0")
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    lr: float = 2e-4
+    weight_decay: float = 0.0
+    beta1: float = 0.9
+    beta2: float = 0.99
+    eps: float = 1e-8
+    grad_clip: float = 1.0
+    """Max global grad norm (0: no clipping, the norm is still logged)."""
+    warmup_steps: int = 0
+    schedule: Literal["constant", "cosine", "linear"] = "constant"
+    """Learning-rate schedule after warm-up."""
+
+    def __post_init__(self) -> None:
+        _check(self.lr > 0, "optim.lr", "must be > 0")
+        _check(self.weight_decay >= 0, "optim.weight_decay", "must be >= 0")
+        _check(0 <= self.beta1 < 1 and 0 <= self.beta2 < 1, "optim.beta1/beta2", "must be in [0, 1)")
+        _check(self.grad_clip >= 0, "optim.grad_clip", "must be >= 0")
+        _check(self.warmup_steps >= 0, "optim.warmup_steps", "must be >= 0")
+
+
+@dataclass(frozen=True)
+class SFTConfig:
+    steps: int = 150
+    """Supervised warm-up steps before RL (0: skip)."""
+    batch_size: int = 64
+    lr: float = 3e-3
+    warmup_steps: int = 10
+    loss_on: Literal["response", "all"] = "response"
+    """Which tokens carry the SFT loss: the response only, or prompt and response."""
+
+    def __post_init__(self) -> None:
+        _check(self.steps >= 0, "sft.steps", "must be >= 0")
+        _check(self.batch_size >= 1, "sft.batch_size", "must be >= 1")
+        _check(self.lr > 0, "sft.lr", "must be > 0")
+        _check(self.warmup_steps >= 0, "sft.warmup_steps", "must be >= 0")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    steps: int = 150
+    """RL steps (one rollout batch and its update each)."""
+    prompts_per_step: int = 32
+    """P: prompts per RL step; the batch holds P x G sequences."""
+    micro_batch_size: int = 256
+    """Sequences per forward/backward (gradient accumulation above it; the loss is unchanged)."""
+    seed: int = 0
+    save_every: int = 0
+    """Checkpoint every N RL steps (0: only the final policy is saved)."""
+    keep_checkpoints: int = 2
+    """How many recent checkpoints to keep."""
+    resume: bool = False
+    """Resume from the last checkpoint in the run directory (log.run_dir/log.name)."""
+
+    def __post_init__(self) -> None:
+        _check(self.steps >= 0, "train.steps", "must be >= 0")
+        _check(self.prompts_per_step >= 1, "train.prompts_per_step", "must be >= 1")
+        _check(self.micro_batch_size >= 1, "train.micro_batch_size", "must be >= 1")
+        _check(self.save_every >= 0, "train.save_every", "must be >= 0")
+        _check(self.keep_checkpoints >= 1, "train.keep_checkpoints", "must be >= 1")
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    ks: tuple[int, ...] = (1, 4, 8)
+    """pass@k reported for each k; max(ks) samples are drawn per problem (0 samples if empty)."""
+    temperature: float = 1.0
+    """Sampling temperature for pass@k (exact match is always greedy)."""
+    correct_fn: str = "gsm8k_strict"
+    """Reward function deciding correctness (value >= 1 counts as correct)."""
+    format_fn: str = "format"
+    """Reward function deciding format compliance."""
+    batch_size: int = 256
+    before_rl: bool = True
+    """Evaluate before RL as well as after."""
+
+    def __post_init__(self) -> None:
+        from rlft.rewards import REWARDS
+
+        _check(all(k >= 1 for k in self.ks), "eval.ks", f"every k must be >= 1, got {self.ks}")
+        _check(self.temperature > 0, "eval.temperature", "must be > 0")
+        for key in ("correct_fn", "format_fn"):
+            _check(getattr(self, key) in REWARDS, f"eval.{key}",
+                   f"unknown {getattr(self, key)!r}; allowed: {', '.join(REWARDS.names())}")
+        _check(self.batch_size >= 1, "eval.batch_size", "must be >= 1")
+
+    @property
+    def num_samples(self) -> int:
+        return max(self.ks, default=0)
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    run_dir: str = "runs"
+    """Parent directory of runs."""
+    name: str = ""
+    """Run name (empty: a timestamp)."""
+    tensorboard: bool = True
+    """Write TensorBoard events when tensorboard is installed."""
+    progress: bool = True
+    """Show a progress bar."""
+
+    @property
+    def path(self) -> Path:
+        _check(bool(self.name), "log.name", "is not resolved yet")
+        return Path(self.run_dir) / self.name
+
+
+@dataclass(frozen=True)
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+
+    def __post_init__(self) -> None:
+        _check(not self.train.resume or bool(self.log.name), "train.resume",
+               "needs log.name (the run to resume), e.g. rlft train runs/<name>/config.yaml train.resume=true")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(_plain(self.to_dict()), sort_keys=False)
+
+
+def _plain(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {k: _plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_plain(v) for v in x]
+    return x
+
+
+# ----------------------------------------------------------------------------- parsing
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Check ``value`` against the annotation ``tp``; convert only lossless cases (int -> float, list -> tuple)."""
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        allowed = typing.get_args(tp)
+        _check(value in allowed, key, f"must be one of {', '.join(map(str, allowed))}, got {value!r}")
+        return value
+    if origin is tuple:
+        (elem, _ellipsis) = typing.get_args(tp)
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            value = [value]
+        _check(isinstance(value, (list, tuple)), key, f"must be a list, got {value!r}")
+        return tuple(_coerce(v, elem, f"{key}[{i}]") for i, v in enumerate(value))
+    if tp is bool:
+        _check(isinstance(value, bool), key, f"must be true or false, got {value!r}")
+        return value
+    if tp is int:
+        _check(isinstance(value, int) and not isinstance(value, bool), key, f"must be an integer, got {value!r}")
+        return value
+    if tp is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        _check(ok, key, f"must be a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        _check(isinstance(value, str), key, f"must be a string, got {value!r}")
+        return value
+    raise TypeError(f"{key}: unsupported annotation {tp!r}")  # a bug in this file, not user input
+
+
+def _build(cls: type, data: Mapping[str, Any], prefix: str) -> Any:
+    _check(isinstance(data, Mapping), prefix or "config", f"must be a mapping, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in fields(cls)}
+    for key in data:
+        _check(key in known, f"{prefix}{key}", f"unknown key; allowed: {', '.join(sorted(known))}")
+    kwargs = {}
+    for f in fields(cls):
+        if f.name not in data:
+            continue
+        tp = hints[f.name]
+        key = f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(tp):
+            kwargs[f.name] = _build(tp, data[f.name] or {}, f"{key}.")
+        else:
+            kwargs[f.name] = _coerce(data[f.name], tp, key)
+    return cls(**kwargs)
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``'algo.group_size=4'`` -> (['algo', 'group_size'], 4). Values are read as YAML scalars/lists."""
+    if "=" not in text:
+        raise ConfigError(f"override {text!r}: expected key=value, e.g. algo.group_size=4")
+    key, raw = text.split("=", 1)
+    parts = key.strip().split(".")
+    if not all(parts):
+        raise ConfigError(f"override {text!r}: malformed key {key!r}")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as e:
+        raise ConfigError(f"override {text!r}: cannot read value: {e}") from None
+    return parts, value
+
+
+def _set(tree: dict, parts: list[str], value: Any, text: str) -> None:
+    node = tree
+    for p in parts[:-1]:
+        child = node.setdefault(p, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"override {text!r}: {p} is not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def load_config(recipe: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    tree: dict[str, Any] = {}
+    if recipe is not None:
+        path = Path(recipe)
+        if not path.is_file():
+            raise ConfigError(f"recipe {str(path)!r} does not exist")
+        try:
+            tree = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"recipe {path}: invalid YAML: {e}") from None
+        if not isinstance(tree, dict):
+            raise ConfigError(f"recipe {path}: top level must be a mapping of sections")
+    for text in overrides:
+        parts, value = parse_override(text)
+        _set(tree, parts, value, text)
+    try:
+        return _build(Config, tree, "")
+    except ConfigError:
+        raise
+    except (KeyError, ValueError) as e:  # registry lookups and range checks inside sections
+        raise ConfigError(str(e)) from None
+
+
+def with_name(cfg: Config, name: str) -> Config:
+    """The same config with ``log.name`` resolved (a new frozen object)."""
+    return dataclasses.replace(cfg, log=dataclasses.replace(cfg.log, name=name))
+
+
+def help_text() -> str:
+    """Every key with its type, default and docstring (the CLI's ``rlft config --help``)."""
+    import ast
+    import inspect
+
+    lines = []
+    for section in fields(Config):
+        cls = typing.get_type_hints(Config)[section.name]
+        docs = _field_docs(cls, ast, inspect)
+        lines.append(f"{section.name}:")
+        default = cls()
+        for f in fields(cls):
+            lines.append(f"  {section.name}.{f.name} = {getattr(default, f.name)!r}    {docs.get(f.name, '')}".rstrip())
+    return "\n".join(lines)
+
+
+def _field_docs(cls: type, ast, inspect) -> dict[str, str]:
+    tree = ast.parse(inspect.getsource(cls))
+    body = tree.body[0].body
+    docs = {}
+    for a, b in zip(body, body[1:]):
+        if isinstance(a, ast.AnnAssign) and isinstance(b, ast.Expr) and isinstance(getattr(b, "value", None), ast.Constant):
+            docs[a.target.id] = str(b.value.value)
+    return docs

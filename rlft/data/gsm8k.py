@@ -1,0 +1,136 @@
+"""GSM8K: raw ``{question, answer}`` rows -> verl-layout parquet files.
+
+The raw answer is a worked solution ending in a line ``#### <number>``; the
+ground truth is that number with thousands commas removed (the same rule the
+``gsm8k_strict`` reward applies to completions). The prompt is the question
+followed by ``INSTRUCTION``, as in verl's GSM8K preprocessing, so checkpoints
+and numbers are comparable.
+
+    python -c "from rlft.data.gsm8k import prepare; print(prepare('raw/gsm8k', 'data/gsm8k'))"
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+from rlft.data.loaders import load_rows, resolve_path
+from rlft.data.schema import DataError
+from rlft.rewards.math import extract_strict
+
+DATA_SOURCE = "openai/gsm8k"
+INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
+SPLITS = ("train", "test")
+
+
+def extract_solution(answer: str) -> str:
+    """The number after the (last) ``####`` in a GSM8K answer, commas removed.
+
+    >>> extract_solution("48/2 = <<48/2=24>>24 in May.\\n#### 1,072")
+    '1072'
+    """
+    solution = extract_strict(answer) if isinstance(answer, str) else None
+    if solution is None:
+        raise DataError(f"no '#### <number>' final answer in {str(answer)[-80:]!r}")
+    return solution
+
+
+def to_verl_row(question: str, answer: str, split: str, index: int) -> dict:
+    """One GSM8K problem in verl's layout (see ``rlft.data.schema``)."""
+    return {
+        "data_source": DATA_SOURCE,
+        "prompt": [{"role": "user", "content": question + " " + INSTRUCTION}],
+        "ability": "math",
+        "reward_model": {"style": "rule", "ground_truth": extract_solution(answer)},
+        "extra_info": {"split": split, "index": index, "answer": answer, "question": question},
+    }
+
+
+def prepare(input_path: str, output_dir: str) -> dict[str, str]:
+    """Convert raw GSM8K to ``{output_dir}/{split}.parquet``; returns split -> path.
+
+    ``input_path`` is a directory holding ``train.jsonl`` and/or ``test.jsonl``
+    (or ``.json`` / ``.parquet``), or one file whose stem names the split
+    (``test.jsonl`` -> ``test.parquet``). Every split is converted and
+    validated before anything is written, and each file is written to a
+    temporary name then renamed, so an error leaves no partial output.
+    """
+    tables = {split: _convert(path, split) for split, path in _inputs(Path(input_path)).items()}
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    return _write_atomically(tables, out)
+
+
+def _inputs(path: Path) -> dict[str, Path]:
+    if not path.is_dir():
+        return {path.stem: resolve_path(path)}
+    found = {}
+    for split in SPLITS:
+        try:
+            found[split] = resolve_path(path, split)
+        except FileNotFoundError:
+            continue
+    if not found:
+        raise FileNotFoundError(f"{path}: no GSM8K split found; looked for train/test .jsonl, .json or .parquet")
+    return found
+
+
+def _convert(path: Path, split: str):
+    import pyarrow as pa
+
+    rows = []
+    for i, raw in enumerate(load_rows(str(path))):
+        question, answer = _field(raw, "question", path, i), _field(raw, "answer", path, i)
+        try:
+            rows.append(to_verl_row(question, answer, split, i))
+        except DataError as e:
+            raise DataError(f"{path}: row {i}: field 'answer': {e}") from None
+    return pa.Table.from_pylist(rows, schema=_schema())
+
+
+def _field(raw: Mapping, key: str, path: Path, index: int) -> str:
+    value = raw.get(key)
+    if not isinstance(value, str) or not value.strip():
+        problem = "missing" if value is None else f"expected a non-empty string, got {value!r:.60}"
+        raise DataError(f"{path}: row {index}: field {key!r}: {problem}")
+    return value
+
+
+def _schema():
+    import pyarrow as pa
+
+    text = pa.string()
+    return pa.schema(
+        [
+            ("data_source", text),
+            ("prompt", pa.list_(pa.struct([("role", text), ("content", text)]))),
+            ("ability", text),
+            ("reward_model", pa.struct([("style", text), ("ground_truth", text)])),
+            (
+                "extra_info",
+                pa.struct([("split", text), ("index", pa.int64()), ("answer", text), ("question", text)]),
+            ),
+        ]
+    )
+
+
+def _write_atomically(tables: dict, out: Path) -> dict[str, str]:
+    import pyarrow.parquet as pq
+
+    temps: dict[str, str] = {}
+    try:
+        for split, table in tables.items():
+            fd, temps[split] = tempfile.mkstemp(dir=out, prefix=f".{split}.", suffix=".parquet.tmp")
+            os.close(fd)
+            pq.write_table(table, temps[split])
+    except BaseException:
+        for temp in temps.values():
+            Path(temp).unlink(missing_ok=True)
+        raise
+    paths = {}
+    for split, temp in temps.items():
+        paths[split] = str(out / f"{split}.parquet")
+        os.replace(temp, paths[split])
+    return paths

@@ -1,0 +1,47 @@
+"""Load a causal LM and its tokenizer the way any Hugging Face model is loaded."""
+
+from __future__ import annotations
+
+import torch
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(name)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"model.device={name!r} but CUDA is not available on this machine")
+    return dev
+
+
+def load_tokenizer(path: str, trust_remote_code: bool = False):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    if tok.eos_token_id is None:
+        raise ValueError(f"tokenizer at {path!r} has no eos token; rlft needs one to end responses")
+    if tok.pad_token_id is None:  # common for base models; pad positions are always masked out
+        tok.pad_token = tok.eos_token
+    tok.padding_side = "left"
+    return tok
+
+
+def load_model(path: str, *, dtype: str = "float32", device: torch.device | str = "cpu",
+               attn_implementation: str = "", trust_remote_code: bool = False):
+    from transformers import AutoModelForCausalLM
+
+    kwargs = {"dtype": DTYPES[dtype], "trust_remote_code": trust_remote_code}
+    if attn_implementation:
+        kwargs["attn_implementation"] = attn_implementation
+    model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    return model.to(device)
+
+
+def quiet_transformers() -> None:
+    """Silence transformers' per-load progress bars and advisory warnings (rlft shows its own progress)."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()

@@ -1,0 +1,156 @@
+"""Score a batch of completions with several reward functions, one sample at a time.
+
+A reward function that raises, runs past ``timeout_s`` or returns something
+other than ``None`` or a finite real number costs only that sample: its value
+is ``None`` (unscorable, excluded downstream -- never a silent 0), the failure
+is counted in ``ScoreResult.errors`` and logged once per function per batch on
+the ``rlft.rewards`` logger.
+
+Timeouts use ``signal.setitimer(ITIMER_REAL)`` and a ``SIGALRM`` handler, so
+they only apply in the main thread of the main interpreter on platforms that
+have ``SIGALRM`` (not Windows). Elsewhere functions run without a time limit;
+a reward that may hang must then run in a subprocess with its own deadline.
+The previous ``SIGALRM`` handler and any pending timer are restored after
+each call. Code that swallows ``BaseException`` (a bare ``except:``) can
+swallow the timeout too; the value is still discarded as a timeout.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import numbers
+import signal
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from rlft.registry import Registry
+from rlft.rewards import REWARDS
+
+logger = logging.getLogger("rlft.rewards")
+
+RewardFn = Callable[[str, Mapping], "float | None"]
+
+
+@dataclass
+class ScoreResult:
+    total: list[float | None]  # (B,) weighted sum; None if a weighted component is None
+    per_fn: dict[str, list[float | None]]  # name -> (B,)
+    errors: dict[str, int]  # name -> number of samples that raised / timed out / returned junk
+
+
+class RewardTimeout(BaseException):
+    """Raised inside a reward fn by the alarm; a BaseException so ``except Exception`` does not swallow it."""
+
+
+def score_batch(
+    completions: Sequence[str],
+    samples: Sequence[Mapping],
+    fns: Sequence[str],
+    weights: Sequence[float],
+    timeout_s: float = 5.0,
+    *,
+    registry: Registry | None = None,
+) -> ScoreResult:
+    """Apply each named reward fn to each (completion, sample) pair and combine with ``weights``.
+
+    ``registry`` defaults to ``rlft.rewards.REWARDS``. A component with weight 0
+    is reported in ``per_fn`` but cannot make ``total`` None.
+    """
+    registry = REWARDS if registry is None else registry
+    _check_args(completions, samples, fns, weights, timeout_s)
+    table = {name: registry.get(name) for name in fns}  # unknown names fail before any scoring
+    per_fn, errors = {}, {}
+    for name, fn in table.items():
+        per_fn[name], errors[name] = _score_one_fn(name, fn, completions, samples, timeout_s)
+    total = [_combine([per_fn[n][i] for n in fns], weights) for i in range(len(completions))]
+    return ScoreResult(total=total, per_fn=per_fn, errors=errors)
+
+
+def _check_args(completions, samples, fns, weights, timeout_s) -> None:
+    if len(completions) != len(samples):
+        raise ValueError(f"got {len(completions)} completions but {len(samples)} samples")
+    if not fns:
+        raise ValueError("fns: need at least one reward function")
+    if len(fns) != len(weights):
+        raise ValueError(f"fns has {len(fns)} names but weights has {len(weights)} values")
+    if len(set(fns)) != len(fns):
+        raise ValueError(f"fns: duplicate names in {list(fns)}")
+    if not all(math.isfinite(w) for w in weights):
+        raise ValueError(f"weights must be finite, got {list(weights)}")
+    if not timeout_s > 0:
+        raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+
+
+def _combine(values: list[float | None], weights: Sequence[float]) -> float | None:
+    if any(v is None and w != 0 for v, w in zip(values, weights)):
+        return None
+    return float(sum(w * v for v, w in zip(values, weights) if w != 0))
+
+
+def _score_one_fn(name, fn, completions, samples, timeout_s) -> tuple[list[float | None], int]:
+    values, n_errors, first_error = [], 0, None
+    for i, (completion, sample) in enumerate(zip(completions, samples)):
+        try:
+            values.append(_checked(_call_with_timeout(fn, completion, sample, timeout_s)))
+        except (Exception, RewardTimeout) as e:
+            values.append(None)
+            n_errors += 1
+            first_error = first_error or f"sample {i}: {type(e).__name__}: {e}"
+    if n_errors:
+        logger.warning(
+            "reward %r failed on %d/%d samples (scored None); first: %s", name, n_errors, len(values), first_error
+        )
+    return values, n_errors
+
+
+def _checked(value: object) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"returned {type(value).__name__} {value!r}, expected a float or None")
+    if not math.isfinite(value):
+        raise ValueError(f"returned non-finite value {value!r}")
+    return float(value)
+
+
+def _alarm_available() -> bool:
+    return (
+        hasattr(signal, "SIGALRM")
+        and hasattr(signal, "setitimer")
+        and threading.current_thread() is threading.main_thread()
+    )
+
+
+def _call_with_timeout(fn: RewardFn, completion: str, sample: Mapping, timeout_s: float):
+    """``fn(completion, sample)``, interrupted after ``timeout_s`` where SIGALRM is usable."""
+    if not _alarm_available():
+        return fn(completion, sample)
+    state = {"armed": True, "fired": False}
+
+    def on_alarm(signum, frame):
+        if state["armed"]:
+            state["fired"] = True
+            raise RewardTimeout(f"timed out after {timeout_s}s")
+
+    try:
+        previous_handler = signal.signal(signal.SIGALRM, on_alarm)
+    except ValueError:  # not the main interpreter
+        return fn(completion, sample)
+    previous_delay, previous_interval = signal.setitimer(signal.ITIMER_REAL, timeout_s)
+    start = time.monotonic()
+    try:
+        value = fn(completion, sample)
+        state["armed"] = False
+    finally:
+        state["armed"] = False
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous_handler)
+        if previous_delay > 0:  # re-arm the caller's timer with what is left of it
+            left = max(previous_delay - (time.monotonic() - start), 1e-6)
+            signal.setitimer(signal.ITIMER_REAL, left, previous_interval)
+    if state["fired"]:  # the fn caught the timeout and carried on
+        raise RewardTimeout(f"timed out after {timeout_s}s")
+    return value

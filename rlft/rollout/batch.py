@@ -1,0 +1,85 @@
+"""The typed batch that flows through the RL loop.
+
+Sequences are ``prompt (left-padded) + response (right-padded)``; groups are
+contiguous, so sample ``i`` belongs to prompt ``i // G`` and ``scores.view(P, G)``
+is the group layout.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class Batch:
+    prompt_ids: Tensor  # (B, Tp) left-padded
+    prompt_mask: Tensor  # (B, Tp) 1 on real prompt tokens
+    response_ids: Tensor  # (B, T) right-padded
+    response_mask: Tensor  # (B, T) 1 on response tokens up to and including the first eos
+    truncated: Tensor  # (B,) bool: no eos within the generation budget
+    group_size: int
+    texts: list[str] = field(default_factory=list)  # decoded responses, eos excluded
+    scores: Tensor | None = None  # (B,) combined reward, NaN where unscorable
+    adv: Tensor | None = None  # (B, T) per-token advantages
+    old_logp: Tensor | None = None  # (B, T) behaviour-policy log-probs (only when several passes)
+    ref_logp: Tensor | None = None  # (B, T) reference-model log-probs (only when a KL term needs them)
+
+    def __len__(self) -> int:
+        return self.prompt_ids.shape[0]
+
+    @property
+    def input_ids(self) -> Tensor:  # (B, Tp + T)
+        return torch.cat([self.prompt_ids, self.response_ids], dim=1)
+
+    @property
+    def attention_mask(self) -> Tensor:  # (B, Tp + T)
+        return torch.cat([self.prompt_mask, self.response_mask], dim=1)
+
+    @property
+    def response_lengths(self) -> Tensor:  # (B,)
+        return self.response_mask.sum(1)
+
+    def index(self, idx: Tensor | slice) -> "Batch":
+        """The sub-batch at ``idx`` (sequence dimension); texts follow the same selection."""
+        out = {}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, Tensor):
+                out[f.name] = v[idx]
+            elif f.name == "texts" and v:
+                rows = range(len(self))[idx] if isinstance(idx, slice) else idx.tolist()
+                out[f.name] = [v[i] for i in rows]
+            else:
+                out[f.name] = v
+        return Batch(**out)
+
+    def to(self, device: torch.device) -> "Batch":
+        return dataclasses.replace(self, **{f.name: getattr(self, f.name).to(device) for f in dataclasses.fields(self)
+                                            if isinstance(getattr(self, f.name), Tensor)})
+
+
+def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[Tensor, Tensor]:
+    """(ids, mask), both (N, max_len), padded on the left."""
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        if s:
+            ids[i, width - len(s):] = torch.tensor(s, dtype=torch.long)
+            mask[i, width - len(s):] = 1
+    return ids, mask
+
+
+def right_pad(seqs: list[list[int]], pad_id: int) -> tuple[Tensor, Tensor]:
+    """(ids, mask), both (N, max_len), padded on the right."""
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, : len(s)] = torch.tensor(s, dtype=torch.long)
+        mask[i, : len(s)] = 1
+    return ids, mask

@@ -1,0 +1,226 @@
+"""``rlft train``: SFT warm-up (optional) -> evaluation -> RL -> evaluation, in one run directory.
+
+Run directory layout::
+
+    runs/<name>/config.yaml        the resolved configuration
+    runs/<name>/metrics.jsonl      one JSON object per RL step
+    runs/<name>/sft_metrics.jsonl  SFT warm-up losses (when SFT runs)
+    runs/<name>/eval.json          {"before_rl": {...}, "after_rl": {...}}
+    runs/<name>/policy/            final policy + tokenizer (save_pretrained)
+    runs/<name>/checkpoints/       step_N/{policy/, state.pt} every train.save_every steps
+    runs/<name>/base_model/        the embedded tiny model (only when model.path is empty)
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import yaml
+
+from rlft import checkpoint
+from rlft.config import Config, ConfigError, with_name
+from rlft.data.loaders import load_examples
+from rlft.data.schema import Example
+from rlft.data.synthetic import arithmetic_task
+from rlft.data.templates import encode_prompts
+from rlft.eval import evaluate
+from rlft.models.loading import load_model, load_tokenizer, quiet_transformers, resolve_device
+from rlft.models.tiny import build_tiny_model
+from rlft.tracking import MetricsLog, truncate_jsonl
+from rlft.trainers.optim import make_optimizer, make_scheduler
+from rlft.trainers.rl import PromptSampler, RLState, rl_step
+from rlft.trainers.sft import train_sft
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    eval: dict
+    seconds: float
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def load_task(cfg: Config) -> tuple[list[Example], list[Example]]:
+    d = cfg.data
+    if d.source == "synthetic:arith":
+        n_eval = d.num_eval or 500
+        return arithmetic_task(n_train=d.synth_train_size, n_eval=n_eval, max_operand=d.synth_max_operand,
+                               ops=d.synth_ops, seed=cfg.train.seed)
+    keys = {"prompt_key": d.prompt_key, "answer_key": d.answer_key or None, "response_key": d.response_key or None}
+    train = load_examples(d.source, d.train_split, **keys)
+    held_out = load_examples(d.source, d.eval_split, **keys)
+    return train[: d.num_train or None], held_out[: d.num_eval or None]
+
+
+def prepare_run_dir(cfg: Config) -> Config:
+    """Resolve the run name, create the directory and write config.yaml (refusing to clobber another run)."""
+    if not cfg.log.name:
+        cfg = with_name(cfg, time.strftime("%Y%m%d-%H%M%S"))
+    path = cfg.log.path
+    if path.exists() and any(path.iterdir()) and not cfg.train.resume:
+        raise ConfigError(f"log.name: run directory {path} already exists; choose another name, "
+                          "or resume it with train.resume=true")
+    path.mkdir(parents=True, exist_ok=True)
+    saved = yaml.safe_load(cfg.to_yaml())
+    saved["train"]["resume"] = False  # the file describes the run; resuming is a choice made on the command line
+    tmp = path / "config.yaml.tmp"
+    tmp.write_text(yaml.safe_dump(saved, sort_keys=False))
+    tmp.replace(path / "config.yaml")
+    return cfg
+
+
+def _write_json(path: Path, obj: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(obj, indent=2))
+    tmp.replace(path)
+
+
+def train(cfg: Config, *, echo=print) -> RunResult:
+    """Run the whole pipeline described by ``cfg``; returns where it was written and the evaluation."""
+    t0 = time.perf_counter()
+    quiet_transformers()
+    cfg = prepare_run_dir(cfg)
+    run_dir = cfg.log.path
+    seed_everything(cfg.train.seed)
+    device = resolve_device(cfg.model.device)
+    ckpt = checkpoint.latest(run_dir) if cfg.train.resume else None
+    if cfg.train.resume and ckpt is None:
+        raise ConfigError(f"train.resume: no checkpoint under {run_dir / 'checkpoints'}")
+
+    model_path = cfg.model.path
+    if not model_path:
+        model_path = str(run_dir / "base_model")
+        if not (run_dir / "base_model" / "config.json").exists():
+            m = cfg.model
+            build_tiny_model(model_path, hidden_size=m.tiny_hidden_size, layers=m.tiny_layers, heads=m.tiny_heads,
+                             seed=cfg.train.seed)
+    load_from = str(ckpt / "policy") if ckpt else model_path
+    tokenizer = load_tokenizer(load_from, cfg.model.trust_remote_code)
+    policy = load_model(load_from, dtype=cfg.model.dtype, device=device,
+                        attn_implementation=cfg.model.attn_implementation, trust_remote_code=cfg.model.trust_remote_code)
+    if cfg.model.gradient_checkpointing:
+        policy.gradient_checkpointing_enable()
+    n_params = sum(p.numel() for p in policy.parameters())
+    echo(f"rlft: run {run_dir}  model {cfg.model.path or 'embedded tiny'} ({n_params / 1e6:.2f}M params) on {device}")
+
+    train_ex, eval_ex = load_task(cfg)
+    train_prompts = encode_prompts(train_ex, cfg.data.template, tokenizer, cfg.data.max_prompt_tokens, "train data")
+    eval_prompts = encode_prompts(eval_ex, cfg.data.template, tokenizer, cfg.data.max_prompt_tokens, "eval data")
+    echo(f"rlft: {len(train_ex)} training prompts, {len(eval_ex)} held-out")
+
+    results = json.loads((run_dir / "eval.json").read_text()) if ckpt and (run_dir / "eval.json").exists() else {}
+    if ckpt is None:
+        if cfg.sft.steps:
+            _run_sft(policy, tokenizer, train_ex, cfg, run_dir)
+        if cfg.eval.before_rl:
+            results["before_rl"] = _eval(policy, tokenizer, eval_prompts, eval_ex, cfg, echo, "before RL")
+            _write_json(run_dir / "eval.json", results)
+
+    _run_rl(policy, tokenizer, train_ex, train_prompts, cfg, run_dir, ckpt, echo)
+
+    results["after_rl"] = _eval(policy, tokenizer, eval_prompts, eval_ex, cfg, echo, "after RL")
+    _write_json(run_dir / "eval.json", results)
+    policy.save_pretrained(run_dir / "policy")
+    tokenizer.save_pretrained(run_dir / "policy")
+    seconds = time.perf_counter() - t0
+    echo(summary(results, seconds, run_dir))
+    return RunResult(run_dir=run_dir, eval=results, seconds=seconds)
+
+
+def _run_sft(policy, tokenizer, train_ex, cfg: Config, run_dir: Path) -> None:
+    log = MetricsLog(run_dir, tensorboard=False, filename="sft_metrics.jsonl")
+    bar = _bar(cfg.sft.steps, "sft", cfg)
+    def on_step(step: int, m: dict) -> None:
+        log.log(step, m)
+        bar.update(1)
+        bar.set_postfix(loss=f"{m['sft/loss']:.3f}")
+    try:
+        train_sft(policy, tokenizer, train_ex, cfg, on_step)
+    finally:
+        bar.close()
+        log.close()
+
+
+def _run_rl(policy, tokenizer, train_ex, train_prompts, cfg: Config, run_dir: Path, ckpt, echo) -> None:
+    o = cfg.optim
+    optimizer = make_optimizer(policy.parameters(), lr=o.lr, weight_decay=o.weight_decay, betas=(o.beta1, o.beta2),
+                               eps=o.eps)
+    total_opt_steps = cfg.train.steps * cfg.algo.epochs * cfg.algo.minibatches
+    scheduler = make_scheduler(optimizer, warmup=o.warmup_steps, total=total_opt_steps, schedule=o.schedule)
+    ref = None
+    if cfg.algo.needs_ref:  # the frozen policy as it enters RL
+        ref = copy.deepcopy(policy).eval().requires_grad_(False)
+    state = RLState(policy=policy, tokenizer=tokenizer, optimizer=optimizer, scheduler=scheduler,
+                    sampler=PromptSampler(len(train_ex), cfg.train.seed), examples=train_ex, prompts=train_prompts,
+                    ref=ref)
+    if ckpt is not None:
+        _restore(state, ckpt, run_dir, echo)
+    log = MetricsLog(run_dir, tensorboard=cfg.log.tensorboard)
+    bar = _bar(cfg.train.steps, "rl", cfg, initial=state.step)
+    policy.train()
+    try:
+        while state.step < cfg.train.steps:
+            metrics = rl_step(state, cfg)
+            log.log(state.step, metrics)
+            bar.update(1)
+            bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", len=f"{metrics['response_length/mean']:.1f}")
+            if cfg.train.save_every and state.step % cfg.train.save_every == 0 and state.step < cfg.train.steps:
+                checkpoint.save(run_dir, state.step, model=policy, tokenizer=tokenizer, optimizer=optimizer,
+                                scheduler=scheduler, keep=cfg.train.keep_checkpoints,
+                                trainer_state={"step": state.step, "sampler": state.sampler.state_dict(),
+                                               "ref": ref.state_dict() if ref is not None else None})
+    finally:
+        bar.close()
+        log.close()
+
+
+def _restore(state: RLState, ckpt: Path, run_dir: Path, echo) -> None:
+    saved = checkpoint.load_state(ckpt)
+    state.optimizer.load_state_dict(saved["optimizer"])
+    state.scheduler.load_state_dict(saved["scheduler"])
+    checkpoint.set_rng_state(saved["rng"])
+    trainer = saved["trainer"]
+    state.step = trainer["step"]
+    state.sampler.load_state_dict(trainer["sampler"])
+    if state.ref is not None and trainer.get("ref") is not None:
+        state.ref.load_state_dict(trainer["ref"])
+    truncate_jsonl(run_dir / "metrics.jsonl", state.step)
+    echo(f"rlft: resumed from {ckpt} at step {state.step}")
+
+
+def _eval(policy, tokenizer, prompts, examples, cfg: Config, echo, label: str) -> dict:
+    echo(f"rlft: evaluating {label} on {len(examples)} held-out problems")
+    return evaluate(policy, tokenizer, prompts, examples, cfg)
+
+
+def _bar(total: int, desc: str, cfg: Config, initial: int = 0):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=initial, desc=desc, disable=not cfg.log.progress, dynamic_ncols=True)
+
+
+def summary(results: dict, seconds: float, run_dir: Path) -> str:
+    before, after = results.get("before_rl"), results.get("after_rl", {})
+    ks = [k for k in after if k.startswith("pass@")]
+    lines = ["", "rlft summary", "-" * 56,
+             f"{'':22}{'before RL':>12}{'after RL':>12}"]
+    for key in ["exact_match", "format_rate", *ks]:
+        b = f"{before[key]:.3f}" if before and key in before else "-"
+        lines.append(f"{key:22}{b:>12}{after.get(key, float('nan')):>12.3f}")
+    lines += [f"held-out problems     {after.get('n', 0)}",
+              f"time                  {seconds:.1f} s",
+              f"run directory         {run_dir}",
+              f"final policy          {run_dir / 'policy'}"]
+    return "\n".join(lines)

@@ -1,0 +1,33 @@
+"""Optimizer and learning-rate schedule shared by the trainers."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def make_optimizer(params, *, lr: float, weight_decay: float = 0.0, betas=(0.9, 0.99),
+                   eps: float = 1e-8) -> torch.optim.Optimizer:
+    params = [p for p in params if p.requires_grad]
+    fused = bool(params) and all(p.is_cuda for p in params)
+    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=betas, eps=eps, fused=fused or None)
+
+
+def lr_factor(step: int, *, warmup: int, total: int, schedule: str) -> float:
+    """Multiplier of the base lr at optimizer step ``step`` (0-based): linear warm-up, then the schedule."""
+    if warmup and step < warmup:
+        return (step + 1) / warmup
+    if schedule == "constant" or total <= warmup:
+        return 1.0
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    if schedule == "linear":
+        return 1.0 - progress
+    if schedule == "cosine":
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+    raise ValueError(f"unknown schedule {schedule!r}; allowed: constant, linear, cosine")
+
+
+def make_scheduler(optimizer, *, warmup: int, total: int, schedule: str) -> torch.optim.lr_scheduler.LambdaLR:
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: lr_factor(s, warmup=warmup, total=total, schedule=schedule))
