@@ -61,8 +61,8 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class DataConfig:
-    source: str = "synthetic:arith"
-    """'synthetic:arith', a .jsonl/.json/.parquet file, a directory with <split>.parquet|jsonl, or 'hf:<name>[:<config>]'."""
+    source: str = "synthetic:max"
+    """'synthetic:<task>' (max, arith), a .jsonl/.json/.parquet file, a directory with <split>.parquet|jsonl, or 'hf:<name>[:<config>]'."""
     train_split: str = "train"
     eval_split: str = "test"
     prompt_key: str = "prompt"
@@ -87,6 +87,12 @@ class DataConfig:
     """Synthetic task: operators to draw from."""
 
     def __post_init__(self) -> None:
+        if self.source.startswith("synthetic:"):
+            from rlft.data.synthetic import SYNTHETIC_TASKS
+
+            task = self.source.split(":", 1)[1]
+            _check(task in SYNTHETIC_TASKS, "data.source",
+                   f"unknown synthetic task {task!r}; allowed: {', '.join(SYNTHETIC_TASKS.names())}")
         _check(self.template in ("chat", "raw") or "{prompt}" in self.template, "data.template",
                f"must be 'chat', 'raw' or a format string containing '{{prompt}}', got {self.template!r}")
         _check(self.max_prompt_tokens >= 1, "data.max_prompt_tokens", "must be >= 1")
@@ -171,7 +177,7 @@ class AlgoConfig:
 
 @dataclass(frozen=True)
 class RewardConfig:
-    fns: tuple[str, ...] = ("gsm8k_strict", "format")
+    fns: tuple[str, ...] = ("final_answer", "format_final")
     """Reward functions (rlft.rewards.REWARDS), combined as a weighted sum."""
     weights: tuple[float, ...] = (1.0, 0.1)
     """One weight per function."""
@@ -257,9 +263,9 @@ class EvalConfig:
     """pass@k reported for each k; max(ks) samples are drawn per problem (0 samples if empty)."""
     temperature: float = 1.0
     """Sampling temperature for pass@k (exact match is always greedy)."""
-    correct_fn: str = "gsm8k_strict"
+    correct_fn: str = "final_answer"
     """Reward function deciding correctness (value >= 1 counts as correct)."""
-    format_fn: str = "format"
+    format_fn: str = "format_final"
     """Reward function deciding format compliance."""
     batch_size: int = 256
     before_rl: bool = True
@@ -352,6 +358,11 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         _check(isinstance(value, int) and not isinstance(value, bool), key, f"must be an integer, got {value!r}")
         return value
     if tp is float:
+        if isinstance(value, str):  # YAML 1.1 reads '1e-5' (no dot) as a string
+            try:
+                value = float(value)
+            except ValueError:
+                pass
         ok = isinstance(value, (int, float)) and not isinstance(value, bool)
         _check(ok, key, f"must be a number, got {value!r}")
         return float(value)

@@ -28,7 +28,7 @@ from rlft import checkpoint
 from rlft.config import Config, ConfigError, with_name
 from rlft.data.loaders import load_examples
 from rlft.data.schema import Example
-from rlft.data.synthetic import arithmetic_task
+from rlft.data.synthetic import synthetic_task
 from rlft.data.templates import encode_prompts
 from rlft.eval import evaluate
 from rlft.models.loading import load_model, load_tokenizer, quiet_transformers, resolve_device
@@ -54,10 +54,9 @@ def seed_everything(seed: int) -> None:
 
 def load_task(cfg: Config) -> tuple[list[Example], list[Example]]:
     d = cfg.data
-    if d.source == "synthetic:arith":
-        n_eval = d.num_eval or 500
-        return arithmetic_task(n_train=d.synth_train_size, n_eval=n_eval, max_operand=d.synth_max_operand,
-                               ops=d.synth_ops, seed=cfg.train.seed)
+    if d.source.startswith("synthetic:"):
+        return synthetic_task(d.source.split(":", 1)[1], n_train=d.synth_train_size, n_eval=d.num_eval or 500,
+                              max_operand=d.synth_max_operand, ops=d.synth_ops, seed=cfg.train.seed)
     keys = {"prompt_key": d.prompt_key, "answer_key": d.answer_key or None, "response_key": d.response_key or None}
     train = load_examples(d.source, d.train_split, **keys)
     held_out = load_examples(d.source, d.eval_split, **keys)

@@ -10,7 +10,10 @@ from rlft.registry import Registry
 REWARDS = Registry("reward function")
 
 from rlft.rewards.math import (  # noqa: E402  (registers the math rewards)
+    extract_final,
     extract_flexible,
+    final_answer,
+    format_final,
     extract_strict,
     format_reward,
     gsm8k_flexible,

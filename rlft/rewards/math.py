@@ -22,6 +22,7 @@ from rlft.rewards import REWARDS
 _NUMBER = r"(?:(?<![\w.])-)?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?!\d|,\d)"
 _NUMBER_RE = re.compile(_NUMBER)
 _STRICT_RE = re.compile(r"####[ \t]*(" + _NUMBER + r")")
+_FINAL_RE = re.compile(r"####[ \t]*(" + _NUMBER + r")\s*\Z")
 
 
 def _normalize(number: str) -> str:
@@ -45,6 +46,23 @@ def extract_strict(text: str) -> str | None:
     """
     matches = _STRICT_RE.findall(text)
     return _normalize(matches[-1]) if matches else None
+
+
+def extract_final(text: str) -> str | None:
+    """The answer of a completion that ends with its only ``#### <number>``; None otherwise.
+
+    Stricter than :func:`extract_strict`: several ``####`` (hedged guesses) or
+    text after the answer give None, so a policy cannot win by guessing twice.
+
+    >>> extract_final("12+30 = 42\\n#### 42")
+    '42'
+    >>> extract_final("#### 41 #### 42") is None, extract_final("#### 42 because") is None
+    (True, True)
+    """
+    if text.count("####") != 1:
+        return None
+    m = _FINAL_RE.search(text)
+    return _normalize(m.group(1)) if m else None
 
 
 def extract_flexible(text: str) -> str | None:
@@ -121,3 +139,26 @@ def format_reward(completion: str, sample: Mapping) -> float | None:
     (1.0, 0.0)
     """
     return 1.0 if extract_strict(completion) is not None else 0.0
+
+
+@REWARDS.register("final_answer")
+def final_answer(completion: str, sample: Mapping) -> float | None:
+    """1.0 if the completion ends with its only ``#### <number>`` and that number is right, else 0.0.
+
+    The reward of the embedded task: unlike ``gsm8k_strict`` it cannot be won by
+    writing several ``####`` guesses and letting the last one count.
+
+    >>> final_answer("#### 10", {"ground_truth": "10"}), final_answer("#### 9 #### 10", {"ground_truth": "10"})
+    (1.0, 0.0)
+    """
+    return _score(extract_final(completion), sample)
+
+
+@REWARDS.register("format_final")
+def format_final(completion: str, sample: Mapping) -> float | None:
+    """1.0 if the completion ends with its only ``#### <number>``, else 0.0 (``sample`` is unused).
+
+    >>> format_final("so 42\\n#### 42", {}), format_final("#### 42\\n#### 43", {}), format_final("42", {})
+    (1.0, 0.0, 0.0)
+    """
+    return 1.0 if extract_final(completion) is not None else 0.0
