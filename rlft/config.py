@@ -197,14 +197,14 @@ class RewardConfig:
 
 @dataclass(frozen=True)
 class OptimConfig:
-    lr: float = 2e-4
+    lr: float = 1e-4
     weight_decay: float = 0.0
     beta1: float = 0.9
     beta2: float = 0.99
     eps: float = 1e-8
     grad_clip: float = 1.0
     """Max global grad norm (0: no clipping, the norm is still logged)."""
-    warmup_steps: int = 0
+    warmup_steps: int = 10
     schedule: Literal["constant", "cosine", "linear"] = "constant"
     """Learning-rate schedule after warm-up."""
 
@@ -218,10 +218,10 @@ class OptimConfig:
 
 @dataclass(frozen=True)
 class SFTConfig:
-    steps: int = 150
+    steps: int = 300
     """Supervised warm-up steps before RL (0: skip)."""
     batch_size: int = 64
-    lr: float = 3e-3
+    lr: float = 1e-3
     warmup_steps: int = 10
     loss_on: Literal["response", "all"] = "response"
     """Which tokens carry the SFT loss: the response only, or prompt and response."""
@@ -235,9 +235,9 @@ class SFTConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    steps: int = 150
+    steps: int = 100
     """RL steps (one rollout batch and its update each)."""
-    prompts_per_step: int = 32
+    prompts_per_step: int = 16
     """P: prompts per RL step; the batch holds P x G sequences."""
     micro_batch_size: int = 256
     """Sequences per forward/backward (gradient accumulation above it; the loss is unchanged)."""
