@@ -44,7 +44,8 @@ def cmd_eval(ns: argparse.Namespace) -> int:
     cfg = load_config(recipe, overrides)
     quiet_transformers()
     tok = load_tokenizer(ns.model, cfg.model.trust_remote_code)
-    model = load_model(ns.model, dtype=cfg.model.dtype, device=resolve_device(cfg.model.device))
+    model = load_model(ns.model, dtype=cfg.model.dtype, device=resolve_device(cfg.model.device),
+                       attn_implementation=cfg.model.attn_implementation, trust_remote_code=cfg.model.trust_remote_code)
     _, held_out = load_task(cfg)
     prompts = encode_prompts(held_out, cfg.data.template, tok, cfg.data.max_prompt_tokens, "eval data")
     print(json.dumps(evaluate(model, tok, prompts, held_out, cfg), indent=2))

@@ -373,7 +373,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
 
 
 def _build(cls: type, data: Mapping[str, Any], prefix: str) -> Any:
-    _check(isinstance(data, Mapping), prefix or "config", f"must be a mapping, got {data!r}")
+    _check(isinstance(data, Mapping), prefix.rstrip(".") or "config", f"must be a section (a mapping), got {data!r}")
     hints = typing.get_type_hints(cls)
     known = {f.name for f in fields(cls)}
     for key in data:
@@ -401,8 +401,10 @@ def parse_override(text: str) -> tuple[list[str], Any]:
         raise ConfigError(f"override {text!r}: malformed key {key!r}")
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError as e:
-        raise ConfigError(f"override {text!r}: cannot read value: {e}") from None
+    except yaml.YAMLError:
+        value = raw  # not YAML (e.g. 'Question: {prompt} Answer:'): plain text, type-checked like any value
+    if isinstance(value, dict):  # 'Q: {prompt}' reads as a YAML mapping; on the command line it is text
+        value = raw
     return parts, value
 
 

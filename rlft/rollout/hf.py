@@ -29,8 +29,12 @@ def generate(model, tokenizer, prompts: list[list[int]], *, group_size: int, max
     stops = eos_ids(model, tokenizer)
     prompt_ids, prompt_mask = left_pad([p for p in prompts for _ in range(group_size)], tokenizer.pad_token_id)
     sampling = {} if greedy else {"temperature": temperature, "top_p": top_p, "top_k": top_k}
+    # Pin every logits processor a checkpoint's generation_config could switch on (transformers fills unset
+    # fields from it): the rollout must sample the plain temperature softmax whose log-probs the loss uses.
+    neutral = {"repetition_penalty": 1.0, "no_repeat_ngram_size": 0, "min_p": 0.0, "typical_p": 1.0,
+               "epsilon_cutoff": 0.0, "eta_cutoff": 0.0, "min_length": 0, "min_new_tokens": 0}
     gen_cfg = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=not greedy, pad_token_id=tokenizer.pad_token_id,
-                               eos_token_id=stops, use_cache=True, **sampling)
+                               eos_token_id=stops, use_cache=True, **neutral, **sampling)
     was_training = model.training
     model.eval()
     out = model.generate(input_ids=prompt_ids.to(device), attention_mask=prompt_mask.to(device),

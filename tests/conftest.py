@@ -1,0 +1,158 @@
+"""Shared fixtures: a tiny model built once per session and the overrides of a seconds-long run.
+
+Every value a test depends on is set explicitly here, so the tests keep passing
+while the defaults in ``rlft/config.py`` are tuned.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+# A model with 32 hidden units gains nothing from a thread pool, and on a busy
+# machine (another process on one of the two cores) OpenMP's barrier makes each
+# small matmul cost ~15 ms instead of microseconds. One thread keeps the suite fast.
+torch.set_num_threads(int(os.environ.get("RLFT_TEST_THREADS", "1")))
+
+GSM8K_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k"
+RECIPES = Path(__file__).resolve().parents[1] / "recipes"
+
+TINY_MODEL = {"hidden_size": 32, "layers": 1, "heads": 2}
+
+# Size of a tiny run: valid on top of the embedded default and of a recipe.
+TINY_SIZE = [
+    "model.device=cpu",
+    "model.dtype=float32",
+    f"model.tiny_hidden_size={TINY_MODEL['hidden_size']}",
+    f"model.tiny_layers={TINY_MODEL['layers']}",
+    f"model.tiny_heads={TINY_MODEL['heads']}",
+    "sft.steps=3",
+    "sft.batch_size=8",
+    "sft.warmup_steps=0",
+    "train.steps=3",
+    "train.prompts_per_step=2",
+    "train.micro_batch_size=4",
+    "train.seed=0",
+    "train.save_every=0",
+    "train.keep_checkpoints=2",
+    "algo.group_size=2",
+    "algo.epochs=1",
+    "algo.minibatches=1",
+    "data.num_eval=4",
+    "rollout.max_new_tokens=8",
+    "eval.ks=[1,2]",
+    "eval.batch_size=16",
+    "eval.before_rl=true",
+    "log.progress=false",
+    "log.tensorboard=false",
+]
+
+# The embedded demo (synthetic task) with every training choice pinned.
+TINY_DEMO = TINY_SIZE + [
+    "model.path=",
+    "data.source=synthetic:max",
+    "data.template=chat",
+    "data.max_prompt_tokens=512",
+    "data.num_train=0",
+    "data.synth_train_size=20",
+    "data.synth_max_operand=99",
+    "sft.lr=1e-3",
+    "sft.loss_on=response",
+    "algo.advantage=group_norm",
+    "algo.policy_loss=clip",
+    "algo.loss_agg=seq-mean-token-mean",
+    "algo.clip_low=0.2",
+    "algo.clip_high=0.2",
+    "algo.kl_coef=0.0",
+    "algo.kl_estimator=k3",
+    "algo.entropy_coef=0.0",
+    "reward.fns=[final_answer,format_final]",
+    "reward.weights=[1.0,0.1]",
+    "reward.timeout_s=5.0",
+    "optim.lr=1e-3",
+    "optim.warmup_steps=0",
+    "optim.schedule=constant",
+    "optim.grad_clip=1.0",
+    "optim.weight_decay=0.0",
+    "rollout.temperature=1.0",
+    "rollout.top_p=1.0",
+    "rollout.top_k=0",
+    "eval.temperature=1.0",
+    "eval.correct_fn=final_answer",
+    "eval.format_fn=format_final",
+    "train.resume=false",
+]
+
+
+def digit_share(completion: str, sample) -> float:
+    """Share of digits in the completion: a reward that varies within a group even for an untrained model."""
+    return sum(c.isdigit() for c in completion) / max(len(completion), 1)
+
+
+DIGIT_REWARD = "test_digit_share"
+# With it the RL steps of a tiny run have non-zero advantages, so updates actually happen.
+WITH_DIGIT_REWARD = [f"reward.fns=[final_answer,format_final,{DIGIT_REWARD}]", "reward.weights=[1.0,0.1,1.0]"]
+
+
+@pytest.fixture(scope="session")
+def digit_reward():
+    """Register ``test_digit_share`` in the reward registry for the session; returns overrides that use it."""
+    from rlft.rewards import REWARDS
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(REWARDS._items, DIGIT_REWARD, digit_share)
+        yield list(WITH_DIGIT_REWARD)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    """A tiny Llama + character tokenizer saved with save_pretrained (built once per session; do not modify)."""
+    from rlft.models.tiny import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny_model"), seed=0, **TINY_MODEL)
+
+
+@pytest.fixture(scope="session")
+def tiny_overrides():
+    """``tiny_overrides(run_dir, *extra)``: overrides of a seconds-long demo run writing under ``run_dir``."""
+
+    def make(run_dir, *extra: str) -> list[str]:
+        return [*TINY_DEMO, f"log.run_dir={run_dir}", *extra]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def tiny_size_overrides():
+    """``tiny_size_overrides(run_dir, *extra)``: only the sizes, for use on top of a recipe."""
+
+    def make(run_dir, *extra: str) -> list[str]:
+        return [*TINY_SIZE, f"log.run_dir={run_dir}", *extra]
+
+    return make
+
+
+@pytest.fixture
+def gsm8k_dir() -> Path:
+    if not (GSM8K_DIR / "train.jsonl").is_file() or not (GSM8K_DIR / "test.jsonl").is_file():
+        pytest.skip(f"GSM8K data not found at {GSM8K_DIR} (the shared data folder is only in the dev checkout)")
+    return GSM8K_DIR
+
+
+@pytest.fixture
+def gsm8k_raw_small(gsm8k_dir, tmp_path) -> Path:
+    """The first 16 rows of GSM8K train and test as raw jsonl files in a tmp directory."""
+    out = tmp_path / "gsm8k_raw"
+    out.mkdir()
+    for split in ("train", "test"):
+        lines = (gsm8k_dir / f"{split}.jsonl").read_text(encoding="utf-8").splitlines()[:16]
+        (out / f"{split}.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return out
+
+
+@pytest.fixture(scope="session")
+def recipes_dir() -> Path:
+    return RECIPES

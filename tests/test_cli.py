@@ -1,0 +1,111 @@
+"""The command line: ``rlft config``, ``rlft prepare gsm8k``, ``rlft train``, ``rlft eval`` and error exits."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from rlft.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_config_prints_every_section(capsys):
+    assert main(["config"]) == 0
+    out = capsys.readouterr().out
+    for key in ("model.path", "algo.group_size", "algo.loss_agg", "optim.lr", "train.steps", "eval.ks",
+                "log.run_dir", "rollout.max_new_tokens"):
+        assert f"{key} = " in out, key
+
+
+@pytest.mark.parametrize("args, key", [
+    (["train", "algo.group_size=1"], "algo.group_size"),
+    (["train", "algo.nope=1"], "algo.nope"),
+    (["train", "rollout.top_p=2"], "rollout.top_p"),
+    (["train", "train.resume=true"], "train.resume"),
+    (["train", "does/not/exist.yaml"], "does/not/exist.yaml"),
+])
+def test_bad_configuration_exits_2_with_message(capsys, args, key):
+    assert main(args) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith("rlft: error: ")
+    assert key in captured.err
+    assert "Traceback" not in captured.err
+
+
+def test_unknown_command_is_an_argparse_error(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["fly"])
+    assert e.value.code == 2
+    assert "invalid choice" in capsys.readouterr().err
+
+
+def test_prepare_gsm8k(capsys, tmp_path, gsm8k_raw_small):
+    out_dir = tmp_path / "prepared"
+    assert main(["prepare", "gsm8k", "--input", str(gsm8k_raw_small), "--output", str(out_dir)]) == 0
+    out = capsys.readouterr().out
+    for split in ("train", "test"):
+        path = out_dir / f"{split}.parquet"
+        assert f"{split}: {path}" in out
+        table = pq.read_table(path)
+        assert table.num_rows == 16
+        assert table.column_names == ["data_source", "prompt", "ability", "reward_model", "extra_info"]
+
+
+def test_prepare_missing_input_exits_2(capsys, tmp_path):
+    assert main(["prepare", "gsm8k", "--input", str(tmp_path / "nowhere"), "--output", str(tmp_path / "o")]) == 2
+    assert "rlft: error:" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_train_and_eval(capsys, tmp_path, tiny_overrides, tiny_model_dir):
+    overrides = tiny_overrides(tmp_path, "log.name=cli", f"model.path={tiny_model_dir}", "train.steps=2")
+    assert main(["train", *overrides]) == 0
+    out = capsys.readouterr().out
+    assert "rlft summary" in out
+    run_dir = tmp_path / "cli"
+    assert (run_dir / "eval.json").is_file() and (run_dir / "policy" / "config.json").is_file()
+    assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 2
+
+    # the saved config is a recipe: the same run again is refused (the directory exists) ...
+    assert main(["train", str(run_dir / "config.yaml")]) == 2
+    assert "already exists" in capsys.readouterr().err
+
+    # ... and `rlft eval` scores the saved policy on the held-out split of that recipe
+    assert main(["eval", str(run_dir / "policy"), str(run_dir / "config.yaml"), "eval.ks=[1]"]) == 0
+    metrics = json.loads(capsys.readouterr().out)
+    assert metrics["n"] == 4 and 0 <= metrics["exact_match"] <= 1 and "pass@1" in metrics
+
+
+def test_python_dash_m_help():
+    res = subprocess.run([sys.executable, "-m", "rlft", "--help"], capture_output=True, text=True, cwd=REPO,
+                         timeout=120)
+    assert res.returncode == 0, res.stderr
+    for command in ("train", "eval", "prepare", "config"):
+        assert command in res.stdout
+    sub = subprocess.run([sys.executable, "-m", "rlft", "train", "--help"], capture_output=True, text=True,
+                         cwd=REPO, timeout=120)
+    assert sub.returncode == 0 and "recipe" in sub.stdout
+
+
+def test_eval_passes_model_loading_options(capsys, tmp_path, tiny_overrides, tiny_model_dir, monkeypatch):
+    from rlft.models import loading
+
+    seen = {}
+    real = loading.load_model
+
+    def spy(path, **kwargs):
+        seen.update(kwargs)
+        return real(path, **kwargs)
+
+    monkeypatch.setattr(loading, "load_model", spy)
+    overrides = tiny_overrides(tmp_path, "eval.ks=[]", "model.attn_implementation=eager",
+                               "model.trust_remote_code=true")
+    assert main(["eval", str(tiny_model_dir), *overrides]) == 0
+    assert seen.get("attn_implementation") == "eager"
+    assert seen.get("trust_remote_code") is True

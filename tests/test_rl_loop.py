@@ -1,0 +1,537 @@
+"""The RL loop on a tiny model: rollout layout, log-probs, exact micro-batching, update sign, sampler."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+
+from rlft.config import load_config
+from rlft.core.advantages import ADVANTAGES
+from rlft.core.losses import AGGREGATIONS, POLICY_LOSSES, aggregate
+from rlft.data.synthetic import synthetic_task
+from rlft.data.templates import encode_prompts
+from rlft.models.forward import response_logprobs
+from rlft.models.loading import load_model, load_tokenizer
+from rlft.rollout.batch import Batch, left_pad
+from rlft.rollout.hf import eos_ids, generate
+from rlft.trainers import rl
+from rlft.trainers.rl import PromptSampler, RLState, fill_logprobs, rl_step, update_policy
+
+T = 8  # generation budget of the hand-made batches
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+@pytest.fixture
+def tok(tiny_model_dir):
+    return load_tokenizer(str(tiny_model_dir))
+
+
+@pytest.fixture
+def model(tiny_model_dir):
+    return load_model(str(tiny_model_dir), dtype="float32", device="cpu")
+
+
+@pytest.fixture
+def make_cfg(tiny_overrides, tmp_path):
+    def make(*extra: str):
+        return load_config(None, tiny_overrides(tmp_path, f"rollout.max_new_tokens={T}", "optim.grad_clip=0",
+                                                *extra))
+    return make
+
+
+class RecordingSGD(torch.optim.SGD):
+    """Plain SGD that keeps a copy of the gradients it was given at every step."""
+
+    def __init__(self, model: torch.nn.Module, lr: float):
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        self.names = [n for n, _ in named]
+        super().__init__([p for _, p in named], lr=lr)
+        self.grads: list[dict[str, torch.Tensor]] = []
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        params = self.param_groups[0]["params"]
+        self.grads.append({n: (p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p))
+                           for n, p in zip(self.names, params)})
+        return super().step(closure)
+
+
+def make_state(model, tok, lr: float = 0.0, examples=(), prompts=(), seed: int = 0) -> RLState:
+    opt = RecordingSGD(model, lr=lr)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    return RLState(policy=model, tokenizer=tok, optimizer=opt, scheduler=sched,
+                   sampler=PromptSampler(max(len(examples), 1), seed), examples=list(examples), prompts=list(prompts))
+
+
+def ids(tok, text: str) -> list[int]:
+    return tok(text, add_special_tokens=False)["input_ids"]
+
+
+def hand_batch(tok, prompts: list[str], responses: list[str | None], group_size: int, width: int = T) -> Batch:
+    """Rows ``i*G..(i+1)*G`` share ``prompts[i]``. A response ending in '$' stops with eos (the '$' is
+    replaced by it); one without '$' is truncated at ``width``; ``None`` is an empty (filtered) row."""
+    assert len(responses) == len(prompts) * group_size
+    p_ids, p_mask = left_pad([ids(tok, p) for p in prompts for _ in range(group_size)], tok.pad_token_id)
+    r_ids = torch.full((len(responses), width), tok.pad_token_id, dtype=torch.long)
+    r_mask = torch.zeros((len(responses), width), dtype=torch.long)
+    truncated = torch.zeros(len(responses), dtype=torch.bool)
+    texts = []
+    for i, r in enumerate(responses):
+        if r is None:
+            texts.append("")
+            continue
+        if r.endswith("$"):
+            toks = ids(tok, r[:-1]) + [tok.eos_token_id]
+        else:
+            toks = ids(tok, r)
+            assert len(toks) == width, "a truncated response fills the budget"
+            truncated[i] = True
+        assert len(toks) <= width
+        r_ids[i, :len(toks)] = torch.tensor(toks)
+        r_mask[i, :len(toks)] = 1
+        texts.append(r.rstrip("$"))
+    return Batch(prompt_ids=p_ids, prompt_mask=p_mask, response_ids=r_ids, response_mask=r_mask, truncated=truncated,
+                 group_size=group_size, texts=texts)
+
+
+PROMPTS = ["Q: 1\nA: ", "Q: max(10,2,3)=?\nA: ", "Q: 7+8=?\nA: "]
+RESPONSES = ["#### 3$", "12$", "abcdefgh", "$", "#### 9!!", None]
+
+
+def varied_batch(tok) -> Batch:
+    """Three prompts of different lengths x G=2, responses of every kind (eos early/late, truncated, empty)."""
+    return hand_batch(tok, PROMPTS, RESPONSES, group_size=2)
+
+
+def with_advantages(batch: Batch, seed: int = 0) -> Batch:
+    g = torch.Generator().manual_seed(seed)
+    batch.scores = torch.randn(len(batch), generator=g)
+    batch.adv = torch.randn(batch.response_ids.shape, generator=g) * batch.response_mask  # per-token advantages
+    return batch
+
+
+def naive_logprobs(model, batch: Batch, temperature: float = 1.0) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per row: (log-probs, entropies) of its valid response tokens from an unpadded single-sequence forward."""
+    out = []
+    with torch.no_grad():
+        for i in range(len(batch)):
+            prompt = batch.prompt_ids[i][batch.prompt_mask[i].bool()]
+            resp = batch.response_ids[i][batch.response_mask[i].bool()]
+            seq = torch.cat([prompt, resp])[None]
+            logits = model(input_ids=seq).logits[0].float() / temperature  # (L, V)
+            logits = logits[len(prompt) - 1: len(prompt) - 1 + len(resp)]  # position t predicts token t + 1
+            logp_all = torch.log_softmax(logits, -1)
+            out.append((logp_all.gather(-1, resp[:, None])[:, 0], -(logp_all.exp() * logp_all).sum(-1)))
+    return out
+
+
+@pytest.fixture
+def eos_boost(tok):
+    """Make eos likely (adds to its logit) so that sampled batches mix stopped and truncated responses."""
+    handles = []
+
+    def install(model, bonus: float = 2.5):
+        def hook(module, args, output):
+            output.logits[..., tok.eos_token_id] += bonus
+            return output
+        handles.append(model.register_forward_hook(hook))
+        return handles[-1]
+
+    yield install
+    for h in handles:
+        h.remove()
+
+
+# ----------------------------------------------------------------------------- (a) generate
+
+
+def test_generate_layout(model, tok, eos_boost):
+    eos_boost(model)
+    prompts = [ids(tok, p) for p in PROMPTS]
+    G, max_new = 3, 10
+    for seed in range(20):  # find a sample with both stopped and truncated responses (seed 0 normally does)
+        torch.manual_seed(seed)
+        batch = generate(model, tok, prompts, group_size=G, max_new_tokens=max_new)
+        if batch.truncated.any() and not batch.truncated.all():
+            break
+    else:
+        pytest.fail("no sample mixed stopped and truncated responses")
+
+    B = len(prompts) * G
+    width = max(len(p) for p in prompts)
+    assert len(batch) == B
+    assert batch.prompt_ids.shape == batch.prompt_mask.shape == (B, width)
+    assert batch.response_ids.shape == batch.response_mask.shape
+    assert batch.response_ids.shape[0] == B and batch.response_ids.shape[1] == max_new  # some row is truncated
+    assert batch.truncated.shape == (B,) and batch.group_size == G and len(batch.texts) == B
+    for i in range(B):  # groups are contiguous and left-padded
+        p = prompts[i // G]
+        assert batch.prompt_mask[i].sum().item() == len(p)
+        assert batch.prompt_ids[i, width - len(p):].tolist() == p
+        assert (batch.prompt_ids[i, :width - len(p)] == tok.pad_token_id).all()
+        assert batch.prompt_mask[i, width - len(p):].all()
+    eos = set(eos_ids(model, tok))
+    for i in range(B):
+        row = batch.response_ids[i].tolist()
+        mask = batch.response_mask[i].tolist()
+        stops = [t for t, x in enumerate(row) if x in eos]
+        if stops:
+            k = stops[0]
+            assert not batch.truncated[i]
+            assert mask == [1] * (k + 1) + [0] * (len(row) - k - 1)  # up to and including the first eos
+            assert all(x == tok.pad_token_id for x in row[k + 1:])
+            body = row[:k]
+        else:
+            assert batch.truncated[i]
+            assert mask == [1] * len(row)
+            body = row
+        assert batch.texts[i] == tok.decode(body, skip_special_tokens=True)
+        assert batch.response_lengths[i].item() == sum(mask)
+
+
+def test_generate_restores_training_mode_and_greedy_is_deterministic(model, tok):
+    model.train()
+    prompts = [ids(tok, p) for p in PROMPTS[:2]]
+    a = generate(model, tok, prompts, group_size=2, max_new_tokens=5, greedy=True)
+    assert model.training
+    b = generate(model, tok, prompts, group_size=2, max_new_tokens=5, greedy=True)
+    assert torch.equal(a.response_ids, b.response_ids)
+    assert torch.equal(a.response_ids[0], a.response_ids[1])  # one greedy answer per prompt
+    assert a.texts[0] == a.texts[1]
+
+
+def test_greedy_rollout_is_the_argmax_of_the_scored_distribution(model, tok):
+    model.eval()
+    batch = generate(model, tok, [ids(tok, p) for p in PROMPTS], group_size=1, max_new_tokens=6, greedy=True)
+    with torch.no_grad():
+        for i in range(len(batch)):
+            prompt = batch.prompt_ids[i][batch.prompt_mask[i].bool()].tolist()
+            resp = batch.response_ids[i][batch.response_mask[i].bool()].tolist()
+            logits = model(input_ids=torch.tensor([prompt + resp])).logits[0]
+            assert logits[len(prompt) - 1:-1].argmax(-1).tolist() == resp
+
+
+GEN_DEFAULTS = [  # (generation defaults shipped with a checkpoint, eos bonus that makes their effect visible)
+    pytest.param({"repetition_penalty": 1000.0}, 0.0, id="repetition_penalty"),
+    pytest.param({"no_repeat_ngram_size": 1}, 0.0, id="no_repeat_ngram_size"),
+    pytest.param({"min_new_tokens": 4}, 6.0, id="min_new_tokens"),  # eos would be the greedy first token
+]
+
+
+@pytest.mark.parametrize("defaults, eos_bonus", GEN_DEFAULTS)
+def test_rollouts_ignore_the_checkpoints_generation_defaults(tiny_model_dir, tok, eos_boost, defaults, eos_bonus):
+    prompts = [ids(tok, p) for p in PROMPTS]
+    plain = load_model(str(tiny_model_dir))
+    shipped = load_model(str(tiny_model_dir))
+    for name, value in defaults.items():
+        setattr(shipped.generation_config, name, value)
+    if eos_bonus:
+        eos_boost(plain, bonus=eos_bonus)
+        eos_boost(shipped, bonus=eos_bonus)
+    for greedy in (True, False):
+        torch.manual_seed(0)
+        a = generate(plain, tok, prompts, group_size=2, max_new_tokens=8, greedy=greedy)
+        torch.manual_seed(0)
+        b = generate(shipped, tok, prompts, group_size=2, max_new_tokens=8, greedy=greedy)
+        assert torch.equal(a.response_ids, b.response_ids) and a.texts == b.texts
+
+
+# ----------------------------------------------------------------------------- (b) log-probs
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_response_logprobs_match_unpadded_forward(model, tok, temperature):
+    model.eval()
+    batch = varied_batch(tok)
+    with torch.no_grad():
+        logp, ent = response_logprobs(model, batch.prompt_ids, batch.prompt_mask, batch.response_ids,
+                                      batch.response_mask, temperature=temperature, with_entropy=True)
+    assert logp.shape == ent.shape == batch.response_ids.shape
+    for i, (ref_logp, ref_ent) in enumerate(naive_logprobs(model, batch, temperature)):
+        n = len(ref_logp)
+        torch.testing.assert_close(logp[i, :n], ref_logp, atol=1e-4, rtol=0)
+        torch.testing.assert_close(ent[i, :n], ref_ent, atol=1e-4, rtol=0)
+
+
+def test_response_logprobs_of_a_sampled_batch(model, tok, eos_boost):
+    boost = eos_boost(model)
+    torch.manual_seed(0)
+    batch = generate(model, tok, [ids(tok, p) for p in PROMPTS], group_size=2, max_new_tokens=8)
+    boost.remove()  # score under the plain model
+    model.eval()
+    with torch.no_grad():
+        logp, _ = response_logprobs(model, batch.prompt_ids, batch.prompt_mask, batch.response_ids,
+                                    batch.response_mask)
+    for i, (ref_logp, _) in enumerate(naive_logprobs(model, batch)):
+        torch.testing.assert_close(logp[i, :len(ref_logp)], ref_logp, atol=1e-4, rtol=0)
+
+
+# ----------------------------------------------------------------------------- (c) exact micro-batching
+
+
+def _perturbed_old_and_ref(model, batch: Batch, cfg) -> None:
+    """Old log-probs away from the current policy (so the clip bites) and a reference for the KL term."""
+    with torch.no_grad():
+        logp, _ = response_logprobs(model, batch.prompt_ids, batch.prompt_mask, batch.response_ids,
+                                    batch.response_mask, temperature=cfg.rollout.temperature)
+    g = torch.Generator().manual_seed(1)
+    batch.old_logp = logp + 0.4 * torch.randn(logp.shape, generator=g)
+    batch.ref_logp = batch.old_logp - 0.3 * torch.rand(batch.old_logp.shape, generator=g)
+
+
+@pytest.mark.parametrize("agg", AGGREGATIONS.names())
+@pytest.mark.parametrize("mode", ["single_pass", "epochs_minibatches_kl"])
+def test_micro_batching_is_exact(tiny_model_dir, tok, make_cfg, agg, mode):
+    extra = [f"algo.loss_agg={agg}"]
+    if mode != "single_pass":
+        extra += ["algo.epochs=2", "algo.minibatches=2", "algo.kl_coef=0.1", "algo.kl_estimator=k3"]
+    base = load_model(str(tiny_model_dir))
+    batch = with_advantages(varied_batch(tok))
+    if mode != "single_pass":
+        _perturbed_old_and_ref(base, batch, make_cfg(*extra))
+
+    runs = {}
+    for micro in (1, len(batch)):
+        cfg = make_cfg(*extra, f"train.micro_batch_size={micro}")
+        model = copy.deepcopy(base)
+        state = make_state(model, tok, lr=0.05)
+        metrics = update_policy(state, batch, cfg)
+        runs[micro] = (state.optimizer.grads, metrics)
+
+    (g1, m1), (gB, mB) = runs[1], runs[len(batch)]
+    n_steps = 1 if mode == "single_pass" else 4
+    assert len(g1) == len(gB) == n_steps
+    for step in range(n_steps):
+        assert any(v.abs().sum() > 0 for v in gB[step].values())
+        for name in gB[step]:
+            torch.testing.assert_close(g1[step][name], gB[step][name], atol=1e-6, rtol=1e-4,
+                                       msg=lambda m: f"step {step} {name}: {m}")
+    for key in ("actor/pg_loss", "actor/entropy", "actor/pg_clipfrac", "actor/ppo_kl"):
+        assert m1[key] == pytest.approx(mB[key], abs=1e-6, rel=1e-4), key
+    if mode != "single_pass":
+        assert m1["actor/kl_loss"] == pytest.approx(mB["actor/kl_loss"], abs=1e-6, rel=1e-4)
+        assert mB["actor/pg_clipfrac"] > 0  # the perturbed old log-probs make the clip bite
+
+
+@pytest.mark.parametrize("agg", AGGREGATIONS.names())
+def test_update_gradient_equals_the_full_batch_loss(tiny_model_dir, tok, make_cfg, agg):
+    """The accumulated gradient is that of aggregate(clip loss) over the whole batch, computed naively."""
+    cfg = make_cfg(f"algo.loss_agg={agg}", "train.micro_batch_size=2")
+    batch = with_advantages(varied_batch(tok))
+    model = load_model(str(tiny_model_dir))
+    state = make_state(model, tok, lr=0.0)
+    update_policy(state, batch, cfg)
+    got = state.optimizer.grads[0]
+
+    ref = load_model(str(tiny_model_dir))
+    logp, _ = response_logprobs(ref, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask)
+    mask = batch.response_mask.float()
+    loss_mat, _ = POLICY_LOSSES.get("clip")(logp, logp.detach(), batch.adv, mask, cfg.algo)
+    aggregate(loss_mat, mask, agg, max_len=cfg.rollout.max_new_tokens).backward()
+    for name, p in ref.named_parameters():
+        torch.testing.assert_close(got[name], p.grad, atol=1e-6, rtol=1e-4, msg=lambda m: f"{name}: {m}")
+
+
+# ----------------------------------------------------------------------------- (d) sign of the update
+
+
+def _seq_logp(model, batch: Batch) -> torch.Tensor:
+    with torch.no_grad():
+        logp, _ = response_logprobs(model, batch.prompt_ids, batch.prompt_mask, batch.response_ids,
+                                    batch.response_mask)
+    return (logp * batch.response_mask).sum(1)  # (B,)
+
+
+@pytest.mark.parametrize("lr", [0.02, 0.1])
+@pytest.mark.parametrize("agg", AGGREGATIONS.names())
+def test_update_raises_positive_and_lowers_negative_samples(model, tok, make_cfg, agg, lr):
+    cfg = make_cfg(f"algo.loss_agg={agg}", "algo.group_size=4")
+    batch = hand_batch(tok, ["Q: max(4,9,1)=?\nA: "], ["#### 9$", "x$", "ab1$", "zzz$"], group_size=4)
+    batch.scores = torch.tensor([1.0, 0.0, 0.0, 0.0])
+    seq_adv = ADVANTAGES.get("group_norm")(batch.scores, 4, 1e-6)
+    assert seq_adv[0] > 0 and (seq_adv[1:] < 0).all()
+    batch.adv = seq_adv[:, None] * batch.response_mask
+    model.eval()  # no dropout anyway; makes the before/after comparison explicit
+    before = _seq_logp(model, batch)
+    state = make_state(model, tok, lr=lr)
+    update_policy(state, batch, cfg)
+    after = _seq_logp(model, batch)
+    delta = after - before
+    assert delta[0] > 0, delta
+    assert (delta[1:] < 0).all(), delta
+
+
+def test_zero_advantage_leaves_the_policy_unchanged(model, tok, make_cfg):
+    cfg = make_cfg()
+    batch = varied_batch(tok)
+    batch.scores = torch.zeros(len(batch))
+    batch.adv = torch.zeros(batch.response_ids.shape)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    state = make_state(model, tok, lr=1.0)
+    metrics = update_policy(state, batch, cfg)
+    assert metrics["actor/grad_norm"] == 0.0
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+# ----------------------------------------------------------------------------- (e) several passes
+
+
+def test_several_passes_use_old_logprobs(model, tok, make_cfg, monkeypatch):
+    cfg = make_cfg("algo.epochs=2", "algo.minibatches=1", "train.micro_batch_size=4")
+    assert not cfg.algo.single_pass and not cfg.algo.needs_ref
+    batch = with_advantages(varied_batch(tok))
+    state = make_state(model, tok, lr=2.0)
+    fill_logprobs(state, batch, cfg)
+    assert batch.old_logp is not None and batch.old_logp.shape == batch.response_ids.shape
+    assert batch.ref_logp is None
+    assert not batch.old_logp.requires_grad
+    current = _seq_logp(model, batch)
+    torch.testing.assert_close((batch.old_logp * batch.response_mask).sum(1), current, atol=1e-5, rtol=0)
+
+    per_step = []
+    original = rl._minibatch_step
+
+    def recording(state, mb, cfg):
+        per_step.append(original(state, mb, cfg))
+        return per_step[-1]
+
+    monkeypatch.setattr(rl, "_minibatch_step", recording)
+    metrics = update_policy(state, batch, cfg)
+    assert len(per_step) == 2
+    first, second = per_step
+    assert first["actor/ppo_kl"] == pytest.approx(0.0, abs=1e-6)  # ratio is 1 before any update
+    assert first["actor/pg_clipfrac"] == 0.0
+    assert abs(second["actor/ppo_kl"]) > 1e-6 or second["actor/pg_clipfrac"] > 0  # the policy moved
+    assert metrics["actor/ppo_kl"] == pytest.approx((first["actor/ppo_kl"] + second["actor/ppo_kl"]) / 2)
+
+
+def test_single_pass_fills_nothing(model, tok, make_cfg):
+    cfg = make_cfg("algo.epochs=1", "algo.minibatches=1", "algo.kl_coef=0")
+    assert cfg.algo.single_pass
+    batch = with_advantages(varied_batch(tok))
+    fill_logprobs(make_state(model, tok), batch, cfg)
+    assert batch.old_logp is None and batch.ref_logp is None
+    metrics = update_policy(make_state(model, tok, lr=0.1), batch, cfg)
+    assert metrics["actor/ppo_kl"] == 0.0 and metrics["actor/pg_clipfrac"] == 0.0
+
+
+def test_kl_term_fills_ref_logprobs(model, tok, make_cfg):
+    cfg = make_cfg("algo.kl_coef=0.1")
+    state = make_state(model, tok, lr=0.5)
+    state.ref = copy.deepcopy(model).eval().requires_grad_(False)
+    batch = with_advantages(varied_batch(tok))
+    fill_logprobs(state, batch, cfg)
+    assert batch.old_logp is None and batch.ref_logp is not None
+    m1 = update_policy(state, batch, cfg)
+    assert m1["actor/kl_loss"] == pytest.approx(0.0, abs=1e-6)  # policy == reference before the update
+    m2 = update_policy(state, batch, cfg)
+    assert m2["actor/kl_loss"] > 0
+
+
+# ----------------------------------------------------------------------------- (f) prompt sampler
+
+
+def test_prompt_sampler_covers_every_index_once_per_epoch():
+    n = 7
+    s = PromptSampler(n, seed=3)
+    taken = s.take(3) + s.take(3) + s.take(3) + s.take(5)  # chunks straddle the epoch boundary
+    assert sorted(taken[:n]) == list(range(n))
+    assert sorted(taken[n:2 * n]) == list(range(n))
+    assert taken[:n] != taken[n:2 * n] or n < 3  # a new permutation each epoch
+    assert s.epoch == 2 and s.pos == 0
+    big = PromptSampler(3, seed=0).take(8)  # more than one epoch in a single call
+    assert sorted(big[:3]) == sorted(big[3:6]) == [0, 1, 2] and len(big) == 8
+
+
+def test_prompt_sampler_is_deterministic():
+    a, b = PromptSampler(50, seed=0), PromptSampler(50, seed=0)
+    assert [a.take(4) for _ in range(30)] == [b.take(4) for _ in range(30)]
+    assert PromptSampler(50, seed=0).take(50) != PromptSampler(50, seed=1).take(50)
+
+
+def test_prompt_sampler_state_round_trip():
+    ref = PromptSampler(11, seed=5)
+    expected = [ref.take(4) for _ in range(8)]
+    s = PromptSampler(11, seed=5)
+    head = [s.take(4) for _ in range(3)]
+    state = s.state_dict()
+    s.take(4)  # moves on after the save
+    resumed = PromptSampler(11, seed=5)
+    resumed.load_state_dict(state)
+    assert head + [resumed.take(4) for _ in range(5)] == expected
+    with pytest.raises(ValueError, match="prompts"):
+        PromptSampler(12, seed=5).load_state_dict(state)
+    with pytest.raises(ValueError, match="seed"):
+        PromptSampler(11, seed=6).load_state_dict(state)
+
+
+# ----------------------------------------------------------------------------- (g) masked tokens
+
+
+@pytest.mark.parametrize("agg", AGGREGATIONS.names())
+@pytest.mark.parametrize("mode", ["single_pass", "epochs_kl"])
+def test_tokens_after_eos_change_nothing(tiny_model_dir, tok, make_cfg, agg, mode):
+    extra = [f"algo.loss_agg={agg}", "train.micro_batch_size=3"]
+    if mode != "single_pass":
+        extra += ["algo.epochs=2", "algo.kl_coef=0.1", "algo.kl_estimator=k3"]
+    cfg = make_cfg(*extra)
+    base = load_model(str(tiny_model_dir))
+    clean = with_advantages(varied_batch(tok))
+    if mode != "single_pass":
+        _perturbed_old_and_ref(base, clean, cfg)
+    junk = copy.deepcopy(clean)
+    invalid = junk.response_mask == 0
+    g = torch.Generator().manual_seed(7)
+    junk.response_ids = torch.where(invalid, torch.randint(4, len(tok), junk.response_ids.shape, generator=g),
+                                    junk.response_ids)
+    junk.adv = torch.where(invalid, torch.full_like(junk.adv, 1e3), junk.adv)
+    if mode != "single_pass":
+        junk.old_logp = torch.where(invalid, torch.full_like(junk.old_logp, -50.0), junk.old_logp)
+        junk.ref_logp = torch.where(invalid, torch.full_like(junk.ref_logp, 30.0), junk.ref_logp)
+    assert invalid.any() and not torch.equal(junk.response_ids, clean.response_ids)
+
+    results = []
+    for b in (clean, junk):
+        state = make_state(copy.deepcopy(base), tok, lr=0.05)
+        results.append((state.optimizer.grads, update_policy(state, b, cfg)))
+    (gc, mc), (gj, mj) = results
+    for key in mc:
+        if not key.startswith("timing"):
+            assert mj[key] == pytest.approx(mc[key], abs=1e-6, rel=1e-5), key
+    for step in range(len(gc)):
+        for name in gc[step]:
+            torch.testing.assert_close(gj[step][name], gc[step][name], atol=1e-6, rtol=1e-5)
+
+
+# ----------------------------------------------------------------------------- one whole step
+
+
+def test_rl_step(model, tok, make_cfg, digit_reward):
+    cfg = make_cfg("reward.fns=[test_digit_share,format_final]", "reward.weights=[1.0,0.1]", "algo.group_size=4",
+                   "train.prompts_per_step=2", "rollout.max_new_tokens=6")
+    train_ex, _ = synthetic_task("max", n_train=10, n_eval=1, seed=0)
+    prompts = encode_prompts(train_ex, "chat", tok, 512)
+    state = make_state(model, tok, lr=0.1, examples=train_ex, prompts=prompts)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    torch.manual_seed(0)
+    m = rl_step(state, cfg)
+    assert state.step == 1
+    assert state.sampler.pos == 2
+    for key in ("reward/mean", "reward/std", "reward/test_digit_share/mean", "reward/format_final/mean",
+                "frac_reward_zero_std", "actor/pg_loss", "actor/entropy", "actor/grad_norm", "actor/lr",
+                "response_length/mean", "response_length/clip_ratio", "timing_s/rollout", "timing_s/reward",
+                "timing_s/logprob", "timing_s/update", "perf/tokens_per_s"):
+        assert key in m and math.isfinite(m[key]), key
+    assert 0 <= m["frac_reward_zero_std"] <= 1 and 0 <= m["response_length/clip_ratio"] <= 1
+    assert 1 <= m["response_length/mean"] <= 6
+    assert m["actor/lr"] == pytest.approx(0.1)
+    assert m["frac_reward_zero_std"] < 1  # the digit reward varies within a group
+    assert m["actor/grad_norm"] > 0
+    assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
+    m2 = rl_step(state, cfg)
+    assert state.step == 2 and set(m2) == set(m)
