@@ -78,7 +78,7 @@ class DataConfig:
     num_train: int = 0
     """Use the first N training examples (0: all)."""
     num_eval: int = 200
-    """Number of held-out problems to evaluate (0: all)."""
+    """Number of held-out problems to evaluate (0: all of a file's split; 500 for a synthetic task)."""
     synth_train_size: int = 4000
     """Synthetic task: number of training problems."""
     synth_max_operand: int = 99

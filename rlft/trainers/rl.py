@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import torch
@@ -70,7 +70,6 @@ class RLState:
     prompts: list[list[int]]  # token ids, one per example
     ref: torch.nn.Module | None = None
     step: int = 0
-    timings: dict[str, float] = field(default_factory=dict)
 
 
 @contextmanager
@@ -82,8 +81,7 @@ def _timed(timings: dict[str, float], phase: str) -> Iterator[None]:
 
 def rl_step(state: RLState, cfg: Config) -> dict[str, float]:
     """One RL step over P prompts x G samples; returns the step's metrics."""
-    t = state.timings
-    t.clear()
+    t: dict[str, float] = {}  # timing_s/<phase>
     t_start = time.perf_counter()
     idx = state.sampler.take(cfg.train.prompts_per_step)
     examples = [state.examples[i] for i in idx]
