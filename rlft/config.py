@@ -136,6 +136,8 @@ class AlgoConfig:
     """PPO ratio lower bound 1 - clip_low."""
     clip_high: float = 0.2
     """PPO ratio upper bound 1 + clip_high (DAPO clip-higher: 0.28)."""
+    clip_c: float = 0.0
+    """Dual-clip constant for negative advantages (0: off; otherwise > 1, typically 3)."""
     kl_coef: float = 0.0
     """Coefficient of the KL-to-reference loss term; 0 loads no reference model."""
     kl_estimator: str = "k3"
@@ -144,6 +146,22 @@ class AlgoConfig:
     """Entropy bonus coefficient."""
     adv_eps: float = 1e-6
     """Epsilon added to the group std."""
+    gamma: float = 1.0
+    """Discount of per-token returns (gae, reinforce, reinforce_pp)."""
+    lam: float = 0.95
+    """GAE lambda of the actor's advantages."""
+    lam_critic: float = 1.0
+    """GAE lambda of the critic's targets (VAPO decoupled GAE: 1.0)."""
+    length_alpha: float = 0.0
+    """VAPO length-adaptive lambda: lam_actor = 1 - 1/(alpha * length) per sequence (0: off, use lam)."""
+    baseline: str = "batch_mean"
+    """REINFORCE baseline: 'none', 'batch_mean', or 'ema' (moving average of past batch means)."""
+    baseline_momentum: float = 0.9
+    """Momentum of the 'ema' baseline."""
+    whiten_adv: bool = True
+    """Whiten gae advantages over all valid tokens of the batch."""
+    vf_clip: float = 0.2
+    """Value clipping range around the rollout-time values (0: no clipping)."""
     epochs: int = 1
     """Passes over each rollout batch."""
     minibatches: int = 1
@@ -161,6 +179,15 @@ class AlgoConfig:
         _check(self.group_size >= 2, "algo.group_size", "must be >= 2 (group baselines need two samples)")
         _check(self.clip_low >= 0 and self.clip_high >= 0, "algo.clip_low/clip_high", "must be >= 0")
         _check(self.kl_coef >= 0, "algo.kl_coef", "must be >= 0")
+        _check(self.clip_c == 0 or self.clip_c > 1, "algo.clip_c", "must be 0 (off) or > 1")
+        _check(0 <= self.gamma <= 1, "algo.gamma", "must be in [0, 1]")
+        _check(0 <= self.lam <= 1, "algo.lam", "must be in [0, 1]")
+        _check(0 <= self.lam_critic <= 1, "algo.lam_critic", "must be in [0, 1]")
+        _check(self.length_alpha >= 0, "algo.length_alpha", "must be >= 0 (0: off)")
+        _check(self.baseline in ("none", "batch_mean", "ema"), "algo.baseline",
+               f"unknown {self.baseline!r}; allowed: none, batch_mean, ema")
+        _check(0 <= self.baseline_momentum < 1, "algo.baseline_momentum", "must be in [0, 1)")
+        _check(self.vf_clip >= 0, "algo.vf_clip", "must be >= 0 (0: no clipping)")
         _check(self.adv_eps >= 0, "algo.adv_eps", "must be >= 0")
         _check(self.epochs >= 1, "algo.epochs", "must be >= 1")
         _check(self.minibatches >= 1, "algo.minibatches", "must be >= 1")

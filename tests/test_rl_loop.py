@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from rlft.config import load_config
-from rlft.core.advantages import ADVANTAGES
+from rlft.core.advantages import group_norm
 from rlft.core.losses import AGGREGATIONS, POLICY_LOSSES, aggregate
 from rlft.data.synthetic import synthetic_task
 from rlft.data.templates import encode_prompts
@@ -353,7 +353,7 @@ def test_update_raises_positive_and_lowers_negative_samples(model, tok, make_cfg
     cfg = make_cfg(f"algo.loss_agg={agg}", "algo.group_size=4")
     batch = hand_batch(tok, ["Q: max(4,9,1)=?\nA: "], ["#### 9$", "x$", "ab1$", "zzz$"], group_size=4)
     batch.scores = torch.tensor([1.0, 0.0, 0.0, 0.0])
-    seq_adv = ADVANTAGES.get("group_norm")(batch.scores, 4, 1e-6)
+    seq_adv = group_norm(batch.scores, 4, 1e-6)
     assert seq_adv[0] > 0 and (seq_adv[1:] < 0).all()
     batch.adv = seq_adv[:, None] * batch.response_mask
     model.eval()  # no dropout anyway; makes the before/after comparison explicit

@@ -1,39 +1,84 @@
-"""Outcome-level advantage estimators over groups of samples.
+"""Advantage estimators: group baselines over outcome rewards, and token-level returns.
 
 Every registered estimator has one signature::
 
-    fn(scores: Tensor, group_size: int, eps: float = 1e-6) -> Tensor   # (B,) -> (B,)
+    fn(inp: AdvantageInputs, cfg) -> tuple[Tensor, Tensor]   # (adv (B, T), ret (B, T))
 
-``scores`` holds one scalar reward per sequence, B = P * G, groups contiguous
-(``scores.view(P, G)``).  The trainer broadcasts the result over tokens.
+``cfg`` is duck-typed (``rlft.config.AlgoConfig``): ``adv_eps``, ``gamma``,
+``lam``, ``lam_critic``, ``length_alpha``, ``baseline``, ``whiten_adv``.  B = P * G
+sequences, groups contiguous (``scores.view(P, G)``), T response tokens.
 
 Conventions (fixed here, tested in ``tests/test_advantages.py``):
 
-* **NaN = unscorable.**  A NaN score is excluded from its group's statistics
-  (mean, std, leave-one-out baseline) and gets advantage exactly 0.
-* **Std is the unbiased sample std (Bessel, divide by n - 1)** over the valid
-  samples of a group, as ``torch.std`` does by default.  So GRPO on
-  ``[1, 0, 0, 1]`` gives ``±0.5 / 0.5774 = ±0.866`` (the biased std would
-  give ±1).
+* **NaN score = unscorable.**  Group estimators exclude it from its group's
+  statistics (mean, std, leave-one-out baseline); token-level estimators
+  (``gae``, ``reinforce``, ``reinforce_pp``) exclude it from every batch
+  statistic (whitening, ``batch_mean`` baseline).  Its advantage is 0 at every
+  token; its ``ret`` is its ``values`` for ``gae`` (a zero critic error) and 0
+  otherwise.  A sequence with no valid token is treated the same way by the
+  token-level estimators (no token can carry its reward).
+* **Std is the unbiased sample std (Bessel, divide by n - 1)**, as
+  ``torch.std``.  GRPO on ``[1, 0, 0, 1]`` gives ``±0.5 / 0.5774 = ±0.866``.
 * **Degenerate groups give 0.**  A group whose valid rewards are all equal
-  (``zero_std``; this includes groups with fewer than 2 valid samples) gets
-  advantage exactly 0 from every estimator, not a rounding residue.
-* ``eps`` is added to the std (``(r - mean) / (std + eps)``); estimators that
-  do not divide by a std (``group_mean``, ``rloo``) accept it only so that all
-  estimators share one signature.
+  (including groups with fewer than 2 valid samples) gets advantage exactly 0.
+  ``adv_eps`` is added to the group std: ``(r - mean) / (std + eps)``.
+* **Outcome reward of the group estimators** is ``score + sum_t token_rewards_t``
+  over valid tokens (KL-in-reward, as OpenRLHF's RLOO).  The sequence advantage
+  is broadcast over valid tokens and ``ret = adv`` (verl's outcome convention).
+* **Token reward of the token-level estimators** is ``token_rewards_t``, plus
+  the score at the last valid token (PPO-RLHF, Ziegler et al. 2019 eq. 2).
+* **Invalid positions are skipped, as if removed.**  Rewards and values there are
+  never read (junk, NaN or inf change nothing); the backward recursion carries
+  over them (verl's convention for masked observation tokens); V = 0 after the
+  last valid token.  ``adv`` and ``ret`` are 0 there.
+* **Whitening** (``gae`` with ``whiten_adv``, ``reinforce_pp``) is
+  ``ops.masked_whiten`` over all valid tokens of the scorable sequences of the
+  batch: ``(x - mean) / sqrt(var + 1e-8)``, unbiased var.
+* **batch_mean baseline** is the mean of the sequence returns G_0 (at the first
+  valid token) over scorable sequences; see :func:`mean_return`.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from dataclasses import dataclass
+from functools import reduce
+from typing import Any, Callable
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
+from rlft.core.ops import masked_mean, masked_sum, masked_whiten
 from rlft.registry import Registry
 
-AdvantageFn = Callable[..., Tensor]
+
+@dataclass(frozen=True)
+class AdvantageInputs:
+    """Everything an advantage estimator may read (see the module docstring)."""
+
+    scores: Tensor  # (B,) sequence (outcome) reward; NaN = unscorable
+    mask: Tensor  # (B, T) valid response tokens (0/1 or bool)
+    group_size: int  # G; groups contiguous, B = P * G
+    token_rewards: Tensor | None = None  # (B, T) per-token rewards excluding the score (e.g. -beta * kl_t); None = 0
+    values: Tensor | None = None  # (B, T) critic values V(s_t) at each response position
+    baseline: float | None = None  # running baseline of reinforce with baseline='ema' (kept by the trainer)
+
+    def __post_init__(self) -> None:
+        if self.scores.dim() != 1:
+            raise ValueError(f"scores must be 1-D (B,), got shape {tuple(self.scores.shape)}")
+        if self.mask.dim() != 2 or self.mask.shape[0] != self.scores.shape[0]:
+            raise ValueError(f"mask must be (B, T) with B={self.scores.shape[0]}, got shape {tuple(self.mask.shape)}")
+        for name in ("token_rewards", "values"):
+            x = getattr(self, name)
+            if x is not None and x.shape != self.mask.shape:
+                raise ValueError(f"{name} must have the mask's shape {tuple(self.mask.shape)}, got {tuple(x.shape)}")
+
+
+AdvantageFn = Callable[[AdvantageInputs, Any], "tuple[Tensor, Tensor]"]
 ADVANTAGES: Registry[AdvantageFn] = Registry("advantage estimator")
+
+
+# ----------------------------------------------------------------------------- group statistics, (B,) -> (B,)
 
 
 def _groups(scores: Tensor, group_size: int) -> tuple[Tensor, Tensor]:
@@ -85,30 +130,175 @@ def _finish(adv: Tensor, valid: Tensor, zero_std: Tensor) -> Tensor:
     return torch.where(keep, adv, torch.zeros_like(adv)).reshape(-1)  # (B,)
 
 
-@ADVANTAGES.register("group_norm")
 def group_norm(scores: Tensor, group_size: int, eps: float = 1e-6) -> Tensor:
-    """GRPO: A_i = (r_i - mean(r)) / (std(r) + eps) within the group (unbiased std)."""
+    """GRPO: A_i = (r_i - mean(r)) / (std(r) + eps) within the group (unbiased std); (B,) -> (B,)."""
     r, valid = _groups(scores, group_size)  # (P, G)
     _, mean, std, zero_std = _stats(r, valid)
     adv = (r - mean[:, None]) / (std[:, None] + eps)  # DeepSeekMath (Shao et al. 2024) §4.1.2, outcome supervision
     return _finish(adv, valid, zero_std)  # (B,)
 
 
-@ADVANTAGES.register("group_mean")
 def group_mean(scores: Tensor, group_size: int, eps: float = 1e-6) -> Tensor:
-    """Dr. GRPO: A_i = r_i - mean(r), no std division (``eps`` unused)."""
+    """Dr. GRPO: A_i = r_i - mean(r), no std division (``eps`` unused); (B,) -> (B,)."""
     r, valid = _groups(scores, group_size)  # (P, G)
     _, mean, _, zero_std = _stats(r, valid)
     adv = r - mean[:, None]  # Dr. GRPO (Liu et al. 2025, "Understanding R1-Zero-like training") eq. 3
     return _finish(adv, valid, zero_std)  # (B,)
 
 
-@ADVANTAGES.register("rloo")
 def rloo(scores: Tensor, group_size: int, eps: float = 1e-6) -> Tensor:
-    """RLOO: A_i = r_i - mean_{j != i} r_j over valid samples (``eps`` unused)."""
+    """RLOO: A_i = r_i - mean_{j != i} r_j over valid samples (``eps`` unused); (B,) -> (B,)."""
     r, valid = _groups(scores, group_size)  # (P, G)
     n, _, _, zero_std = _stats(r, valid)
     nf = n.to(r.dtype)[:, None]  # (P, 1)
     baseline = (r.sum(-1, keepdim=True) - r) / (nf - 1).clamp(min=1)  # (P, G) leave-one-out mean
     adv = r - baseline  # Ahmadian et al. 2024 ("Back to basics"), RLOO estimator; Kool et al. 2019
     return _finish(adv, valid, zero_std)  # (B,)
+
+
+# ----------------------------------------------------------------------------- token-level returns, (B, T)
+
+
+def gae_advantages(rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lam: float | Tensor) -> Tensor:
+    """GAE A_t = sum_l (gamma * lam)^l delta_{t+l} over the valid tokens; (B, T) -> (B, T).
+
+    ``lam`` is a float or a per-sequence (B,) tensor.  Invalid positions are
+    skipped (never read, 0 in the output) and V = 0 after the last valid token.
+    """
+    keep = mask != 0  # (B, T)
+    zero = rewards.new_zeros(())
+    r = torch.where(keep, rewards, zero)  # (B, T)
+    v = torch.where(keep, values.to(r.dtype), zero)  # (B, T)
+    decay = gamma * torch.as_tensor(lam, dtype=r.dtype, device=r.device).reshape(-1)  # (B,) or (1,)
+    acc = r.new_zeros(r.shape[0])  # (B,) A_{t+1}
+    next_v = r.new_zeros(r.shape[0])  # (B,) V_{t+1}, 0 past the last valid token
+    adv = torch.zeros_like(r)  # (B, T)
+    for t in reversed(range(r.shape[1])):
+        delta = r[:, t] + gamma * next_v - v[:, t]  # (B,) TD residual, Schulman et al. 2016 §3
+        acc = torch.where(keep[:, t], delta + decay * acc, acc)  # Schulman et al. 2016 eq. 16, backward recursion
+        next_v = torch.where(keep[:, t], v[:, t], next_v)
+        adv[:, t] = torch.where(keep[:, t], acc, zero)
+    return adv  # (B, T)
+
+
+def discounted_returns(rewards: Tensor, mask: Tensor, gamma: float) -> Tensor:
+    """Return-to-go G_t = sum_l gamma^l r_{t+l} over the valid tokens; (B, T) -> (B, T)."""
+    return gae_advantages(rewards, torch.zeros_like(rewards), mask, gamma, 1.0)  # GAE(gamma, 1) with V = 0
+
+
+def length_adaptive_lambda(lengths: Tensor, alpha: float) -> Tensor:
+    """VAPO length-adaptive lambda_actor = 1 - 1 / (alpha * length), clamped to [0, 1]; (B,) -> (B,)."""
+    if alpha <= 0:
+        raise ValueError(f"length_alpha must be > 0 for a length-adaptive lambda, got {alpha}")
+    n = lengths.to(torch.promote_types(lengths.dtype, torch.float32))  # (B,)
+    return (1.0 - 1.0 / (alpha * n)).clamp(0.0, 1.0)  # VAPO (Yuan et al. 2025) eq. 7; length 0 -> 0
+
+
+def ema_update(prev: float | None, value: float, momentum: float) -> float:
+    """Exponential moving average: momentum * prev + (1 - momentum) * value; the first call returns value."""
+    if prev is None:
+        return float(value)
+    return momentum * prev + (1.0 - momentum) * float(value)
+
+
+def outcome_rewards(inp: AdvantageInputs) -> Tensor:
+    """Sequence reward of the group estimators: score + sum of valid token_rewards; (B,), NaN stays NaN."""
+    scores = inp.scores if inp.scores.is_floating_point() else inp.scores.float()
+    if inp.token_rewards is None:
+        return scores  # (B,)
+    return scores + masked_sum(inp.token_rewards, inp.mask, dim=-1)  # (B,) KL-in-reward (OpenRLHF RLOO)
+
+
+def _token_inputs(inp: AdvantageInputs) -> tuple[Tensor, Tensor]:
+    """Per-token rewards (B, T), score added at the last valid token, and the (B, T) mask of scorable tokens."""
+    valid = inp.mask != 0  # (B, T)
+    ok = ~torch.isnan(inp.scores) & valid.any(-1)  # (B,) scorable, with a token to carry the score
+    keep = valid & ok[:, None]  # (B, T)
+    dtypes = [x.dtype for x in (inp.scores, inp.token_rewards, inp.values) if x is not None and x.is_floating_point()]
+    dtype = reduce(torch.promote_types, dtypes, torch.float32)
+    zero = torch.zeros((), dtype=dtype, device=inp.scores.device)
+    tr = zero if inp.token_rewards is None else inp.token_rewards.to(dtype)
+    r = torch.where(keep, tr, zero)  # (B, T)
+    pos = torch.arange(keep.shape[1], device=keep.device)  # (T,)
+    last = F.one_hot(torch.where(keep, pos, -1).argmax(-1), keep.shape[1]).bool() & keep  # (B, T)
+    score = torch.where(ok, inp.scores.to(dtype), zero)  # (B,)
+    return r + torch.where(last, score[:, None], zero), keep  # PPO-RLHF reward, Ziegler et al. 2019 eq. 2
+
+
+def _mean_seq_return(ret: Tensor, keep: Tensor) -> Tensor:
+    """Mean over sequences with a valid token of G_0, the return at their first valid token; a scalar."""
+    first = keep.int().argmax(-1)  # (B,)
+    g0 = ret.gather(1, first[:, None]).squeeze(1)  # (B,)
+    return masked_mean(g0, keep.any(-1))
+
+
+def mean_return(inp: AdvantageInputs, gamma: float) -> float:
+    """Mean sequence return G_0 over scorable sequences: the ``batch_mean`` baseline, and the ``ema`` update value."""
+    r, keep = _token_inputs(inp)
+    return float(_mean_seq_return(discounted_returns(r, keep, gamma), keep))
+
+
+# ----------------------------------------------------------------------------- registered estimators
+
+
+def _outcome_estimator(seq_fn: Callable[[Tensor, int, float], Tensor]) -> AdvantageFn:
+    def estimator(inp: AdvantageInputs, cfg: Any) -> tuple[Tensor, Tensor]:
+        seq_adv = seq_fn(outcome_rewards(inp), inp.group_size, cfg.adv_eps)  # (B,)
+        adv = torch.where(inp.mask != 0, seq_adv[:, None], seq_adv.new_zeros(()))  # (B, T) broadcast over valid tokens
+        return adv, adv.clone()  # ret = adv, verl's convention for outcome estimators
+
+    estimator.__name__ = f"{seq_fn.__name__}_estimator"
+    estimator.__doc__ = f"Registry entry: {seq_fn.__name__} of outcome_rewards(inp), broadcast over valid tokens."
+    return estimator
+
+
+for _name, _fn in (("group_norm", group_norm), ("group_mean", group_mean), ("rloo", rloo)):
+    ADVANTAGES.register(_name)(_outcome_estimator(_fn))
+
+
+@ADVANTAGES.register("gae")
+def gae(inp: AdvantageInputs, cfg: Any) -> tuple[Tensor, Tensor]:
+    """PPO's GAE with a critic; VAPO decoupled (``lam`` vs ``lam_critic``) and length-adaptive lambda."""
+    if inp.values is None:
+        raise ValueError("advantage 'gae' needs `values`: critic values V(s_t) of shape (B, T) in AdvantageInputs")
+    r, keep = _token_inputs(inp)  # (B, T)
+    v = torch.where(keep, inp.values.to(r.dtype), r.new_zeros(()))  # (B, T)
+    lam = cfg.lam
+    if cfg.length_alpha > 0:
+        lengths = (inp.mask != 0).sum(-1)  # (B,)
+        lam = length_adaptive_lambda(lengths, cfg.length_alpha)  # (B,) VAPO (Yuan et al. 2025) eq. 7/8, actor only
+    adv = gae_advantages(r, v, keep, cfg.gamma, lam)  # (B, T) actor, Schulman et al. 2016 eq. 16
+    ret = gae_advantages(r, v, keep, cfg.gamma, cfg.lam_critic) + v  # (B, T) critic target, VAPO decoupled GAE
+    if cfg.whiten_adv:
+        adv = masked_whiten(adv, keep)  # verl-style batch whitening over scorable tokens
+    valid = inp.mask != 0  # (B, T)
+    unscored = torch.where(valid, inp.values.to(r.dtype), r.new_zeros(()))  # (B, T) ret = V: zero critic error
+    return adv, torch.where(keep, ret, unscored)
+
+
+@ADVANTAGES.register("reinforce")
+def reinforce(inp: AdvantageInputs, cfg: Any) -> tuple[Tensor, Tensor]:
+    """REINFORCE with baseline: A_t = G_t - b, b from ``cfg.baseline`` (none | batch_mean | ema)."""
+    r, keep = _token_inputs(inp)  # (B, T)
+    ret = discounted_returns(r, keep, cfg.gamma)  # (B, T) return-to-go, Williams 1992
+    if cfg.baseline == "none":
+        b: Tensor | float = 0.0
+    elif cfg.baseline == "batch_mean":
+        b = _mean_seq_return(ret, keep)  # mean G_0 over scorable sequences
+    elif cfg.baseline == "ema":
+        if inp.baseline is None:
+            raise ValueError("baseline='ema' needs AdvantageInputs.baseline (the trainer's running mean return)")
+        b = inp.baseline
+    else:
+        raise ValueError(f"algo.baseline: unknown {cfg.baseline!r}; allowed: none, batch_mean, ema")
+    adv = torch.where(keep, ret - b, r.new_zeros(()))  # (B, T) REINFORCE with a baseline (Williams 1992)
+    return adv, ret
+
+
+@ADVANTAGES.register("reinforce_pp")
+def reinforce_pp(inp: AdvantageInputs, cfg: Any) -> tuple[Tensor, Tensor]:
+    """REINFORCE++: KL-shaped return-to-go, whitened over all scorable tokens of the batch (not per group)."""
+    r, keep = _token_inputs(inp)  # (B, T)
+    ret = discounted_returns(r, keep, cfg.gamma)  # (B, T) REINFORCE++ (Hu et al. 2025): r(x,y) - beta sum_{i>=t} KL_i
+    adv = masked_whiten(ret, keep)  # (B, T) REINFORCE++ global advantage normalization
+    return adv, ret

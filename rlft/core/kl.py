@@ -11,11 +11,18 @@ Every estimator: ``fn(logp, ref_logp) -> (B, T)`` where ``logp = log pi(x)`` and
 Reference: J. Schulman, "Approximating KL Divergence" (2020),
 http://joschu.net/blog/kl-approx.html.  k3 is the estimator GRPO puts in its
 loss (DeepSeekMath eq. 4).  Callers reduce with the loss mask.
+
+The KL can also enter as a per-token reward penalty instead of a loss term
+(PPO-RLHF): ``kl_penalty_rewards`` gives -coef * kl_t, and a KL controller
+(``FixedKLController`` or ``AdaptiveKLController``, built by
+``make_kl_controller``) supplies ``coef``.  Controllers share one interface:
+``.value`` (the current coefficient), ``.update(current_kl, n_steps)``,
+``state_dict()`` / ``load_state_dict()`` (``{"value": float}``).
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable, Protocol
 
 import torch
 from torch import Tensor
@@ -51,3 +58,81 @@ def k3(logp: Tensor, ref_logp: Tensor) -> Tensor:
 def abs_kl(logp: Tensor, ref_logp: Tensor) -> Tensor:
     """|log pi - log ref|."""
     return (logp - ref_logp).abs()  # (B, T)
+
+
+# --------------------------------------------------------------------------- KL as a reward penalty
+
+
+def kl_penalty_rewards(logp: Tensor, ref_logp: Tensor, mask: Tensor, coef: float, estimator: str) -> Tensor:
+    """Per-token reward penalty -coef * kl_t at valid tokens, 0 elsewhere.
+
+    R_t = r(x, y) [t = last] - beta * KL_t  (InstructGPT, Ouyang et al. 2022, eq. 2;
+    Ziegler et al. 2019, §2.2); ``estimator`` names a ``KL_ESTIMATORS`` entry.
+    Rewards carry no gradient in PPO: pass detached log-probs.
+    """
+    kl = KL_ESTIMATORS.get(estimator)(logp, ref_logp)  # (B, T)
+    valid = mask != 0  # (B, T)
+    return torch.where(valid, -coef * kl, torch.zeros_like(kl))  # (B, T)
+
+
+class KLController(Protocol):
+    value: float
+
+    def update(self, current_kl: float, n_steps: int) -> None: ...
+    def state_dict(self) -> dict[str, Any]: ...
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+class _ValueState:
+    value: float
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"value": self.value}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.value = float(state["value"])
+
+
+class FixedKLController(_ValueState):
+    """A constant KL coefficient; ``update`` does nothing."""
+
+    def __init__(self, coef: float):
+        if coef < 0:
+            raise ValueError(f"KL coefficient must be >= 0, got {coef}")
+        self.value = float(coef)
+
+    def update(self, current_kl: float, n_steps: int) -> None:
+        pass
+
+
+class AdaptiveKLController(_ValueState):
+    """Steer the coefficient so the measured KL tracks ``target`` (Ziegler et al. 2019, §2.2).
+
+    e = clip(KL / target - 1, -0.2, 0.2);  beta <- beta * (1 + e * n_steps / horizon),
+    where ``n_steps`` is the number of samples (or steps) since the last update
+    and ``horizon`` sets how fast beta moves.
+    """
+
+    ERROR_CLIP = 0.2  # Ziegler et al. 2019, §2.2
+
+    def __init__(self, init_coef: float, target: float, horizon: int):
+        if init_coef < 0:
+            raise ValueError(f"KL coefficient must be >= 0, got {init_coef}")
+        if target <= 0:
+            raise ValueError(f"KL target must be > 0, got {target}")
+        if horizon <= 0:
+            raise ValueError(f"KL horizon must be > 0, got {horizon}")
+        self.value = float(init_coef)
+        self.target = float(target)
+        self.horizon = horizon
+
+    def update(self, current_kl: float, n_steps: int) -> None:
+        error = min(max(current_kl / self.target - 1.0, -self.ERROR_CLIP), self.ERROR_CLIP)  # proportional error
+        self.value *= 1.0 + error * n_steps / self.horizon
+
+
+def make_kl_controller(coef: float, target: float, horizon: int) -> KLController:
+    """``AdaptiveKLController(coef, target, horizon)`` if target > 0, else ``FixedKLController(coef)``."""
+    if target < 0:
+        raise ValueError(f"KL target must be >= 0 (0: fixed coefficient), got {target}")
+    return AdaptiveKLController(coef, target, horizon) if target > 0 else FixedKLController(coef)

@@ -1,9 +1,17 @@
-"""Policy losses, loss aggregation and the SFT loss.
+"""Policy losses, loss aggregation, the SFT loss and VAPO's positive-sample LM loss.
 
 Two registries:
 
 * ``POLICY_LOSSES``: ``fn(logp, old_logp, adv, mask, cfg) -> (loss_mat (B, T), metrics)``,
   per-token losses (0 at invalid positions) and detached scalar metrics.
+  ``clip`` (PPO / DAPO clip-higher, optional dual-clip), ``gspo`` (sequence
+  ratio), ``reinforce`` (plain -A logp).  ``cfg`` needs ``clip_low``,
+  ``clip_high`` and ``clip_c`` (0 = no dual-clip, otherwise > 1).  Every loss
+  returns the same metric keys, fractions of valid tokens:
+  ``pg_clipfrac`` (the PPO clip is active, gradient 0), ``pg_clipfrac_high``
+  (A > 0 and r > 1 + clip_high), ``pg_clipfrac_low`` (A < 0 and
+  r < 1 - clip_low), ``pg_clipfrac_dual`` (the dual-clip cap is active), and
+  ``ppo_kl`` (mean of old_logp - logp, k1 of KL(pi_old || pi)).
 * ``AGGREGATIONS``: ``fn(loss_mat, mask, max_len=None) -> scalar``, how per-token
   losses become one number.
 
@@ -57,37 +65,112 @@ LOG_RATIO_CLAMP = 20.0  # |log r| bound before exp, for numerical safety only
 # --------------------------------------------------------------------------- policy losses
 
 
-@POLICY_LOSSES.register("clip")
-def clip_loss(logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, cfg: Any) -> tuple[Tensor, dict[str, Tensor]]:
-    """PPO clipped surrogate with decoupled bounds (clip-higher).
+def _check_clip_c(clip_c: float) -> None:
+    if clip_c != 0 and not clip_c > 1:
+        raise ValueError(f"clip_c (dual-clip constant) must be 0 (off) or > 1, got {clip_c}")
 
-    ratio r = pi / pi_old, clipped to [1 - cfg.clip_low, 1 + cfg.clip_high];
-    loss = max(-A r, -A clip(r)) per token (PPO, Schulman et al. 2017, eq. 7;
-    decoupled eps_low / eps_high: DAPO, Yu et al. 2025, eq. 10).
+
+def _metrics(logp: Tensor, old_logp: Tensor, valid: Tensor, **flags: Tensor) -> dict[str, Tensor]:
+    """Token fractions of the bool (B, T) ``flags`` over valid tokens, and ppo_kl; all detached."""
+    with torch.no_grad():
+        out = {f"pg_{k}": masked_mean(v.float(), valid) for k, v in flags.items()}
+        out["ppo_kl"] = masked_mean((old_logp - logp).float(), valid)  # k1 estimate of KL(pi_old || pi)
+    return out
+
+
+def _surrogate(ratio: Tensor, adv: Tensor, valid: Tensor, cfg: Any) -> tuple[Tensor, dict[str, Tensor]]:
+    """Clipped surrogate of ``ratio`` (B, T), shared by ``clip`` and ``gspo``; adv is 0 at invalid.
+
+    loss = max(-A r, -A clip(r, 1 - clip_low, 1 + clip_high))      (PPO eq. 7, DAPO eq. 10)
+    and, when cfg.clip_c > 0, for A < 0: loss = min(that, -clip_c A)
+    (dual-clip PPO, Ye et al. 2020, arXiv:1912.09729)
     """
-    mask = mask != 0  # (B, T)
-    zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
-    adv = torch.where(mask, adv, zero)  # (B, T)  junk under the mask cannot reach the gradient
-    log_ratio = torch.where(mask, logp - old_logp, zero)  # (B, T)
-    log_ratio = log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)  # (B, T)
-    ratio = torch.exp(log_ratio)  # (B, T)
+    clip_c = float(cfg.clip_c)
+    _check_clip_c(clip_c)
     clipped = ratio.clamp(1.0 - cfg.clip_low, 1.0 + cfg.clip_high)  # (B, T)
     loss_unclipped = -adv * ratio  # (B, T)
     loss_clipped = -adv * clipped  # (B, T)
     loss = torch.maximum(loss_unclipped, loss_clipped)  # (B, T)  pessimistic bound
-    loss = torch.where(mask, loss, torch.zeros_like(loss))  # (B, T)
-
+    dual = torch.zeros_like(valid)  # (B, T) bool
+    if clip_c > 0:
+        cap = -clip_c * adv  # (B, T)  > 0 where A < 0
+        dual = valid & (adv < 0) & (loss > cap)  # (B, T)  capped: gradient 0 there
+        loss = torch.where(dual, cap, loss)  # (B, T)
+    loss = torch.where(valid, loss, torch.zeros_like(loss))  # (B, T)
     with torch.no_grad():
-        took_clip = (loss_clipped > loss_unclipped).float()  # (B, T)  gradient is 0 there
-        clip_high = ((adv > 0) & (ratio > 1.0 + cfg.clip_high)).float()  # (B, T)
-        clip_low = ((adv < 0) & (ratio < 1.0 - cfg.clip_low)).float()  # (B, T)
-        metrics = {
-            "pg_clipfrac": masked_mean(took_clip, mask),
-            "pg_clipfrac_high": masked_mean(clip_high, mask),
-            "pg_clipfrac_low": masked_mean(clip_low, mask),
-            "ppo_kl": masked_mean((old_logp - logp).float(), mask),  # k1 estimate of KL(pi_old || pi)
+        flags = {
+            "clipfrac": loss_clipped > loss_unclipped,  # (B, T)  the PPO clip is active, gradient 0
+            "clipfrac_high": (adv > 0) & (ratio > 1.0 + cfg.clip_high),  # (B, T)
+            "clipfrac_low": (adv < 0) & (ratio < 1.0 - cfg.clip_low),  # (B, T)
+            "clipfrac_dual": dual,  # (B, T)
         }
-    return loss, metrics
+    return loss, flags
+
+
+def _masked_inputs(logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """(valid (B, T) bool, adv with invalid -> 0, log ratio with invalid -> 0): junk cannot reach the gradient."""
+    valid = mask != 0  # (B, T)
+    zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
+    adv = torch.where(valid, adv, zero)  # (B, T)
+    log_ratio = torch.where(valid, logp - old_logp, zero)  # (B, T)
+    return valid, adv, log_ratio
+
+
+@POLICY_LOSSES.register("clip")
+def clip_loss(logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, cfg: Any) -> tuple[Tensor, dict[str, Tensor]]:
+    """PPO clipped surrogate with decoupled bounds (clip-higher) and optional dual-clip.
+
+    ratio r = pi / pi_old, clipped to [1 - cfg.clip_low, 1 + cfg.clip_high];
+    loss = max(-A r, -A clip(r)) per token (PPO, Schulman et al. 2017, eq. 7;
+    decoupled eps_low / eps_high: DAPO, Yu et al. 2025, eq. 10).  With
+    cfg.clip_c > 0 (must be > 1) the loss of a token with A < 0 is capped at
+    -clip_c * A (dual-clip PPO, Ye et al. 2020, arXiv:1912.09729), so a huge ratio on a
+    bad token cannot blow up the update.
+    """
+    valid, adv, log_ratio = _masked_inputs(logp, old_logp, adv, mask)
+    ratio = torch.exp(log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))  # (B, T)
+    loss, flags = _surrogate(ratio, adv, valid, cfg)
+    return loss, _metrics(logp, old_logp, valid, **flags)
+
+
+@POLICY_LOSSES.register("gspo")
+def gspo_loss(logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, cfg: Any) -> tuple[Tensor, dict[str, Tensor]]:
+    """GSPO: clipping on the length-normalised sequence ratio (Zheng et al. 2025).
+
+    s_i = exp(mean_t (logp - old_logp)) over the valid tokens of sequence i
+    (GSPO eq. 7), clipped to [1 - cfg.clip_low, 1 + cfg.clip_high] at the
+    sequence level (eq. 5).  The per-token matrix uses the GSPO-token form
+    (eq. 13-14): log s_i,t = sg[log s_i] + logp_t - sg[logp_t], whose value is
+    s_i at every token and whose gradient w.r.t. logp_t is s_i.  Aggregated with
+    ``seq-mean-token-mean`` and sequence-constant advantages, value and gradient
+    equal those of the sequence-level objective -mean_i min(s_i A_i, clip(s_i) A_i).
+    Dual-clip (cfg.clip_c) applies to s_i as in ``clip``.  Clip fractions are
+    fractions of valid tokens (a clipped sequence counts with its length).
+    """
+    valid, adv, log_ratio = _masked_inputs(logp, old_logp, adv, mask)
+    seq_log_ratio = masked_mean(log_ratio, valid, dim=-1)  # (B,)  log s_i, GSPO eq. 7 (0 for an empty row)
+    seq_log_ratio = seq_log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).detach()  # (B,)  sg[log s_i]
+    zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
+    token_part = torch.where(valid, logp - logp.detach(), zero)  # (B, T)  value 0, d/dlogp_t = 1
+    ratio = torch.exp(seq_log_ratio[:, None] + token_part)  # (B, T)  s_i,t, GSPO eq. 14
+    loss, flags = _surrogate(ratio, adv, valid, cfg)
+    return loss, _metrics(logp, old_logp, valid, **flags)
+
+
+@POLICY_LOSSES.register("reinforce")
+def reinforce_loss(logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor,
+                   cfg: Any) -> tuple[Tensor, dict[str, Tensor]]:
+    """Plain policy gradient: loss = -A * logp (REINFORCE, Williams 1992; no ratio, no clipping).
+
+    Clip fractions are 0; ppo_kl is reported as in ``clip``.
+    """
+    valid = mask != 0  # (B, T)
+    zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
+    adv = torch.where(valid, adv, zero)  # (B, T)
+    loss = -adv * torch.where(valid, logp, zero)  # (B, T)  0 at invalid
+    never = torch.zeros_like(valid)  # (B, T) bool
+    flags = {"clipfrac": never, "clipfrac_high": never, "clipfrac_low": never, "clipfrac_dual": never}
+    return loss, _metrics(logp, old_logp, valid, **flags)
 
 
 # --------------------------------------------------------------------------- aggregation
@@ -175,3 +258,21 @@ def aggregation_weight(mask: Tensor, mode: str, max_len: int | None = None) -> T
 def sft_loss(logp: Tensor, mask: Tensor) -> Tensor:
     """Token-mean negative log-likelihood over valid tokens."""
     return masked_mean(-logp, mask)  # ()
+
+
+def positive_lm_parts(logp: Tensor, mask: Tensor, positive: Tensor) -> tuple[Tensor, Tensor]:
+    """(sum of -logp, token count) over the valid tokens of the ``positive`` (B,) samples.
+
+    The positive-example LM loss of VAPO (Yuan et al. 2025, eq. 9) is
+    ``num / den``, the NLL averaged over the tokens of the correct samples; the
+    trainer scales it by mu.  Both parts add up across micro-batches, as in
+    ``aggregate_parts``.
+    """
+    keep = (mask != 0) & positive.bool()[:, None]  # (B, T)
+    num = masked_sum(-logp, keep)  # ()
+    return num, keep.sum().to(num.dtype)
+
+
+def positive_lm_loss(logp: Tensor, mask: Tensor, positive: Tensor) -> Tensor:
+    """VAPO eq. 9 on one batch: token-mean NLL of the positive samples; 0 if there is none."""
+    return _denominator_safe(*positive_lm_parts(logp, mask, positive))  # ()

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from rlft.config import Config
-from rlft.core.advantages import ADVANTAGES, group_stats
+from rlft.core.advantages import ADVANTAGES, AdvantageInputs, group_stats
 from rlft.core.kl import KL_ESTIMATORS
 from rlft.core.losses import POLICY_LOSSES, aggregate_parts, aggregation_weight
 from rlft.core.ops import masked_mean
@@ -93,8 +93,8 @@ def rl_step(state: RLState, cfg: Config) -> dict[str, float]:
         samples = [ex.to_mapping() for ex in examples for _ in range(cfg.algo.group_size)]
         scored = score_batch(batch.texts, samples, cfg.reward.fns, cfg.reward.weights, timeout_s=cfg.reward.timeout_s)
         batch.scores = torch.tensor([math.nan if s is None else s for s in scored.total])  # (B,)
-        seq_adv = ADVANTAGES.get(cfg.algo.advantage)(batch.scores, cfg.algo.group_size, cfg.algo.adv_eps)  # (B,)
-        batch.adv = seq_adv[:, None] * batch.response_mask  # (B, T)
+        adv_in = AdvantageInputs(batch.scores, batch.response_mask, cfg.algo.group_size)
+        batch.adv, _ = ADVANTAGES.get(cfg.algo.advantage)(adv_in, cfg.algo)  # (B, T) adv; ret unused without a critic
     with _timed(t, "logprob"):
         fill_logprobs(state, batch, cfg)
     with _timed(t, "update"):
