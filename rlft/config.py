@@ -85,6 +85,12 @@ class DataConfig:
     """Synthetic task: operands are drawn from 0..N."""
     synth_ops: str = "+-"
     """Synthetic task: operators to draw from."""
+    ptx_source: str = ""
+    """PPO-ptx pretraining text: a .jsonl/.json/.parquet file or directory (train split), one text per row."""
+    ptx_text_key: str = "text"
+    """Field holding the text in ptx rows."""
+    ptx_max_tokens: int = 256
+    """ptx texts are cut to this many tokens."""
 
     def __post_init__(self) -> None:
         if self.source.startswith("synthetic:"):
@@ -99,6 +105,7 @@ class DataConfig:
         _check(self.num_train >= 0, "data.num_train", "must be >= 0")
         _check(self.num_eval >= 0, "data.num_eval", "must be >= 0")
         _check(self.synth_train_size >= 1, "data.synth_train_size", "must be >= 1")
+        _check(self.ptx_max_tokens >= 2, "data.ptx_max_tokens", "must be >= 2")
         _check(self.synth_max_operand >= 1, "data.synth_max_operand", "must be >= 1")
         _check(bool(self.synth_ops) and set(self.synth_ops) <= set("+-*"), "data.synth_ops",
                f"must be a non-empty string of '+', '-', '*', got {self.synth_ops!r}")
@@ -142,6 +149,12 @@ class AlgoConfig:
     """Coefficient of the KL-to-reference loss term; 0 loads no reference model."""
     kl_estimator: str = "k3"
     """KL estimator (rlft.core.kl.KL_ESTIMATORS)."""
+    kl_in: Literal["loss", "reward"] = "loss"
+    """Where the KL term goes: a loss term (GRPO) or a per-token reward penalty -kl_coef * kl_t (PPO-RLHF)."""
+    kl_target: float = 0.0
+    """Adaptive KL: target KL per sequence of the proportional controller (0: fixed kl_coef)."""
+    kl_horizon: int = 10000
+    """Adaptive KL: horizon (in samples) of the proportional controller (Ziegler et al. 2019)."""
     entropy_coef: float = 0.0
     """Entropy bonus coefficient."""
     adv_eps: float = 1e-6
@@ -162,6 +175,22 @@ class AlgoConfig:
     """Whiten gae advantages over all valid tokens of the batch."""
     vf_clip: float = 0.2
     """Value clipping range around the rollout-time values (0: no clipping)."""
+    lm_coef: float = 0.0
+    """VAPO positive-sample LM loss weight mu: NLL on samples with reward >= lm_threshold (0: off)."""
+    lm_threshold: float = 1.0
+    """A sample counts as positive (correct) for the LM loss when its total reward is at least this."""
+    ptx_coef: float = 0.0
+    """PPO-ptx: weight of a pretraining LM loss on data.ptx_source mixed into each update (0: off)."""
+    dynamic_sampling: bool = False
+    """DAPO: drop groups whose rewards are all equal and sample new prompts until the batch is full."""
+    max_sample_rounds: int = 3
+    """Dynamic sampling: extra generation rounds allowed per step before training on a smaller batch."""
+    overlong_filter: bool = False
+    """DAPO: truncated samples carry no loss."""
+    overlong_buffer_frac: float = 0.0
+    """DAPO soft overlong punishment: L_cache = frac * rollout.max_new_tokens (0: off; DAPO 4096/20480 = 0.2)."""
+    overlong_penalty: float = 1.0
+    """Soft overlong punishment: scale of the length penalty (reaches -overlong_penalty at L_max)."""
     epochs: int = 1
     """Passes over each rollout batch."""
     minibatches: int = 1
@@ -188,6 +217,14 @@ class AlgoConfig:
                f"unknown {self.baseline!r}; allowed: none, batch_mean, ema")
         _check(0 <= self.baseline_momentum < 1, "algo.baseline_momentum", "must be in [0, 1)")
         _check(self.vf_clip >= 0, "algo.vf_clip", "must be >= 0 (0: no clipping)")
+        _check(self.kl_target >= 0, "algo.kl_target", "must be >= 0 (0: fixed coefficient)")
+        _check(self.kl_horizon >= 1, "algo.kl_horizon", "must be >= 1")
+        _check(self.kl_target == 0 or self.kl_coef > 0, "algo.kl_target", "needs an initial algo.kl_coef > 0")
+        _check(self.lm_coef >= 0, "algo.lm_coef", "must be >= 0")
+        _check(self.ptx_coef >= 0, "algo.ptx_coef", "must be >= 0")
+        _check(self.max_sample_rounds >= 0, "algo.max_sample_rounds", "must be >= 0")
+        _check(0 <= self.overlong_buffer_frac <= 1, "algo.overlong_buffer_frac", "must be in [0, 1]")
+        _check(self.overlong_penalty >= 0, "algo.overlong_penalty", "must be >= 0")
         _check(self.adv_eps >= 0, "algo.adv_eps", "must be >= 0")
         _check(self.epochs >= 1, "algo.epochs", "must be >= 1")
         _check(self.minibatches >= 1, "algo.minibatches", "must be >= 1")
@@ -197,9 +234,33 @@ class AlgoConfig:
         return self.kl_coef > 0
 
     @property
+    def needs_critic(self) -> bool:
+        """Token-level advantages from a learned value function (gae) need a critic."""
+        return self.advantage == "gae"
+
+    @property
     def single_pass(self) -> bool:
-        """One update pass per rollout: old log-probs come from the loss's own forward."""
-        return self.epochs == 1 and self.minibatches == 1
+        """One update pass per rollout whose advantages do not depend on the rollout policy's log-probs:
+        old log-probs then come from the loss's own forward (KL in the reward needs them earlier)."""
+        return self.epochs == 1 and self.minibatches == 1 and not (self.kl_in == "reward" and self.needs_ref)
+
+
+@dataclass(frozen=True)
+class CriticConfig:
+    path: str = ""
+    """Backbone of the critic; empty: the policy's starting weights (a separate copy) with a new value head."""
+    lr: float = 1e-4
+    warmup_steps: int = 0
+    pretrain_steps: int = 0
+    """VAPO value pre-training: critic-only steps on rollouts of the frozen initial policy before RL."""
+    grad_clip: float = 1.0
+    """Max global grad norm of the critic (0: no clipping)."""
+
+    def __post_init__(self) -> None:
+        _check(self.lr > 0, "critic.lr", "must be > 0")
+        _check(self.warmup_steps >= 0, "critic.warmup_steps", "must be >= 0")
+        _check(self.pretrain_steps >= 0, "critic.pretrain_steps", "must be >= 0")
+        _check(self.grad_clip >= 0, "critic.grad_clip", "must be >= 0")
 
 
 @dataclass(frozen=True)
@@ -275,12 +336,15 @@ class TrainConfig:
     """How many recent checkpoints to keep."""
     resume: bool = False
     """Resume from the last checkpoint in the run directory (log.run_dir/log.name)."""
+    ptx_batch_size: int = 16
+    """PPO-ptx: pretraining texts per optimizer step."""
 
     def __post_init__(self) -> None:
         _check(self.steps >= 0, "train.steps", "must be >= 0")
         _check(self.prompts_per_step >= 1, "train.prompts_per_step", "must be >= 1")
         _check(self.micro_batch_size >= 1, "train.micro_batch_size", "must be >= 1")
         _check(self.save_every >= 0, "train.save_every", "must be >= 0")
+        _check(self.ptx_batch_size >= 1, "train.ptx_batch_size", "must be >= 1")
         _check(self.keep_checkpoints >= 1, "train.keep_checkpoints", "must be >= 1")
 
 
@@ -336,6 +400,7 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
@@ -346,6 +411,8 @@ class Config:
     def __post_init__(self) -> None:
         _check(not self.train.resume or bool(self.log.name), "train.resume",
                "needs log.name (the run to resume), e.g. rlft train runs/<name>/config.yaml train.resume=true")
+        _check(self.algo.ptx_coef == 0 or bool(self.data.ptx_source), "algo.ptx_coef",
+               "needs data.ptx_source (the pretraining texts)")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
