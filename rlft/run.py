@@ -90,13 +90,15 @@ def train(cfg: Config, *, echo=print) -> RunResult:
     """Run the whole pipeline described by ``cfg``; returns where it was written and the evaluation."""
     t0 = time.perf_counter()
     quiet_transformers()
+    ckpt = None
+    if cfg.train.resume:  # checked before anything is written: a wrong name must not leave a directory behind
+        ckpt = checkpoint.latest(cfg.log.path)
+        if ckpt is None:
+            raise ConfigError(f"train.resume: no checkpoint under {cfg.log.path / 'checkpoints'}")
     cfg = prepare_run_dir(cfg)
     run_dir = cfg.log.path
     seed_everything(cfg.train.seed)
     device = resolve_device(cfg.model.device)
-    ckpt = checkpoint.latest(run_dir) if cfg.train.resume else None
-    if cfg.train.resume and ckpt is None:
-        raise ConfigError(f"train.resume: no checkpoint under {run_dir / 'checkpoints'}")
 
     model_path = cfg.model.path
     if not model_path:
@@ -110,7 +112,7 @@ def train(cfg: Config, *, echo=print) -> RunResult:
     policy = load_model(load_from, dtype=cfg.model.dtype, device=device,
                         attn_implementation=cfg.model.attn_implementation, trust_remote_code=cfg.model.trust_remote_code)
     if cfg.model.gradient_checkpointing:
-        policy.gradient_checkpointing_enable()
+        _enable_checkpointing(policy)
     n_params = sum(p.numel() for p in policy.parameters())
     echo(f"rlft: run {run_dir}  model {cfg.model.path or 'embedded tiny'} ({n_params / 1e6:.2f}M params) on {device}")
 
@@ -136,6 +138,12 @@ def train(cfg: Config, *, echo=print) -> RunResult:
     seconds = time.perf_counter() - t0
     echo(summary(results, seconds, run_dir))
     return RunResult(run_dir=run_dir, eval=results, seconds=seconds)
+
+
+def _enable_checkpointing(model) -> None:
+    """Activation checkpointing under its transformers >= 5 name, or the older one."""
+    enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+    enable()
 
 
 def _run_sft(policy, tokenizer, train_ex, cfg: Config, run_dir: Path) -> None:
@@ -192,7 +200,10 @@ def _restore(state: RLState, ckpt: Path, run_dir: Path, echo) -> None:
     checkpoint.set_rng_state(saved["rng"])
     trainer = saved["trainer"]
     state.step = trainer["step"]
-    state.sampler.load_state_dict(trainer["sampler"])
+    try:
+        state.sampler.load_state_dict(trainer["sampler"])
+    except ValueError as e:  # the data changed since the checkpoint: the position in it means nothing
+        raise ConfigError(f"train.resume: {e}; resume with the run's own data settings") from None
     if state.ref is not None and trainer.get("ref") is not None:
         state.ref.load_state_dict(trainer["ref"])
     truncate_jsonl(run_dir / "metrics.jsonl", state.step)

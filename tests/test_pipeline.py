@@ -139,6 +139,16 @@ def test_resume_without_checkpoint_is_refused(tmp_path, tiny_overrides):
     cfg = load_config(None, tiny_overrides(tmp_path, "log.name=fresh", "train.resume=true"))
     with pytest.raises(ConfigError, match="train.resume"):
         train(cfg, echo=quiet)
+    assert not (tmp_path / "fresh").exists()  # a mistyped name leaves nothing that blocks a later run
+
+
+def test_resume_with_other_data_is_a_config_error(tmp_path, tiny_overrides):
+    common = ("log.name=d", "train.steps=2", "train.save_every=1", "sft.steps=0", "eval.before_rl=false", "eval.ks=[]")
+    train(load_config(None, tiny_overrides(tmp_path, *common)), echo=quiet)
+    other = load_config(None, tiny_overrides(tmp_path, *common, "train.steps=3", "train.resume=true",
+                                             "data.synth_train_size=300"))
+    with pytest.raises(ConfigError, match=r"train.resume: .*300 prompts"):
+        train(other, echo=quiet)
 
 
 @pytest.mark.parametrize("algo", [
