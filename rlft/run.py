@@ -7,6 +7,8 @@ Run directory layout::
     runs/<name>/sft_metrics.jsonl  SFT warm-up losses (when SFT runs)
     runs/<name>/eval.json          {"before_rl": {...}, "after_rl": {...}}
     runs/<name>/policy/            final policy + tokenizer (save_pretrained)
+    runs/<name>/critic/            final critic (backbone save_pretrained + value_head.pt), with a critic
+    runs/<name>/critic_pretrain_metrics.jsonl  VAPO value pre-training (critic.pretrain_steps > 0)
     runs/<name>/checkpoints/       step_N/{policy/, state.pt} every train.save_every steps
     runs/<name>/base_model/        the embedded tiny model (only when model.path is empty)
 """
@@ -26,6 +28,7 @@ import yaml
 
 from rlft import checkpoint
 from rlft.config import Config, ConfigError, with_name
+from rlft.core.kl import make_kl_controller
 from rlft.data.loaders import load_examples
 from rlft.data.schema import Example
 from rlft.data.synthetic import synthetic_task
@@ -161,19 +164,11 @@ def _run_sft(policy, tokenizer, train_ex, cfg: Config, run_dir: Path) -> None:
 
 
 def _run_rl(policy, tokenizer, train_ex, train_prompts, cfg: Config, run_dir: Path, ckpt, echo) -> None:
-    o = cfg.optim
-    optimizer = make_optimizer(policy.parameters(), lr=o.lr, weight_decay=o.weight_decay, betas=(o.beta1, o.beta2),
-                               eps=o.eps)
-    total_opt_steps = cfg.train.steps * cfg.algo.epochs * cfg.algo.minibatches
-    scheduler = make_scheduler(optimizer, warmup=o.warmup_steps, total=total_opt_steps, schedule=o.schedule)
-    ref = None
-    if cfg.algo.needs_ref:  # the frozen policy as it enters RL
-        ref = copy.deepcopy(policy).eval().requires_grad_(False)
-    state = RLState(policy=policy, tokenizer=tokenizer, optimizer=optimizer, scheduler=scheduler,
-                    sampler=PromptSampler(len(train_ex), cfg.train.seed), examples=train_ex, prompts=train_prompts,
-                    ref=ref)
+    state = _rl_state(policy, tokenizer, train_ex, train_prompts, cfg)
     if ckpt is not None:
         _restore(state, ckpt, run_dir, echo)
+    elif state.critic is not None and cfg.critic.pretrain_steps:
+        _pretrain_critic(state, cfg, run_dir)
     log = MetricsLog(run_dir, tensorboard=cfg.log.tensorboard)
     bar = _bar(cfg.train.steps, "rl", cfg, initial=state.step)
     policy.train()
@@ -184,10 +179,67 @@ def _run_rl(policy, tokenizer, train_ex, train_prompts, cfg: Config, run_dir: Pa
             bar.update(1)
             bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", len=f"{metrics['response_length/mean']:.1f}")
             if cfg.train.save_every and state.step % cfg.train.save_every == 0 and state.step < cfg.train.steps:
-                checkpoint.save(run_dir, state.step, model=policy, tokenizer=tokenizer, optimizer=optimizer,
-                                scheduler=scheduler, keep=cfg.train.keep_checkpoints,
-                                trainer_state={"step": state.step, "sampler": state.sampler.state_dict(),
-                                               "ref": ref.state_dict() if ref is not None else None})
+                checkpoint.save(run_dir, state.step, model=policy, tokenizer=tokenizer, optimizer=state.optimizer,
+                                scheduler=state.scheduler, keep=cfg.train.keep_checkpoints,
+                                trainer_state=state.trainer_state())
+    finally:
+        bar.close()
+        log.close()
+    if state.critic is not None:
+        state.critic.save_pretrained(run_dir / "critic")
+
+
+def _rl_state(policy, tokenizer, train_ex, train_prompts, cfg: Config) -> RLState:
+    """Optimizer and schedule of the policy, plus the reference model, critic, KL controller and ptx data it needs."""
+    o, a = cfg.optim, cfg.algo
+    optimizer = make_optimizer(policy.parameters(), lr=o.lr, weight_decay=o.weight_decay, betas=(o.beta1, o.beta2),
+                               eps=o.eps)
+    total_opt_steps = cfg.train.steps * a.epochs * a.minibatches
+    scheduler = make_scheduler(optimizer, warmup=o.warmup_steps, total=total_opt_steps, schedule=o.schedule)
+    state = RLState(policy=policy, tokenizer=tokenizer, optimizer=optimizer, scheduler=scheduler,
+                    sampler=PromptSampler(len(train_ex), cfg.train.seed), examples=train_ex, prompts=train_prompts)
+    if a.needs_ref:  # the frozen policy as it enters RL
+        state.ref = copy.deepcopy(policy).eval().requires_grad_(False)
+        state.kl_ctl = make_kl_controller(a.kl_coef, a.kl_target, a.kl_horizon)
+    if a.needs_critic:
+        state.critic = _build_critic(policy, cfg)
+        c = cfg.critic
+        state.critic_optimizer = make_optimizer(state.critic.parameters(), lr=c.lr, weight_decay=o.weight_decay,
+                                                betas=(o.beta1, o.beta2), eps=o.eps)
+        critic_steps = (cfg.train.steps + c.pretrain_steps) * a.epochs * a.minibatches
+        state.critic_scheduler = make_scheduler(state.critic_optimizer, warmup=c.warmup_steps, total=critic_steps,
+                                                schedule=o.schedule)
+    if a.ptx_coef > 0:
+        from rlft.trainers.ptx import PtxData
+
+        d = cfg.data
+        state.ptx = PtxData(d.ptx_source, d.ptx_text_key, d.ptx_max_tokens, tokenizer, cfg.train.ptx_batch_size,
+                            cfg.train.seed)
+    return state
+
+
+def _build_critic(policy, cfg: Config):
+    """A critic on ``critic.path``, or on the policy's weights as they enter RL (a separate copy) when empty."""
+    from rlft.models.critic import Critic, load_critic
+
+    device = next(policy.parameters()).device
+    if cfg.critic.path:
+        return load_critic(cfg.critic.path, dtype=cfg.model.dtype, device=device,
+                           trust_remote_code=cfg.model.trust_remote_code).train()
+    backbone = copy.deepcopy(policy.base_model)  # the decoder without its LM head
+    return Critic(backbone).train()
+
+
+def _pretrain_critic(state: RLState, cfg: Config, run_dir: Path) -> None:
+    """VAPO value pre-training (Yuan et al. 2025 §3.1): critic-only steps on rollouts of the frozen initial policy."""
+    log = MetricsLog(run_dir, tensorboard=False, filename="critic_pretrain_metrics.jsonl")
+    bar = _bar(cfg.critic.pretrain_steps, "critic", cfg)
+    try:
+        for step in range(1, cfg.critic.pretrain_steps + 1):
+            m = rl_step(state, cfg, train_policy=False)
+            log.log(step, {k: v for k, v in m.items() if k.startswith(("critic/", "reward/mean", "timing_s/"))})
+            bar.update(1)
+            bar.set_postfix(vf_loss=f"{m['critic/vf_loss']:.4f}")
     finally:
         bar.close()
         log.close()
@@ -198,14 +250,10 @@ def _restore(state: RLState, ckpt: Path, run_dir: Path, echo) -> None:
     state.optimizer.load_state_dict(saved["optimizer"])
     state.scheduler.load_state_dict(saved["scheduler"])
     checkpoint.set_rng_state(saved["rng"])
-    trainer = saved["trainer"]
-    state.step = trainer["step"]
     try:
-        state.sampler.load_state_dict(trainer["sampler"])
+        state.load_trainer_state(saved["trainer"])
     except ValueError as e:  # the data changed since the checkpoint: the position in it means nothing
         raise ConfigError(f"train.resume: {e}; resume with the run's own data settings") from None
-    if state.ref is not None and trainer.get("ref") is not None:
-        state.ref.load_state_dict(trainer["ref"])
     truncate_jsonl(run_dir / "metrics.jsonl", state.step)
     echo(f"rlft: resumed from {ckpt} at step {state.step}")
 

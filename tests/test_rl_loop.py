@@ -18,7 +18,9 @@ from rlft.models.loading import load_model, load_tokenizer
 from rlft.rollout.batch import Batch, left_pad
 from rlft.rollout.hf import eos_ids, generate
 from rlft.trainers import rl
-from rlft.trainers.rl import PromptSampler, RLState, fill_logprobs, rl_step, update_policy
+from rlft.trainers import update as upd
+from rlft.trainers.rl import PromptSampler, RLState, fill_logprobs, rl_step
+from rlft.trainers.update import update as update_policy
 
 T = 8  # generation budget of the hand-made batches
 
@@ -394,13 +396,13 @@ def test_several_passes_use_old_logprobs(model, tok, make_cfg, monkeypatch):
     torch.testing.assert_close((batch.old_logp * batch.response_mask).sum(1), current, atol=1e-5, rtol=0)
 
     per_step = []
-    original = rl._minibatch_step
+    original = upd._policy_step
 
     def recording(state, mb, cfg):
         per_step.append(original(state, mb, cfg))
         return per_step[-1]
 
-    monkeypatch.setattr(rl, "_minibatch_step", recording)
+    monkeypatch.setattr(upd, "_policy_step", recording)
     metrics = update_policy(state, batch, cfg)
     assert len(per_step) == 2
     first, second = per_step

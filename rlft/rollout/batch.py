@@ -27,6 +27,9 @@ class Batch:
     adv: Tensor | None = None  # (B, T) per-token advantages
     old_logp: Tensor | None = None  # (B, T) behaviour-policy log-probs (only when several passes)
     ref_logp: Tensor | None = None  # (B, T) reference-model log-probs (only when a KL term needs them)
+    values: Tensor | None = None  # (B, T) critic values at rollout time (only with a critic)
+    ret: Tensor | None = None  # (B, T) critic targets (only with a critic)
+    loss_mask: Tensor | None = None  # (B, T) tokens that carry a loss (response_mask minus filtered samples)
 
     def __len__(self) -> int:
         return self.prompt_ids.shape[0]
@@ -83,3 +86,28 @@ def right_pad(seqs: list[list[int]], pad_id: int) -> tuple[Tensor, Tensor]:
         ids[i, : len(s)] = torch.tensor(s, dtype=torch.long)
         mask[i, : len(s)] = 1
     return ids, mask
+
+
+def cat_batches(batches: list[Batch]) -> Batch:
+    """Concatenate batches along the sequence dimension, re-padding prompts (left) and responses (right).
+
+    Optional tensors are kept only when every batch has them; all batches must share ``group_size``.
+    """
+    if len(batches) == 1:
+        return batches[0]
+    if len({b.group_size for b in batches}) != 1:
+        raise ValueError("cannot concatenate batches with different group sizes")
+    tp = max(b.prompt_ids.shape[1] for b in batches)
+    t = max(b.response_ids.shape[1] for b in batches)
+    out = {"group_size": batches[0].group_size, "texts": [x for b in batches for x in b.texts]}
+    for f in dataclasses.fields(Batch):
+        vals = [getattr(b, f.name) for b in batches]
+        if f.name in out or not all(isinstance(v, Tensor) for v in vals):
+            continue
+        if vals[0].dim() == 1:
+            out[f.name] = torch.cat(vals)
+        elif f.name.startswith("prompt"):
+            out[f.name] = torch.cat([torch.nn.functional.pad(v, (tp - v.shape[1], 0)) for v in vals])
+        else:
+            out[f.name] = torch.cat([torch.nn.functional.pad(v, (0, t - v.shape[1])) for v in vals])
+    return Batch(**out)

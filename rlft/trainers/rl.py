@@ -1,8 +1,11 @@
-"""The RL loop: rollout -> reward -> advantage -> (log-probs) -> update, one named phase each.
+"""The RL loop: rollout -> reward -> (log-probs, values) -> advantage -> update, one named phase each.
 
-With one update pass per batch (``algo.epochs == 1`` and ``algo.minibatches == 1``)
-the old log-probs are the detached log-probs of the loss's own forward pass, so
-no separate forward runs; a reference model exists only when a KL term needs it.
+Every algorithm is the same loop with different registry entries and switches
+(``rlft.presets``). With one update pass per batch whose advantages do not need
+the rollout policy's log-probs (``algo.single_pass``), the old log-probs are the
+detached log-probs of the loss's own forward pass, so no separate forward runs;
+a reference model exists only when a KL term needs it, a critic only when the
+advantage estimator needs values.
 """
 
 from __future__ import annotations
@@ -14,18 +17,20 @@ from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import torch
-from torch import Tensor
 
 from rlft.config import Config
-from rlft.core.advantages import ADVANTAGES, AdvantageInputs, group_stats
-from rlft.core.kl import KL_ESTIMATORS
-from rlft.core.losses import POLICY_LOSSES, aggregate_parts, aggregation_weight
+from rlft.core.advantages import ADVANTAGES, AdvantageInputs, ema_update, group_stats, mean_return
+from rlft.core.kl import KLController, kl_penalty_rewards
 from rlft.core.ops import masked_mean
+from rlft.core.shaping import informative_groups, overlong_filter, soft_overlong_penalty
+from rlft.core.value import explained_variance
 from rlft.data.schema import Example
 from rlft.models.forward import response_logprobs
 from rlft.rewards import score_batch
-from rlft.rollout.batch import Batch
+from rlft.rewards.scoring import ScoreResult
+from rlft.rollout.batch import Batch, cat_batches
 from rlft.rollout.hf import generate
+from rlft.trainers.update import micro_batches, update
 
 
 class PromptSampler:
@@ -69,132 +74,136 @@ class RLState:
     examples: Sequence[Example]
     prompts: list[list[int]]  # token ids, one per example
     ref: torch.nn.Module | None = None
+    critic: torch.nn.Module | None = None  # rlft.models.critic.Critic
+    critic_optimizer: torch.optim.Optimizer | None = None
+    critic_scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
+    kl_ctl: KLController | None = None  # coefficient of the KL term (fixed or adaptive)
+    ptx: object | None = None  # rlft.trainers.ptx.PtxData
+    baseline: float | None = None  # moving-average REINFORCE baseline (algo.baseline='ema')
     step: int = 0
+
+    def trainer_state(self) -> dict:
+        """What a checkpoint needs besides the policy, its optimizer and scheduler."""
+        out = {"step": self.step, "sampler": self.sampler.state_dict(), "baseline": self.baseline,
+               "ref": self.ref.state_dict() if self.ref is not None else None,
+               "kl_ctl": self.kl_ctl.state_dict() if self.kl_ctl is not None else None,
+               "ptx": self.ptx.state_dict() if self.ptx is not None else None, "critic": None}
+        if self.critic is not None:
+            out["critic"] = {"model": self.critic.state_dict(), "optimizer": self.critic_optimizer.state_dict(),
+                             "scheduler": self.critic_scheduler.state_dict()}
+        return out
+
+    def load_trainer_state(self, saved: dict) -> None:
+        self.step, self.baseline = saved["step"], saved.get("baseline")
+        self.sampler.load_state_dict(saved["sampler"])
+        for name in ("ref", "kl_ctl", "ptx"):
+            obj = getattr(self, name)
+            if obj is not None and saved.get(name) is not None:
+                obj.load_state_dict(saved[name])
+        if self.critic is not None and saved.get("critic") is not None:
+            self.critic.load_state_dict(saved["critic"]["model"])
+            self.critic_optimizer.load_state_dict(saved["critic"]["optimizer"])
+            self.critic_scheduler.load_state_dict(saved["critic"]["scheduler"])
 
 
 @contextmanager
 def _timed(timings: dict[str, float], phase: str) -> Iterator[None]:
     t0 = time.perf_counter()
     yield
-    timings[f"timing_s/{phase}"] = time.perf_counter() - t0
+    key = f"timing_s/{phase}"
+    timings[key] = timings.get(key, 0.0) + time.perf_counter() - t0  # phases repeated by dynamic sampling add up
 
 
-def rl_step(state: RLState, cfg: Config) -> dict[str, float]:
-    """One RL step over P prompts x G samples; returns the step's metrics."""
+def rl_step(state: RLState, cfg: Config, *, train_policy: bool = True) -> dict[str, float]:
+    """One RL step over P prompts x G samples; returns the step's metrics.
+
+    ``train_policy=False`` updates only the critic (VAPO value pre-training on the frozen policy's rollouts).
+    """
     t: dict[str, float] = {}  # timing_s/<phase>
     t_start = time.perf_counter()
-    idx = state.sampler.take(cfg.train.prompts_per_step)
-    examples = [state.examples[i] for i in idx]
-    with _timed(t, "rollout"):
-        batch = generate(state.policy, state.tokenizer, [state.prompts[i] for i in idx],
-                         group_size=cfg.algo.group_size, max_new_tokens=cfg.rollout.max_new_tokens,
-                         temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k)
-    with _timed(t, "reward"):
-        samples = [ex.to_mapping() for ex in examples for _ in range(cfg.algo.group_size)]
-        scored = score_batch(batch.texts, samples, cfg.reward.fns, cfg.reward.weights, timeout_s=cfg.reward.timeout_s)
-        batch.scores = torch.tensor([math.nan if s is None else s for s in scored.total])  # (B,)
-        adv_in = AdvantageInputs(batch.scores, batch.response_mask, cfg.algo.group_size)
-        batch.adv, _ = ADVANTAGES.get(cfg.algo.advantage)(adv_in, cfg.algo)  # (B, T) adv; ret unused without a critic
+    batch, metrics = collect(state, cfg, t)
     with _timed(t, "logprob"):
         fill_logprobs(state, batch, cfg)
+    with _timed(t, "advantage"):
+        metrics.update(compute_advantages(state, batch, cfg))
     with _timed(t, "update"):
-        metrics = update_policy(state, batch, cfg)
-    metrics.update(reward_metrics(batch, scored, cfg))
+        metrics.update(update(state, batch, cfg, train_policy=train_policy))
+    if state.kl_ctl is not None and train_policy:
+        seq_kl = metrics.get("actor/reward_kl", metrics.get("actor/kl_loss", 0.0) * metrics["response_length/mean"])
+        state.kl_ctl.update(seq_kl, n_steps=len(batch))  # Ziegler et al. 2019 §2.2: KL per sequence
     metrics.update(t)
     n_tokens = (batch.prompt_mask.sum() + batch.response_mask.sum()).item()
     metrics["perf/tokens_per_s"] = n_tokens / max(time.perf_counter() - t_start, 1e-9)
-    state.step += 1
+    if train_policy:
+        state.step += 1
     return metrics
 
 
-@torch.no_grad()
-def fill_logprobs(state: RLState, batch: Batch, cfg: Config) -> None:
-    """Old log-probs (only with several passes) and reference log-probs (only with a KL term)."""
-    models = {}
-    if not cfg.algo.single_pass:
-        models["old_logp"] = state.policy
-    if cfg.algo.needs_ref:
-        models["ref_logp"] = state.ref
-    for name, model in models.items():
-        parts = [response_logprobs(model, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask,
-                                   temperature=cfg.rollout.temperature)[0].cpu()
-                 for mb in _micro(batch, cfg.train.micro_batch_size)]
-        setattr(batch, name, torch.cat(parts))
+# --------------------------------------------------------------------------- rollout and reward
 
 
-def _micro(batch: Batch, size: int) -> Iterator[Batch]:
-    for s in range(0, len(batch), size):
-        yield batch.index(slice(s, s + size))
+def collect(state: RLState, cfg: Config, t: dict[str, float]) -> tuple[Batch, dict[str, float]]:
+    """Generate and score a batch; with dynamic sampling, keep only informative groups (DAPO §3.2).
+
+    Dynamic sampling draws rounds of P prompts until P groups with unequal rewards
+    are kept or ``algo.max_sample_rounds`` extra rounds are spent; it then trains on
+    what it kept (fewer groups), or, when nothing was kept, on the last round (whose
+    advantages are all 0). Reward metrics describe every sample drawn.
+    """
+    a, P, G = cfg.algo, cfg.train.prompts_per_step, cfg.algo.group_size
+    drawn: list[tuple[Batch, ScoreResult]] = []
+    kept: list[Batch] = []
+    n_kept = 0
+    for _ in range(1 + (a.max_sample_rounds if a.dynamic_sampling else 0)):
+        idx = state.sampler.take(P)
+        with _timed(t, "rollout"):
+            batch = generate(state.policy, state.tokenizer, [state.prompts[i] for i in idx], group_size=G,
+                             max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature,
+                             top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k)
+        with _timed(t, "reward"):
+            scored = score(batch, [state.examples[i] for i in idx], cfg)
+        drawn.append((batch, scored))
+        if not a.dynamic_sampling:
+            break
+        groups = informative_groups(batch.scores, G).nonzero().flatten()[: P - n_kept]  # (k,)
+        if len(groups):
+            rows = (groups[:, None] * G + torch.arange(G)).flatten()  # whole groups, contiguous
+            kept.append(batch.index(rows))
+            n_kept += len(groups)
+        if n_kept >= P:
+            break
+    metrics = reward_metrics(drawn, cfg)
+    if a.dynamic_sampling:
+        metrics.update({"dynamic_sampling/rounds": float(len(drawn)), "dynamic_sampling/groups_drawn": float(len(drawn) * P),
+                        "dynamic_sampling/groups_kept": float(n_kept)})
+    batch = cat_batches(kept) if kept else drawn[-1][0]
+    return batch, metrics
 
 
-def update_policy(state: RLState, batch: Batch, cfg: Config) -> dict[str, float]:
-    """``algo.epochs`` passes of ``algo.minibatches`` optimizer steps over the batch."""
+def score(batch: Batch, examples: Sequence[Example], cfg: Config) -> ScoreResult:
+    """Sets ``batch.scores`` (B,): the weighted reward, plus the soft overlong punishment when enabled."""
+    G = batch.group_size
+    samples = [ex.to_mapping() for ex in examples for _ in range(G)]
+    scored = score_batch(batch.texts, samples, cfg.reward.fns, cfg.reward.weights, timeout_s=cfg.reward.timeout_s)
+    scores = torch.tensor([math.nan if s is None else s for s in scored.total])  # (B,)
     a = cfg.algo
-    sums: dict[str, float] = {}
-    n_opt = 0
-    gen = torch.Generator().manual_seed(cfg.train.seed * 100003 + state.step)
-    for _ in range(a.epochs):
-        order = torch.randperm(len(batch), generator=gen) if a.minibatches > 1 else torch.arange(len(batch))
-        for mb_idx in order.chunk(a.minibatches):
-            for k, v in _minibatch_step(state, batch.index(mb_idx), cfg).items():
-                sums[k] = sums.get(k, 0.0) + v
-            n_opt += 1
-    return {k: v / n_opt for k, v in sums.items()}
+    if a.overlong_buffer_frac > 0:
+        L = cfg.rollout.max_new_tokens
+        cache = max(1, round(a.overlong_buffer_frac * L))
+        penalty = soft_overlong_penalty(batch.response_lengths, L, cache, a.overlong_penalty)  # (B,) DAPO eq. 13
+        scores = scores + penalty
+        scored.per_fn["overlong_penalty"] = penalty.tolist()
+    batch.scores = scores
+    return scored
 
 
-def _minibatch_step(state: RLState, mb: Batch, cfg: Config) -> dict[str, float]:
-    """One optimizer step; micro-batches accumulate gradients of exactly the mini-batch's loss."""
-    a = cfg.algo
-    policy = state.policy
-    device = next(policy.parameters()).device
-    max_len = cfg.rollout.max_new_tokens
-    # normaliser of the whole mini-batch (clamped: a mini-batch without valid tokens contributes a zero loss)
-    total_den = aggregation_weight(mb.response_mask.float(), a.loss_agg, max_len).clamp(min=1e-8)
-    totals: dict[str, float] = {}
-    n_tok = mb.response_mask.sum().item()
-    for micro in _micro(mb, cfg.train.micro_batch_size):
-        mask = micro.response_mask.to(device).float()  # (b, T)
-        logp, ent = response_logprobs(policy, micro.prompt_ids, micro.prompt_mask, micro.response_ids,
-                                      micro.response_mask, temperature=cfg.rollout.temperature,
-                                      with_entropy=True, entropy_grad=a.entropy_coef > 0)
-        old_logp = logp.detach() if a.single_pass else micro.old_logp.to(device)
-        pg_mat, pg_metrics = POLICY_LOSSES.get(a.policy_loss)(logp, old_logp, micro.adv.to(device), mask, a)
-        loss_mat = pg_mat
-        terms = {"actor/pg_loss": pg_mat}
-        if a.needs_ref:
-            kl_mat = KL_ESTIMATORS.get(a.kl_estimator)(logp, micro.ref_logp.to(device))  # (b, T)
-            loss_mat = loss_mat + a.kl_coef * kl_mat
-            terms["actor/kl_loss"] = kl_mat
-        if a.entropy_coef > 0:
-            loss_mat = loss_mat - a.entropy_coef * ent
-        num, _ = aggregate_parts(loss_mat, mask, a.loss_agg, max_len)
-        (num / total_den).backward()
-        share = mask.sum().item() / max(n_tok, 1)  # token-weighted average of per-micro-batch metrics
-        with torch.no_grad():
-            for name, mat in terms.items():
-                totals[name] = totals.get(name, 0.0) + (aggregate_parts(mat.detach(), mask, a.loss_agg, max_len)[0]
-                                                        / total_den).item()
-            totals["actor/entropy"] = totals.get("actor/entropy", 0.0) + masked_mean(ent.detach(), mask).item() * share
-            for k, v in pg_metrics.items():
-                totals[f"actor/{k}"] = totals.get(f"actor/{k}", 0.0) + float(v) * share
-    clip = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
-    grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), clip)
-    totals["actor/lr"] = state.scheduler.get_last_lr()[0]
-    if torch.isfinite(grad_norm):
-        state.optimizer.step()
-    totals["actor/grad_norm"] = grad_norm.item()
-    totals["actor/skipped_steps"] = float(not torch.isfinite(grad_norm))
-    state.scheduler.step()
-    state.optimizer.zero_grad(set_to_none=True)
-    return totals
-
-
-def reward_metrics(batch: Batch, scored, cfg: Config) -> dict[str, float]:
-    scores = batch.scores
+def reward_metrics(drawn: list[tuple[Batch, ScoreResult]], cfg: Config) -> dict[str, float]:
+    scores = torch.cat([b.scores for b, _ in drawn])
     valid = ~torch.isnan(scores)
     vals = scores[valid]
     _, _, zero_std = group_stats(scores, cfg.algo.group_size)
-    lengths = batch.response_lengths.float()
+    lengths = torch.cat([b.response_lengths for b, _ in drawn]).float()
+    truncated = torch.cat([b.truncated for b, _ in drawn])
     out = {
         "reward/mean": vals.mean().item() if vals.numel() else 0.0,
         "reward/std": vals.std().item() if vals.numel() > 1 else 0.0,
@@ -202,11 +211,64 @@ def reward_metrics(batch: Batch, scored, cfg: Config) -> dict[str, float]:
         "frac_reward_zero_std": zero_std.float().mean().item(),
         "response_length/mean": lengths.mean().item(),
         "response_length/max": lengths.max().item(),
-        "response_length/clip_ratio": batch.truncated.float().mean().item(),
+        "response_length/clip_ratio": truncated.float().mean().item(),
     }
-    for name, values in scored.per_fn.items():
-        ok = [v for v in values if v is not None]
+    for name in drawn[0][1].per_fn:
+        ok = [v for _, s in drawn for v in s.per_fn[name] if v is not None]
         out[f"reward/{name}/mean"] = sum(ok) / len(ok) if ok else 0.0
-        out[f"reward/{name}/errors"] = float(scored.errors.get(name, 0))
+        if name in cfg.reward.fns:
+            out[f"reward/{name}/errors"] = float(sum(s.errors.get(name, 0) for _, s in drawn))
     return out
 
+
+# --------------------------------------------------------------------------- log-probs, values, advantages
+
+
+@torch.no_grad()
+def fill_logprobs(state: RLState, batch: Batch, cfg: Config) -> None:
+    """Old log-probs (only when not single pass), reference log-probs (only with a KL term), values (critic)."""
+    a = cfg.algo
+    models = {}
+    if not a.single_pass:
+        models["old_logp"] = lambda mb: response_logprobs(state.policy, mb.prompt_ids, mb.prompt_mask, mb.response_ids,
+                                                          mb.response_mask, temperature=cfg.rollout.temperature)[0]
+    if a.needs_ref:
+        models["ref_logp"] = lambda mb: response_logprobs(state.ref, mb.prompt_ids, mb.prompt_mask, mb.response_ids,
+                                                          mb.response_mask, temperature=cfg.rollout.temperature)[0]
+    if state.critic is not None:
+        models["values"] = lambda mb: state.critic.values(mb.prompt_ids, mb.prompt_mask, mb.response_ids,
+                                                          mb.response_mask)
+    for name, fn in models.items():
+        parts = [fn(mb).cpu() for mb in micro_batches(batch, cfg.train.micro_batch_size)]
+        setattr(batch, name, torch.cat(parts))
+
+
+def compute_advantages(state: RLState, batch: Batch, cfg: Config) -> dict[str, float]:
+    """Sets ``batch.adv``, ``batch.ret`` and ``batch.loss_mask``; returns KL-in-reward and critic metrics."""
+    a = cfg.algo
+    mask = batch.response_mask
+    metrics: dict[str, float] = {}
+    token_rewards = None
+    if a.kl_in == "reward" and a.needs_ref:  # PPO-RLHF: r_t = -beta * kl_t (Ouyang et al. 2022 eq. 2)
+        coef = state.kl_ctl.value
+        token_rewards = kl_penalty_rewards(batch.old_logp, batch.ref_logp, mask, coef, a.kl_estimator)  # (B, T)
+        kl_tok = token_rewards / -coef if coef > 0 else torch.zeros_like(token_rewards)
+        metrics["actor/reward_kl_penalty"] = masked_mean(kl_tok, mask).item()
+        metrics["actor/reward_kl_penalty_coeff"] = coef
+        metrics["actor/reward_kl"] = (kl_tok * mask).sum(-1).mean().item()  # per sequence: drives the controller
+    baseline = None
+    if a.advantage == "reinforce" and a.baseline == "ema":
+        current = mean_return(AdvantageInputs(batch.scores, mask, a.group_size, token_rewards), a.gamma)
+        baseline = state.baseline if state.baseline is not None else current  # first batch: its own mean
+        state.baseline = ema_update(state.baseline, current, a.baseline_momentum)
+    inp = AdvantageInputs(batch.scores, mask, a.group_size, token_rewards=token_rewards, values=batch.values,
+                          baseline=baseline)
+    batch.adv, batch.ret = ADVANTAGES.get(a.advantage)(inp, a)  # (B, T) each
+    batch.loss_mask = overlong_filter(mask, batch.truncated) if a.overlong_filter else mask  # DAPO §3.4
+    if batch.values is not None:
+        metrics.update({"critic/values/mean": masked_mean(batch.values, mask).item(),
+                        "critic/returns/mean": masked_mean(batch.ret, mask).item(),
+                        "critic/vf_explained_var": explained_variance(batch.values, batch.ret, mask).item()})
+    if a.overlong_filter:
+        metrics["actor/overlong_filtered_frac"] = batch.truncated.float().mean().item()
+    return metrics

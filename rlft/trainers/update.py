@@ -1,0 +1,146 @@
+"""The update phase: ``algo.epochs`` passes of ``algo.minibatches`` optimizer steps of the policy and the critic.
+
+Micro-batches accumulate gradients of exactly the mini-batch's loss: each
+aggregation's denominator is computed over the whole mini-batch first, then every
+micro-batch back-propagates its numerator over that total (see ``rlft.core.losses``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Iterator
+
+import torch
+
+from rlft.config import Config
+from rlft.core.kl import KL_ESTIMATORS
+from rlft.core.losses import POLICY_LOSSES, aggregate_parts, aggregation_weight, positive_lm_parts
+from rlft.core.ops import masked_mean, masked_sum
+from rlft.core.value import value_loss
+from rlft.models.forward import response_logprobs
+from rlft.rollout.batch import Batch
+
+if TYPE_CHECKING:
+    from rlft.trainers.rl import RLState
+
+
+def micro_batches(batch: Batch, size: int) -> Iterator[Batch]:
+    for s in range(0, len(batch), size):
+        yield batch.index(slice(s, s + size))
+
+
+def update(state: "RLState", batch: Batch, cfg: Config, *, train_policy: bool = True) -> dict[str, float]:
+    """Run the optimizer steps over ``batch``; returns metrics averaged over them."""
+    a = cfg.algo
+    sums: dict[str, float] = {}
+    n_opt = 0
+    gen = torch.Generator().manual_seed(cfg.train.seed * 100003 + state.step)
+    for _ in range(a.epochs):
+        order = torch.randperm(len(batch), generator=gen) if a.minibatches > 1 else torch.arange(len(batch))
+        for mb_idx in order.chunk(a.minibatches):
+            mb = batch.index(mb_idx)
+            metrics = _policy_step(state, mb, cfg) if train_policy else {}
+            if state.critic is not None:
+                metrics.update(_critic_step(state, mb, cfg))
+            for k, v in metrics.items():
+                sums[k] = sums.get(k, 0.0) + v
+            n_opt += 1
+    return {k: v / n_opt for k, v in sums.items()}
+
+
+def _loss_mask(mb: Batch) -> torch.Tensor:
+    return (mb.loss_mask if mb.loss_mask is not None else mb.response_mask).float()
+
+
+def _policy_step(state: "RLState", mb: Batch, cfg: Config) -> dict[str, float]:
+    """One policy optimizer step on mini-batch ``mb``."""
+    a = cfg.algo
+    policy = state.policy
+    device = next(policy.parameters()).device
+    max_len = cfg.rollout.max_new_tokens
+    full_mask = _loss_mask(mb)
+    # normalisers of the whole mini-batch (clamped: a mini-batch without valid tokens contributes a zero loss)
+    total_den = aggregation_weight(full_mask, a.loss_agg, max_len).clamp(min=1e-8)
+    positive = _positive(mb, a.lm_threshold)
+    lm_den = (full_mask * positive[:, None]).sum().clamp(min=1.0)
+    kl_coef = state.kl_ctl.value if state.kl_ctl is not None else 0.0
+    totals: dict[str, float] = {}
+    n_tok = full_mask.sum().item()
+    for micro in micro_batches(mb, cfg.train.micro_batch_size):
+        mask = _loss_mask(micro).to(device)  # (b, T)
+        logp, ent = response_logprobs(policy, micro.prompt_ids, micro.prompt_mask, micro.response_ids,
+                                      micro.response_mask, temperature=cfg.rollout.temperature,
+                                      with_entropy=True, entropy_grad=a.entropy_coef > 0)
+        old_logp = logp.detach() if a.single_pass else micro.old_logp.to(device)
+        pg_mat, pg_metrics = POLICY_LOSSES.get(a.policy_loss)(logp, old_logp, micro.adv.to(device), mask, a)
+        loss_mat = pg_mat
+        terms = {"actor/pg_loss": pg_mat}
+        if a.needs_ref and a.kl_in == "loss":  # GRPO: beta * KL(pi || ref) in the loss (DeepSeekMath eq. 3-4)
+            kl_mat = KL_ESTIMATORS.get(a.kl_estimator)(logp, micro.ref_logp.to(device))  # (b, T)
+            loss_mat = loss_mat + kl_coef * kl_mat
+            terms["actor/kl_loss"] = kl_mat
+        if a.entropy_coef > 0:
+            loss_mat = loss_mat - a.entropy_coef * ent
+        num, _ = aggregate_parts(loss_mat, mask, a.loss_agg, max_len)
+        loss = num / total_den
+        if a.lm_coef > 0:  # VAPO eq. 9: positive-sample LM loss, a token mean over the correct samples
+            lm_num, _ = positive_lm_parts(logp, mask, _positive(micro, a.lm_threshold).to(device))
+            loss = loss + a.lm_coef * lm_num / lm_den
+            totals["actor/lm_loss"] = totals.get("actor/lm_loss", 0.0) + (lm_num / lm_den).item()
+        loss.backward()
+        share = mask.sum().item() / max(n_tok, 1)  # token-weighted average of per-micro-batch metrics
+        with torch.no_grad():
+            for name, mat in terms.items():
+                part = aggregate_parts(mat.detach(), mask, a.loss_agg, max_len)[0] / total_den
+                totals[name] = totals.get(name, 0.0) + part.item()
+            totals["actor/entropy"] = totals.get("actor/entropy", 0.0) + masked_mean(ent.detach(), mask).item() * share
+            for k, v in pg_metrics.items():
+                totals[f"actor/{k}"] = totals.get(f"actor/{k}", 0.0) + float(v) * share
+    if a.ptx_coef > 0:  # PPO-ptx (InstructGPT eq. 2): gamma * pretraining NLL
+        from rlft.trainers.ptx import lm_loss
+
+        ptx = lm_loss(policy, *state.ptx.sample())
+        (a.ptx_coef * ptx).backward()
+        totals["actor/ptx_loss"] = ptx.item()
+    if a.needs_ref and a.kl_in == "loss":
+        totals["actor/kl_coef"] = kl_coef
+    totals["actor/positive_frac"] = positive.float().mean().item()
+    totals.update(_optimizer_step(policy, state.optimizer, state.scheduler, cfg.optim.grad_clip, "actor"))
+    return totals
+
+
+def _positive(mb: Batch, threshold: float) -> torch.Tensor:
+    """(b,) float: 1 where the sample's total reward is at least ``threshold`` (NaN: not positive)."""
+    scores = torch.nan_to_num(mb.scores, nan=-torch.inf)
+    return (scores >= threshold).float()
+
+
+def _critic_step(state: "RLState", mb: Batch, cfg: Config) -> dict[str, float]:
+    """One critic optimizer step: clipped value loss, token mean over the mini-batch."""
+    critic = state.critic
+    device = next(critic.parameters()).device
+    total = _loss_mask(mb).sum().clamp(min=1.0)
+    totals = {"critic/vf_loss": 0.0, "critic/vf_clipfrac": 0.0}
+    for micro in micro_batches(mb, cfg.train.micro_batch_size):
+        mask = _loss_mask(micro).to(device)
+        values = critic.values(micro.prompt_ids, micro.prompt_mask, micro.response_ids, micro.response_mask)
+        loss_mat, m = value_loss(values, micro.values.to(device), micro.ret.to(device), mask, cfg.algo.vf_clip)
+        loss = masked_sum(loss_mat, mask) / total
+        loss.backward()
+        totals["critic/vf_loss"] += loss.item()
+        totals["critic/vf_clipfrac"] += float(m["vf_clipfrac"]) * mask.sum().item() / total.item()
+    totals.update(_optimizer_step(critic, state.critic_optimizer, state.critic_scheduler, cfg.critic.grad_clip,
+                                  "critic"))
+    return totals
+
+
+def _optimizer_step(model, optimizer, scheduler, grad_clip: float, prefix: str) -> dict[str, float]:
+    """Clip, step (skipped on a non-finite gradient norm), advance the schedule, clear gradients."""
+    clip = grad_clip if grad_clip > 0 else float("inf")
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+    out = {f"{prefix}/lr": scheduler.get_last_lr()[0], f"{prefix}/grad_norm": grad_norm.item(),
+           f"{prefix}/skipped_steps": float(not torch.isfinite(grad_norm))}
+    if torch.isfinite(grad_norm):
+        optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return out
