@@ -2,6 +2,8 @@
 
 ``load_config(recipe, overrides)`` reads an optional YAML recipe, applies dotted
 command-line overrides (``algo.group_size=4``), and builds the frozen tree.
+``algo=<preset>`` (or ``algo: {preset: <name>}`` in a recipe) starts the algo
+section from a preset of :mod:`rlft.presets`; explicit ``algo.*`` keys go on top.
 An unknown key or a bad value raises :class:`ConfigError` naming the key and
 what is allowed; nothing is adjusted silently.
 
@@ -127,6 +129,10 @@ class RolloutConfig:
         _check(self.top_k >= 0, "rollout.top_k", "must be >= 0")
 
 
+TOKEN_LEVEL_ADVANTAGES = ("gae", "reinforce", "reinforce_pp")
+"""Advantage estimators that use no group statistic (per-token returns; batch-level baselines and whitening)."""
+
+
 @dataclass(frozen=True)
 class AlgoConfig:
     name: str = "grpo"
@@ -205,7 +211,7 @@ class AlgoConfig:
                          ("loss_agg", AGGREGATIONS), ("kl_estimator", KL_ESTIMATORS)):
             _check(getattr(self, key) in reg, f"algo.{key}",
                    f"unknown {getattr(self, key)!r}; allowed: {', '.join(reg.names())}")
-        _check(self.group_size >= 2, "algo.group_size", "must be >= 2 (group baselines need two samples)")
+        _check(self.group_size >= 1, "algo.group_size", "must be >= 1")
         _check(self.clip_low >= 0 and self.clip_high >= 0, "algo.clip_low/clip_high", "must be >= 0")
         _check(self.kl_coef >= 0, "algo.kl_coef", "must be >= 0")
         _check(self.clip_c == 0 or self.clip_c > 1, "algo.clip_c", "must be 0 (off) or > 1")
@@ -228,6 +234,41 @@ class AlgoConfig:
         _check(self.adv_eps >= 0, "algo.adv_eps", "must be >= 0")
         _check(self.epochs >= 1, "algo.epochs", "must be >= 1")
         _check(self.minibatches >= 1, "algo.minibatches", "must be >= 1")
+        self._check_combinations()
+
+    def _check_combinations(self) -> None:
+        """Choices that only make sense together; they hold with or without a preset."""
+        _check(self.group_size >= 2 or not self.uses_groups, "algo.group_size",
+               f"must be >= 2 with advantage {self.advantage!r} (group baselines need two samples); "
+               f"1 is allowed with {', '.join(TOKEN_LEVEL_ADVANTAGES)}")
+        _check(self.group_size >= 2 or not self.dynamic_sampling, "algo.group_size",
+               "must be >= 2 with algo.dynamic_sampling (a group of one never has distinct rewards)")
+        _check(self.policy_loss != "gspo" or self.sequence_constant_adv, "algo.policy_loss",
+               f"'gspo' clips a sequence-level ratio and needs a sequence-constant advantage (GSPO eq. 5); "
+               f"advantage {self.advantage!r} is token-level here (gae and reinforce_pp always; "
+               f"reinforce with gamma < 1 or KL in the reward)")
+        _check(self.length_alpha == 0 or self.advantage == "gae", "algo.length_alpha",
+               f"length-adaptive lambda is a GAE parameter (VAPO); needs algo.advantage=gae, got {self.advantage!r}")
+        _check(self.kl_in != "reward" or self.kl_coef > 0, "algo.kl_in",
+               "'reward' needs algo.kl_coef > 0 (with 0 the penalty is 0 and no reference model is loaded); "
+               "set algo.kl_coef or algo.kl_in=loss")
+        _check(self.policy_loss != "reinforce" or self.clip_c == 0, "algo.clip_c",
+               "dual-clip needs a ratio; policy_loss 'reinforce' has none")
+        _check(self.policy_loss != "reinforce" or (self.epochs == 1 and self.minibatches == 1), "algo.policy_loss",
+               "'reinforce' has no importance ratio, so only the first update of a batch is on-policy; "
+               "needs algo.epochs=1 and algo.minibatches=1 (or policy_loss clip)")
+
+    @property
+    def uses_groups(self) -> bool:
+        """The advantage is a statistic of each prompt's group of G samples (group_norm, group_mean, rloo)."""
+        return self.advantage not in TOKEN_LEVEL_ADVANTAGES
+
+    @property
+    def sequence_constant_adv(self) -> bool:
+        """Every token of a sequence gets the same advantage (what a sequence-level ratio, GSPO, needs)."""
+        if self.advantage == "reinforce":  # return-to-go is constant only undiscounted and without per-token KL
+            return self.gamma == 1 and not (self.kl_in == "reward" and self.kl_coef > 0)
+        return self.uses_groups
 
     @property
     def needs_ref(self) -> bool:
@@ -524,15 +565,45 @@ def load_config(recipe: str | Path | None = None, overrides: list[str] | tuple[s
             raise ConfigError(f"recipe {path}: invalid YAML: {e}") from None
         if not isinstance(tree, dict):
             raise ConfigError(f"recipe {path}: top level must be a mapping of sections")
+    if isinstance(tree.get("algo"), str):  # recipe shorthand `algo: dapo`
+        tree["algo"] = {"preset": tree["algo"]}
     for text in overrides:
         parts, value = parse_override(text)
+        if parts == ["algo"] and isinstance(value, str):  # `algo=dapo` selects a preset, keeping other algo keys
+            parts = ["algo", "preset"]
         _set(tree, parts, value, text)
     try:
+        if "algo" in tree:
+            tree["algo"] = _apply_preset(tree["algo"])
         return _build(Config, tree, "")
     except ConfigError:
         raise
     except (KeyError, ValueError) as e:  # registry lookups and range checks inside sections
         raise ConfigError(str(e)) from None
+
+
+def _apply_preset(section: Any) -> Any:
+    """``{preset: dapo, clip_high: 0.3}`` -> the preset's fields with the explicit keys on top.
+
+    An explicit key that contradicts a field defining the preset is an error; the
+    ``preset`` key itself is consumed (the saved config holds the resolved fields).
+    """
+    if not isinstance(section, Mapping) or "preset" not in section:
+        return section
+    from rlft.presets import PRESETS, conflict
+
+    name = section["preset"]
+    _check(isinstance(name, str) and name in PRESETS, "algo.preset",
+           f"unknown preset {name!r}; allowed: {', '.join(PRESETS.names())}")
+    explicit = {k: v for k, v in section.items() if k != "preset"}
+    hints = typing.get_type_hints(AlgoConfig)
+    for key, value in explicit.items():
+        if key in hints:  # an unknown key is refused by _build, with the allowed keys
+            value = _coerce(value, hints[key], f"algo.{key}")
+            why = conflict(name, key, value)
+            _check(why is None, f"algo.{key}",
+                   f"{value!r} conflicts with preset {name}, {why}; drop the preset or the override")
+    return {**PRESETS.get(name)(), **explicit}
 
 
 def with_name(cfg: Config, name: str) -> Config:
@@ -553,6 +624,10 @@ def help_text() -> str:
         default = cls()
         for f in fields(cls):
             lines.append(f"  {section.name}.{f.name} = {getattr(default, f.name)!r}    {docs.get(f.name, '')}".rstrip())
+        if section.name == "algo":
+            from rlft.presets import help_lines
+
+            lines.extend(help_lines())
     return "\n".join(lines)
 
 
