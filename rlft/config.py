@@ -379,12 +379,15 @@ class TrainConfig:
     """Resume from the last checkpoint in the run directory (log.run_dir/log.name)."""
     ptx_batch_size: int = 16
     """PPO-ptx: pretraining texts per optimizer step."""
+    time_budget_s: float = 0.0
+    """No RL step starts once this many seconds of the RL stage (value pre-training included) have passed (0: no limit)."""
 
     def __post_init__(self) -> None:
         _check(self.steps >= 0, "train.steps", "must be >= 0")
         _check(self.prompts_per_step >= 1, "train.prompts_per_step", "must be >= 1")
         _check(self.micro_batch_size >= 1, "train.micro_batch_size", "must be >= 1")
         _check(self.save_every >= 0, "train.save_every", "must be >= 0")
+        _check(self.time_budget_s >= 0, "train.time_budget_s", "must be >= 0 (0: no limit)")
         _check(self.ptx_batch_size >= 1, "train.ptx_batch_size", "must be >= 1")
         _check(self.keep_checkpoints >= 1, "train.keep_checkpoints", "must be >= 1")
 

@@ -164,6 +164,7 @@ def _run_sft(policy, tokenizer, train_ex, cfg: Config, run_dir: Path) -> None:
 
 
 def _run_rl(policy, tokenizer, train_ex, train_prompts, cfg: Config, run_dir: Path, ckpt, echo) -> None:
+    t0 = time.perf_counter()
     state = _rl_state(policy, tokenizer, train_ex, train_prompts, cfg)
     if ckpt is not None:
         _restore(state, ckpt, run_dir, echo)
@@ -173,7 +174,11 @@ def _run_rl(policy, tokenizer, train_ex, train_prompts, cfg: Config, run_dir: Pa
     bar = _bar(cfg.train.steps, "rl", cfg, initial=state.step)
     policy.train()
     try:
+        budget = cfg.train.time_budget_s
         while state.step < cfg.train.steps:
+            if budget and time.perf_counter() - t0 > budget:
+                echo(f"rlft: time budget of {budget:g} s spent after {state.step} RL steps")
+                break
             metrics = rl_step(state, cfg)
             log.log(state.step, metrics)
             bar.update(1)

@@ -261,3 +261,13 @@ def test_kl_in_reward_shifts_group_outcomes(ds_state, monkeypatch):
     assert m["actor/reward_kl"] == pytest.approx((0.5 + 3.0) / 2)
     torch.testing.assert_close(batch.adv[:, 0], torch.tensor([1.25, -1.25]))
     assert batch.adv[0, 2] == 0
+
+
+def test_time_budget_stops_rl(tmp_path, tiny_size_overrides):
+    lines: list[str] = []
+    cfg = load_config(None, tiny_size_overrides(tmp_path, "log.name=b", "train.steps=50", "train.time_budget_s=1e-9",
+                                                "eval.ks=[1]", "eval.before_rl=false", "data.synth_train_size=20"))
+    run_dir = train(cfg, echo=lines.append).run_dir
+    assert any("time budget" in line and "after 0 RL steps" in line for line in lines)
+    assert not (run_dir / "metrics.jsonl").exists() or read_jsonl(run_dir / "metrics.jsonl") == []
+    assert "after_rl" in json.loads((run_dir / "eval.json").read_text())

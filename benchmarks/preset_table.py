@@ -1,0 +1,86 @@
+"""Held-out greedy accuracy of every preset after equal RL wall time on the embedded demo.
+
+For each seed the SFT warm-up runs once (``rlft train`` with ``train.steps=0``); every
+preset then starts from that post-SFT policy with the same RL time budget, one
+process per run with ``--threads`` torch threads (``--jobs`` runs side by side).
+
+    python benchmarks/preset_table.py --seeds 0 1 2 --budget 60 --jobs 2 --out runs/preset_table
+
+Prints a Markdown table (median over seeds) and writes ``table.json`` under ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+PRESETS = ["grpo", "dr_grpo", "dapo", "gspo", "rloo", "reinforce", "reinforce_pp", "ppo", "vapo"]
+
+
+def rlft(args: list[str], threads: int) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    cmd = [sys.executable, "-m", "rlft", "train", *args, "log.progress=false", "log.tensorboard=false"]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{done.stderr[-3000:]}")
+
+
+def sft_run(out: Path, seed: int, threads: int) -> Path:
+    name = f"sft_s{seed}"
+    if not (out / name / "policy" / "config.json").exists():
+        rlft([f"train.seed={seed}", "train.steps=0", f"log.run_dir={out}", f"log.name={name}", "eval.ks=[]",
+              "eval.before_rl=false"], threads)
+    return out / name
+
+
+def preset_run(out: Path, preset: str, seed: int, budget: float, threads: int) -> dict:
+    name = f"{preset}_s{seed}"
+    if not (out / name / "eval.json").exists() or "after_rl" not in json.loads((out / name / "eval.json").read_text()):
+        recipe = Path(__file__).resolve().parents[1] / "recipes" / f"{preset}_demo.yaml"
+        rlft([str(recipe), f"model.path={out / f'sft_s{seed}' / 'policy'}", "sft.steps=0", "eval.before_rl=false",
+              "eval.ks=[]", f"train.seed={seed}", "train.steps=100000", f"train.time_budget_s={budget}",
+              f"log.run_dir={out}", f"log.name={name}"], threads)
+    ev = json.loads((out / name / "eval.json").read_text())["after_rl"]
+    metrics = out / name / "metrics.jsonl"
+    steps = sum(1 for _ in metrics.open()) if metrics.exists() else 0
+    return {"preset": preset, "seed": seed, "exact_match": ev["exact_match"], "format_rate": ev["format_rate"],
+            "steps": steps}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--presets", nargs="+", default=PRESETS)
+    ap.add_argument("--budget", type=float, default=60.0, help="RL seconds per run")
+    ap.add_argument("--jobs", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--out", type=Path, default=Path("runs/preset_table"))
+    a = ap.parse_args()
+    a.out.mkdir(parents=True, exist_ok=True)
+    with ThreadPoolExecutor(a.jobs) as pool:
+        list(pool.map(lambda s: sft_run(a.out, s, a.threads), a.seeds))
+        base = {s: json.loads((a.out / f"sft_s{s}" / "eval.json").read_text())["after_rl"]["exact_match"]
+                for s in a.seeds}
+        jobs = [(p, s) for p in a.presets for s in a.seeds]
+        rows = list(pool.map(lambda ps: preset_run(a.out, ps[0], ps[1], a.budget, a.threads), jobs))
+    (a.out / "table.json").write_text(json.dumps({"post_sft": base, "runs": rows, "budget_s": a.budget}, indent=2))
+    med = statistics.median
+    print(f"| preset | greedy EM after RL (median) | change vs post-SFT (median) | per seed | RL steps (median) |")
+    print("|---|---:|---:|---|---:|")
+    print(f"| post-SFT | {med(base.values()):.3f} | | {' / '.join(f'{base[s]:.3f}' for s in a.seeds)} | 0 |")
+    for p in a.presets:
+        rs = [r for r in rows if r["preset"] == p]
+        em = [r["exact_match"] for r in rs]
+        delta = [r["exact_match"] - base[r["seed"]] for r in rs]
+        print(f"| {p} | {med(em):.3f} | {med(delta) * 100:+.1f} pts | {' / '.join(f'{x:.3f}' for x in em)} | "
+              f"{med(r['steps'] for r in rs):.0f} |")
+
+
+if __name__ == "__main__":
+    main()
