@@ -457,6 +457,8 @@ class Config:
                "needs log.name (the run to resume), e.g. rlft train runs/<name>/config.yaml train.resume=true")
         _check(self.algo.ptx_coef == 0 or bool(self.data.ptx_source), "algo.ptx_coef",
                "needs data.ptx_source (the pretraining texts)")
+        _check(self.critic.pretrain_steps == 0 or self.algo.needs_critic, "critic.pretrain_steps",
+               f"needs a critic, but algo.advantage={self.algo.advantage!r} uses none (gae does)")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -12,6 +12,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlft.config import ConfigError, load_config, with_name
 from rlft.run import train
+from conftest import RECIPES
 
 pytestmark = pytest.mark.slow
 
@@ -246,14 +247,16 @@ def test_run_variants(tmp_path, tiny_overrides, tiny_model_dir, digit_reward, ex
 # ----------------------------------------------------------------------------- GSM8K recipe
 
 
-def test_gsm8k_recipe_end_to_end(tmp_path, gsm8k_raw_small, tiny_model_dir, tiny_size_overrides, recipes_dir):
+@pytest.mark.parametrize("recipe", sorted(p.name for p in RECIPES.glob("*_gsm8k.yaml")))
+def test_gsm8k_recipe_end_to_end(tmp_path, gsm8k_raw_small, tiny_model_dir, tiny_size_overrides, recipes_dir, recipe):
     from rlft.data.gsm8k import prepare
 
     written = prepare(str(gsm8k_raw_small), str(tmp_path / "gsm8k"))
     assert set(written) == {"train", "test"}
     model_dir = tmp_path / "model"
     shutil.copytree(tiny_model_dir, model_dir)
-    cfg = load_config(recipes_dir / "grpo_gsm8k.yaml", tiny_size_overrides(
+    critic = ["critic.pretrain_steps=1"] if "pretrain_steps" in (recipes_dir / recipe).read_text() else []
+    cfg = load_config(recipes_dir / recipe, tiny_size_overrides(
         tmp_path / "runs",
         f"model.path={model_dir}",
         f"data.source={tmp_path / 'gsm8k'}",
@@ -265,6 +268,7 @@ def test_gsm8k_recipe_end_to_end(tmp_path, gsm8k_raw_small, tiny_model_dir, tiny
         "train.save_every=0",
         "sft.batch_size=4",
         "log.name=gsm8k",
+        *critic,
     ))
     assert cfg.reward.fns == ("gsm8k_strict", "format")  # the recipe's choices survive the size overrides
     result = train(cfg, echo=quiet)
