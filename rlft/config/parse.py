@@ -1,0 +1,186 @@
+"""Parsing: YAML recipe + dotted overrides -> the frozen :class:`~rlft.config.sections.Config`, and ``rlft config``.
+
+Values are type-checked against the field annotations and only lossless
+conversions happen (int -> float, list -> tuple, '1e-5' -> 1e-5); presets are
+applied to the algo section before it is built.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import fields
+from pathlib import Path
+from typing import Any, Literal, Mapping
+
+import yaml
+
+from rlft.config.sections import AlgoConfig, Config, ConfigError, _check
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Check ``value`` against the annotation ``tp``; convert only lossless cases (int -> float, list -> tuple)."""
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        allowed = typing.get_args(tp)
+        _check(value in allowed, key, f"must be one of {', '.join(map(str, allowed))}, got {value!r}")
+        return value
+    if origin is tuple:
+        (elem, _ellipsis) = typing.get_args(tp)
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            value = [value]
+        _check(isinstance(value, (list, tuple)), key, f"must be a list, got {value!r}")
+        return tuple(_coerce(v, elem, f"{key}[{i}]") for i, v in enumerate(value))
+    if tp is bool:
+        _check(isinstance(value, bool), key, f"must be true or false, got {value!r}")
+        return value
+    if tp is int:
+        _check(isinstance(value, int) and not isinstance(value, bool), key, f"must be an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, str):  # YAML 1.1 reads '1e-5' (no dot) as a string
+            try:
+                value = float(value)
+            except ValueError:
+                pass
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        _check(ok, key, f"must be a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        _check(isinstance(value, str), key, f"must be a string, got {value!r}")
+        return value
+    raise TypeError(f"{key}: unsupported annotation {tp!r}")  # a bug in this file, not user input
+
+
+def _build(cls: type, data: Mapping[str, Any], prefix: str) -> Any:
+    _check(isinstance(data, Mapping), prefix.rstrip(".") or "config", f"must be a section (a mapping), got {data!r}")
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in fields(cls)}
+    for key in data:
+        _check(key in known, f"{prefix}{key}", f"unknown key; allowed: {', '.join(sorted(known))}")
+    kwargs = {}
+    for f in fields(cls):
+        if f.name not in data:
+            continue
+        tp = hints[f.name]
+        key = f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(tp):
+            kwargs[f.name] = _build(tp, data[f.name] or {}, f"{key}.")
+        else:
+            kwargs[f.name] = _coerce(data[f.name], tp, key)
+    return cls(**kwargs)
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``'algo.group_size=4'`` -> (['algo', 'group_size'], 4). Values are read as YAML scalars/lists."""
+    if "=" not in text:
+        raise ConfigError(f"override {text!r}: expected key=value, e.g. algo.group_size=4")
+    key, raw = text.split("=", 1)
+    parts = key.strip().split(".")
+    if not all(parts):
+        raise ConfigError(f"override {text!r}: malformed key {key!r}")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw  # not YAML (e.g. 'Question: {prompt} Answer:'): plain text, type-checked like any value
+    if isinstance(value, dict):  # 'Q: {prompt}' reads as a YAML mapping; on the command line it is text
+        value = raw
+    return parts, value
+
+
+def _set(tree: dict, parts: list[str], value: Any, text: str) -> None:
+    node = tree
+    for p in parts[:-1]:
+        child = node.setdefault(p, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"override {text!r}: {p} is not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def load_config(recipe: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    tree: dict[str, Any] = {}
+    if recipe is not None:
+        path = Path(recipe)
+        if not path.is_file():
+            raise ConfigError(f"recipe {str(path)!r} does not exist")
+        try:
+            tree = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"recipe {path}: invalid YAML: {e}") from None
+        if not isinstance(tree, dict):
+            raise ConfigError(f"recipe {path}: top level must be a mapping of sections")
+    if isinstance(tree.get("algo"), str):  # recipe shorthand `algo: dapo`
+        tree["algo"] = {"preset": tree["algo"]}
+    for text in overrides:
+        parts, value = parse_override(text)
+        if parts == ["algo"] and isinstance(value, str):  # `algo=dapo` selects a preset, keeping other algo keys
+            parts = ["algo", "preset"]
+        _set(tree, parts, value, text)
+    try:
+        if "algo" in tree:
+            tree["algo"] = _apply_preset(tree["algo"])
+        return _build(Config, tree, "")
+    except ConfigError:
+        raise
+    except (KeyError, ValueError) as e:  # registry lookups and range checks inside sections
+        raise ConfigError(str(e)) from None
+
+
+def _apply_preset(section: Any) -> Any:
+    """``{preset: dapo, clip_high: 0.3}`` -> the preset's fields with the explicit keys on top.
+
+    An explicit key that contradicts a field defining the preset is an error; the
+    ``preset`` key itself is consumed (the saved config holds the resolved fields).
+    """
+    if not isinstance(section, Mapping) or "preset" not in section:
+        return section
+    from rlft.presets import PRESETS, conflict
+
+    name = section["preset"]
+    _check(isinstance(name, str) and name in PRESETS, "algo.preset",
+           f"unknown preset {name!r}; allowed: {', '.join(PRESETS.names())}")
+    explicit = {k: v for k, v in section.items() if k != "preset"}
+    hints = typing.get_type_hints(AlgoConfig)
+    for key, value in explicit.items():
+        if key in hints:  # an unknown key is refused by _build, with the allowed keys
+            value = _coerce(value, hints[key], f"algo.{key}")
+            why = conflict(name, key, value)
+            _check(why is None, f"algo.{key}",
+                   f"{value!r} conflicts with preset {name}, {why}; drop the preset or the override")
+    return {**PRESETS.get(name)(), **explicit}
+
+
+def with_name(cfg: Config, name: str) -> Config:
+    """The same config with ``log.name`` resolved (a new frozen object)."""
+    return dataclasses.replace(cfg, log=dataclasses.replace(cfg.log, name=name))
+
+
+def help_text() -> str:
+    """Every key with its type, default and docstring (the CLI's ``rlft config --help``)."""
+    import ast
+    import inspect
+
+    lines = []
+    for section in fields(Config):
+        cls = typing.get_type_hints(Config)[section.name]
+        docs = _field_docs(cls, ast, inspect)
+        lines.append(f"{section.name}:")
+        default = cls()
+        for f in fields(cls):
+            lines.append(f"  {section.name}.{f.name} = {getattr(default, f.name)!r}    {docs.get(f.name, '')}".rstrip())
+        if section.name == "algo":
+            from rlft.presets import help_lines
+
+            lines.extend(help_lines())
+    return "\n".join(lines)
+
+
+def _field_docs(cls: type, ast, inspect) -> dict[str, str]:
+    tree = ast.parse(inspect.getsource(cls))
+    body = tree.body[0].body
+    docs = {}
+    for a, b in zip(body, body[1:]):
+        if isinstance(a, ast.AnnAssign) and isinstance(b, ast.Expr) and isinstance(getattr(b, "value", None), ast.Constant):
+            docs[a.target.id] = str(b.value.value)
+    return docs
