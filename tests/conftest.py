@@ -1,7 +1,7 @@
 """Shared fixtures: a tiny model built once per session and the overrides of a seconds-long run.
 
 Every value a test depends on is set explicitly here, so the tests keep passing
-while the defaults in ``rlft/config.py`` are tuned.
+while the defaults in ``rlft/config/sections.py`` are tuned.
 """
 
 from __future__ import annotations
