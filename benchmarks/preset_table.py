@@ -1,10 +1,11 @@
-"""Held-out greedy accuracy of every preset after equal RL wall time on the embedded demo.
+"""Held-out greedy accuracy of every preset after an equal RL budget (wall time or steps) on the embedded demo.
 
 For each seed the SFT warm-up runs once (``rlft train`` with ``train.steps=0``); every
 preset then starts from that post-SFT policy with the same RL time budget, one
 process per run with ``--threads`` torch threads (``--jobs`` runs side by side).
 
     python benchmarks/preset_table.py --seeds 0 1 2 --budget 60 --jobs 2 --out runs/preset_table
+    python benchmarks/preset_table.py --presets grpo dapo ppo rloo vapo --budget 0 --steps 300 --jobs 2
 
 Prints a Markdown table (median over seeds) and writes ``table.json`` under ``--out``.
 """
@@ -39,12 +40,12 @@ def sft_run(out: Path, seed: int, threads: int) -> Path:
     return out / name
 
 
-def preset_run(out: Path, preset: str, seed: int, budget: float, threads: int) -> dict:
+def preset_run(out: Path, preset: str, seed: int, budget: float, threads: int, steps: int) -> dict:
     name = f"{preset}_s{seed}"
     if not (out / name / "eval.json").exists() or "after_rl" not in json.loads((out / name / "eval.json").read_text()):
         recipe = Path(__file__).resolve().parents[1] / "recipes" / f"{preset}_demo.yaml"
         rlft([str(recipe), f"model.path={out / f'sft_s{seed}' / 'policy'}", "sft.steps=0", "eval.before_rl=false",
-              "eval.ks=[]", f"train.seed={seed}", "train.steps=100000", f"train.time_budget_s={budget}",
+              "eval.ks=[]", f"train.seed={seed}", f"train.steps={steps or 100000}", f"train.time_budget_s={budget}",
               f"log.run_dir={out}", f"log.name={name}"], threads)
     ev = json.loads((out / name / "eval.json").read_text())["after_rl"]
     metrics = out / name / "metrics.jsonl"
@@ -57,19 +58,23 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--presets", nargs="+", default=PRESETS)
-    ap.add_argument("--budget", type=float, default=60.0, help="RL seconds per run")
+    ap.add_argument("--budget", type=float, default=60.0, help="RL seconds per run (0: no time limit)")
+    ap.add_argument("--steps", type=int, default=0, help="RL steps per run (0: until the time budget is spent)")
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", type=Path, default=Path("runs/preset_table"))
     a = ap.parse_args()
+    if not a.budget and not a.steps:
+        ap.error("give --budget or --steps")
     a.out.mkdir(parents=True, exist_ok=True)
     with ThreadPoolExecutor(a.jobs) as pool:
         list(pool.map(lambda s: sft_run(a.out, s, a.threads), a.seeds))
         base = {s: json.loads((a.out / f"sft_s{s}" / "eval.json").read_text())["after_rl"]["exact_match"]
                 for s in a.seeds}
         jobs = [(p, s) for p in a.presets for s in a.seeds]
-        rows = list(pool.map(lambda ps: preset_run(a.out, ps[0], ps[1], a.budget, a.threads), jobs))
-    (a.out / "table.json").write_text(json.dumps({"post_sft": base, "runs": rows, "budget_s": a.budget}, indent=2))
+        rows = list(pool.map(lambda ps: preset_run(a.out, ps[0], ps[1], a.budget, a.threads, a.steps), jobs))
+    (a.out / "table.json").write_text(json.dumps({"post_sft": base, "runs": rows, "budget_s": a.budget,
+                                                  "steps": a.steps}, indent=2))
     med = statistics.median
     print(f"| preset | greedy EM after RL (median) | change vs post-SFT (median) | per seed | RL steps (median) |")
     print("|---|---:|---:|---|---:|")

@@ -128,14 +128,15 @@ TOKEN_LEVEL_ADVANTAGES = ("gae", "reinforce", "reinforce_pp")
 @dataclass(frozen=True)
 class AlgoConfig:
     name: str = "grpo"
-    """Label of the algorithm, recorded with the run."""
+    """Label of the algorithm, recorded with the run. The defaults (no preset) are the demo's GRPO variant:
+    group_norm advantages, token-mean aggregation (DAPO eq. 12) and no KL term; algo=grpo is the paper's."""
     group_size: int = 8
     """G: responses sampled per prompt."""
     advantage: str = "group_norm"
     """Advantage estimator (rlft.core.advantages.ADVANTAGES)."""
     policy_loss: str = "clip"
     """Policy loss (rlft.core.losses.POLICY_LOSSES)."""
-    loss_agg: str = "seq-mean-token-mean"
+    loss_agg: str = "token-mean"
     """Loss aggregation (rlft.core.losses.AGGREGATIONS)."""
     clip_low: float = 0.2
     """PPO ratio lower bound 1 - clip_low."""
@@ -339,7 +340,7 @@ class OptimConfig:
 
 @dataclass(frozen=True)
 class SFTConfig:
-    steps: int = 300
+    steps: int = 200
     """Supervised warm-up steps before RL (0: skip)."""
     batch_size: int = 64
     lr: float = 1e-3
@@ -356,7 +357,7 @@ class SFTConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    steps: int = 100
+    steps: int = 300
     """RL steps (one rollout batch and its update each)."""
     prompts_per_step: int = 16
     """P: prompts per RL step; the batch holds P x G sequences."""
