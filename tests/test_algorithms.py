@@ -62,15 +62,21 @@ def test_every_preset_trains(run, preset):
         finite_keys(records, ["actor/lm_loss"])
 
 
-def test_adaptive_kl_coefficient_moves(run):
-    _, records, _ = run("algo=ppo", "algo.kl_target=1e-6", "algo.kl_horizon=10", "optim.lr=1e-2", "train.steps=4")
-    coefs = [r["actor/reward_kl_penalty_coeff"] for r in records]
-    kls = [r["actor/reward_kl"] for r in records]
-    assert coefs[0] == pytest.approx(0.05)
-    n = 2 * 2  # P x G sequences per update
-    # step 1 samples the policy that is still the reference: KL 0 < target, so beta shrinks by the clipped error
-    assert kls[0] == pytest.approx(0.0, abs=1e-6) and coefs[1] == pytest.approx(0.05 * (1 - 0.2 * n / 10))
-    assert kls[1] > 1e-4 and coefs[2] == pytest.approx(coefs[1] * (1 + 0.2 * n / 10))  # above target: grows
+@pytest.mark.parametrize("preset, coef_key, beta", [("ppo", "actor/reward_kl_penalty_coeff", 0.05),  # KL in reward
+                                                     ("grpo", "actor/kl_coef", 0.04)])  # KL in the loss
+def test_adaptive_kl_coefficient_moves(run, preset, coef_key, beta):
+    _, records, _ = run(f"algo={preset}", "algo.kl_target=1e-6", "algo.kl_horizon=10", "optim.lr=1e-2",
+                        "train.steps=4")
+    coefs = [r[coef_key] for r in records]
+    kls = [r["actor/kl_seq"] for r in records]  # the KL per sequence each step measured
+    assert coefs[0] == pytest.approx(beta)
+    n, target, horizon = 2 * 2, 1e-6, 10  # P x G sequences per update
+    for i in range(len(records) - 1):  # Ziegler et al. 2019: beta *= 1 + clip(KL / target - 1, +-0.2) * n / horizon
+        err = min(max(kls[i] / target - 1, -0.2), 0.2)
+        assert coefs[i + 1] == pytest.approx(coefs[i] * (1 + err * n / horizon))
+    assert kls[0] == pytest.approx(0.0, abs=1e-6)  # step 1 samples the policy that is still the reference
+    assert coefs[1] < coefs[0]  # below target: beta shrinks
+    assert max(kls) > 1e-4 and any(b > a for a, b in zip(coefs, coefs[1:]))  # above target, once moved: it grows
 
 
 def test_overlong_punishment_and_filter(run):
@@ -258,7 +264,7 @@ def test_kl_in_reward_shifts_group_outcomes(ds_state, monkeypatch):
     m = rl.compute_advantages(state, batch, cfg)
     # k1 per token: row 0 [0.5, 0], row 1 [1, 1, 1]; outcome = 1 - 0.5 * sum -> [0.75, -0.5]; RLOO -> +-1.25
     assert m["actor/reward_kl_penalty"] == pytest.approx(3.5 / 5)
-    assert m["actor/reward_kl"] == pytest.approx((0.5 + 3.0) / 2)
+    assert m["actor/kl_seq"] == pytest.approx((0.5 + 3.0) / 2)
     torch.testing.assert_close(batch.adv[:, 0], torch.tensor([1.25, -1.25]))
     assert batch.adv[0, 2] == 0
 

@@ -155,6 +155,8 @@ def test_resume_with_other_data_is_a_config_error(tmp_path, tiny_overrides):
 @pytest.mark.parametrize("algo", [
     pytest.param([], id="grpo"),
     pytest.param(["algo.kl_coef=0.1", "algo.epochs=2"], id="kl_two_epochs"),  # reference model restored too
+    pytest.param(["algo.advantage=gae", "algo.kl_in=reward", "algo.kl_coef=0.1", "algo.kl_target=1e-3",
+                  "critic.lr=1e-2"], id="critic_adaptive_kl"),  # critic, its optimizer and the KL coefficient too
 ])
 def test_resume_continues_from_the_latest_checkpoint(tmp_path, tiny_overrides, digit_reward, algo):
     first = load_config(None, tiny_overrides(tmp_path, "log.name=r", "train.steps=4", "train.save_every=2",

@@ -129,8 +129,7 @@ def rl_step(state: RLState, cfg: Config, *, train_policy: bool = True) -> dict[s
     with _timed(t, "update"):
         metrics.update(update(state, batch, cfg, train_policy=train_policy))
     if state.kl_ctl is not None and train_policy:
-        seq_kl = metrics.get("actor/reward_kl", metrics.get("actor/kl_loss", 0.0) * metrics["response_length/mean"])
-        state.kl_ctl.update(seq_kl, n_steps=len(batch))  # Ziegler et al. 2019 §2.2: KL per sequence
+        state.kl_ctl.update(metrics["actor/kl_seq"], n_steps=len(batch))  # Ziegler et al. 2019 §2.2: KL per sequence
     metrics.update(t)
     n_tokens = (batch.prompt_mask.sum() + batch.response_mask.sum()).item()
     metrics["perf/tokens_per_s"] = n_tokens / max(time.perf_counter() - t_start, 1e-9)
@@ -251,11 +250,11 @@ def compute_advantages(state: RLState, batch: Batch, cfg: Config) -> dict[str, f
     token_rewards = None
     if a.kl_in == "reward" and a.needs_ref:  # PPO-RLHF: r_t = -beta * kl_t (Ouyang et al. 2022 eq. 2)
         coef = state.kl_ctl.value
-        token_rewards = kl_penalty_rewards(batch.old_logp, batch.ref_logp, mask, coef, a.kl_estimator)  # (B, T)
-        kl_tok = token_rewards / -coef if coef > 0 else torch.zeros_like(token_rewards)
+        kl_tok = -kl_penalty_rewards(batch.old_logp, batch.ref_logp, mask, 1.0, a.kl_estimator)  # (B, T) kl_t, 0 masked
+        token_rewards = -coef * kl_tok  # (B, T)
         metrics["actor/reward_kl_penalty"] = masked_mean(kl_tok, mask).item()
         metrics["actor/reward_kl_penalty_coeff"] = coef
-        metrics["actor/reward_kl"] = (kl_tok * mask).sum(-1).mean().item()  # per sequence: drives the controller
+        metrics["actor/kl_seq"] = kl_tok.sum(-1).mean().item()  # KL per sequence: what the controller tracks
     baseline = None
     if a.advantage == "reinforce" and a.baseline == "ema":
         current = mean_return(AdvantageInputs(batch.scores, mask, a.group_size, token_rewards), a.gamma)

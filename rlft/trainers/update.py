@@ -18,6 +18,7 @@ from rlft.core.ops import masked_mean, masked_sum
 from rlft.core.value import value_loss
 from rlft.models.forward import response_logprobs
 from rlft.rollout.batch import Batch
+from rlft.trainers.ptx import lm_loss
 
 if TYPE_CHECKING:
     from rlft.trainers.rl import RLState
@@ -78,6 +79,8 @@ def _policy_step(state: "RLState", mb: Batch, cfg: Config) -> dict[str, float]:
             kl_mat = KL_ESTIMATORS.get(a.kl_estimator)(logp, micro.ref_logp.to(device))  # (b, T)
             loss_mat = loss_mat + kl_coef * kl_mat
             terms["actor/kl_loss"] = kl_mat
+            kl_seq = masked_sum(kl_mat.detach(), mask) / len(mb)  # this micro-batch's share of the KL per sequence
+            totals["actor/kl_seq"] = totals.get("actor/kl_seq", 0.0) + kl_seq.item()
         if a.entropy_coef > 0:
             loss_mat = loss_mat - a.entropy_coef * ent
         num, _ = aggregate_parts(loss_mat, mask, a.loss_agg, max_len)
@@ -96,8 +99,6 @@ def _policy_step(state: "RLState", mb: Batch, cfg: Config) -> dict[str, float]:
             for k, v in pg_metrics.items():
                 totals[f"actor/{k}"] = totals.get(f"actor/{k}", 0.0) + float(v) * share
     if a.ptx_coef > 0:  # PPO-ptx (InstructGPT eq. 2): gamma * pretraining NLL
-        from rlft.trainers.ptx import lm_loss
-
         ptx = lm_loss(policy, *state.ptx.sample())
         (a.ptx_coef * ptx).backward()
         totals["actor/ptx_loss"] = ptx.item()
