@@ -173,7 +173,8 @@ def collect(state: RLState, cfg: Config, t: dict[str, float]) -> tuple[Batch, di
             break
     metrics = reward_metrics(drawn, cfg)
     if a.dynamic_sampling:
-        metrics.update({"dynamic_sampling/rounds": float(len(drawn)), "dynamic_sampling/groups_drawn": float(len(drawn) * P),
+        metrics.update({"dynamic_sampling/rounds": float(len(drawn)),
+                        "dynamic_sampling/groups_drawn": float(len(drawn) * P),
                         "dynamic_sampling/groups_kept": float(n_kept)})
     batch = cat_batches(kept) if kept else drawn[-1][0]
     return batch, metrics
