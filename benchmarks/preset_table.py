@@ -4,7 +4,7 @@ For each seed the SFT warm-up runs once (``rlft train`` with ``train.steps=0``);
 preset then starts from that post-SFT policy with the same RL time budget, one
 process per run with ``--threads`` torch threads (``--jobs`` runs side by side).
 
-    python benchmarks/preset_table.py --seeds 0 1 2 --budget 60 --jobs 2 --out runs/preset_table
+    python benchmarks/preset_table.py --seeds 0 1 2 --budget 300 --jobs 2 --out runs/preset_table
     python benchmarks/preset_table.py --presets grpo dapo ppo rloo vapo --budget 0 --steps 300 --jobs 2
 
 Prints a Markdown table (median over seeds) and writes ``table.json`` under ``--out``.
@@ -58,7 +58,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--presets", nargs="+", default=PRESETS)
-    ap.add_argument("--budget", type=float, default=60.0, help="RL seconds per run (0: no time limit)")
+    ap.add_argument("--budget", type=float, default=300.0, help="RL seconds per run (0: no time limit)")
     ap.add_argument("--steps", type=int, default=0, help="RL steps per run (0: until the time budget is spent)")
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--threads", type=int, default=1)
@@ -76,16 +76,16 @@ def main() -> None:
     (a.out / "table.json").write_text(json.dumps({"post_sft": base, "runs": rows, "budget_s": a.budget,
                                                   "steps": a.steps}, indent=2))
     med = statistics.median
-    print(f"| preset | greedy EM after RL (median) | change vs post-SFT (median) | per seed | RL steps (median) |")
-    print("|---|---:|---:|---|---:|")
-    print(f"| post-SFT | {med(base.values()):.3f} | | {' / '.join(f'{base[s]:.3f}' for s in a.seeds)} | 0 |")
+    print("| preset | greedy EM after RL (median) | change vs post-SFT (median) | per seed | change per seed | "
+          "RL steps per seed |")
+    print("|---|---:|---:|---|---|---|")
+    print(f"| post-SFT | {med(base.values()):.3f} | | {' / '.join(f'{base[s]:.3f}' for s in a.seeds)} | | |")
     for p in a.presets:
-        rs = [r for r in rows if r["preset"] == p]
+        rs = sorted((r for r in rows if r["preset"] == p), key=lambda r: r["seed"])
         em = [r["exact_match"] for r in rs]
-        delta = [r["exact_match"] - base[r["seed"]] for r in rs]
-        print(f"| {p} | {med(em):.3f} | {med(delta) * 100:+.1f} pts | {' / '.join(f'{x:.3f}' for x in em)} | "
-              f"{med(r['steps'] for r in rs):.0f} |")
-
+        delta = [(r["exact_match"] - base[r["seed"]]) * 100 for r in rs]
+        print(f"| {p} | {med(em):.3f} | {med(delta):+.1f} pts | {' / '.join(f'{x:.3f}' for x in em)} | "
+              f"{' / '.join(f'{d:+.1f}' for d in delta)} | {' / '.join(str(r['steps']) for r in rs)} |")
 
 if __name__ == "__main__":
     main()
