@@ -4,9 +4,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-.venv/bin/python -m pytest -q --durations=15 "$@"
+.venv/bin/python -m pytest --durations=15 "$@"
 if [ "$#" -eq 0 ]; then
-  .venv/bin/python -m pytest -q --cov=rlft.core --cov-report=term-missing:skip-covered --cov-fail-under=100 \
+  .venv/bin/python -m pytest --cov=rlft.core --cov-report=term-missing:skip-covered --cov-fail-under=100 \
     tests/test_advantages.py tests/test_losses.py tests/test_kl.py tests/test_value.py tests/test_shaping.py \
     tests/test_core_ops.py tests/test_passk.py
 fi
