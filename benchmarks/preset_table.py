@@ -87,5 +87,6 @@ def main() -> None:
         print(f"| {p} | {med(em):.3f} | {med(delta):+.1f} pts | {' / '.join(f'{x:.3f}' for x in em)} | "
               f"{' / '.join(f'{d:+.1f}' for d in delta)} | {' / '.join(str(r['steps']) for r in rs)} |")
 
+
 if __name__ == "__main__":
     main()
