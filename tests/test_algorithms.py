@@ -15,6 +15,7 @@ from rlft.presets import PRESETS
 from rlft.rollout.batch import Batch, cat_batches
 from rlft.run import train
 from rlft.trainers import rl
+from numerics import MODEL_DEPTH, assert_rounding_close
 from test_pipeline import check_metrics, quiet, read_jsonl
 
 CRITIC_KEYS = ["critic/vf_loss", "critic/vf_explained_var", "critic/values/mean", "critic/returns/mean",
@@ -74,9 +75,12 @@ def test_adaptive_kl_coefficient_moves(run, preset, coef_key, beta):
     for i in range(len(records) - 1):  # Ziegler et al. 2019: beta *= 1 + clip(KL / target - 1, +-0.2) * n / horizon
         err = min(max(kls[i] / target - 1, -0.2), 0.2)
         assert coefs[i + 1] == pytest.approx(coefs[i] * (1 + err * n / horizon))
-    assert kls[0] == pytest.approx(0.0, abs=1e-6)  # step 1 samples the policy that is still the reference
+    # step 1 samples the policy that is still the reference: its KL is rounding (two forward passes of the same
+    # weights), far below the KL once the policy has moved (0.07-0.24 here); a wrong reference is of that size
+    assert max(kls) > 1e-2
+    assert abs(kls[0]) < 1e-3 * max(kls)
     assert coefs[1] < coefs[0]  # below target: beta shrinks
-    assert max(kls) > 1e-4 and any(b > a for a, b in zip(coefs, coefs[1:]))  # above target, once moved: it grows
+    assert any(b > a for a, b in zip(coefs, coefs[1:]))  # above target, once moved: it grows
 
 
 def test_overlong_punishment_and_filter(run):
@@ -230,8 +234,13 @@ def test_critic_values_match_single_sequence_forwards(tiny_model_dir):
         batched = critic.values(p_ids, p_mask, r_ids, r_mask)
         for i, (p, r) in enumerate(zip(prompts, responses)):
             hidden = critic.backbone(input_ids=torch.tensor([p + r])).last_hidden_state[0]  # (L, H)
-            want = critic.head(hidden[len(p) - 1:len(p) - 1 + len(r)]).squeeze(-1)  # state before each token
-            torch.testing.assert_close(batched[i, :len(r)], want, atol=1e-5, rtol=1e-5)
+            states = hidden[len(p) - 1:len(p) - 1 + len(r)]  # (len(r), H): the state before each token
+            want = critic.head(states).squeeze(-1)
+            # the value is a forward pass ending in the head's dot product: scale = sum_i |w_i h_i|
+            scale = (states.abs() @ critic.head.weight.abs().T).max() + critic.head.bias.abs().max()
+            assert_rounding_close(batched[i, :len(r)], want, n_terms=max(critic.head.in_features, len(p) + len(r)),
+                                  scale=scale,
+                                  depth=MODEL_DEPTH // 2, what=f"values of row {i}")
 
 
 def test_new_critic_starts_at_zero_and_shares_no_weights(tiny_model_dir, tmp_path, tiny_size_overrides):
