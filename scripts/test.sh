@@ -1,12 +1,20 @@
 #!/usr/bin/env bash
-# Set up (idempotent) and run the test suite; with no arguments, also check that the math core's
-# own unit tests cover every line of rlft/core.
+# Set up (idempotent) and run the test suite. With no arguments, also:
+# - check that the math core's own unit tests cover every line of rlft/core;
+# - rerun the numerics tests (core math, aggregation, micro-batching, masking) under other float arithmetic:
+#   CPU kernels for another instruction set (ATEN_CPU_CAPABILITY), MKL's conservative code path (MKL_CBWR)
+#   and 1 or 2 threads, so a tolerance that only this machine's rounding meets fails here, not on the next one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/python -m pytest --durations=15 "$@"
 if [ "$#" -eq 0 ]; then
-  .venv/bin/python -m pytest --cov=rlft.core --cov-report=term-missing:skip-covered --cov-fail-under=100 \
-    tests/test_advantages.py tests/test_losses.py tests/test_kl.py tests/test_value.py tests/test_shaping.py \
-    tests/test_core_ops.py tests/test_passk.py
+  core=(tests/test_advantages.py tests/test_losses.py tests/test_kl.py tests/test_value.py tests/test_shaping.py
+        tests/test_core_ops.py tests/test_passk.py)
+  .venv/bin/python -m pytest --cov=rlft.core --cov-report=term-missing:skip-covered --cov-fail-under=100 "${core[@]}"
+  for setting in "ATEN_CPU_CAPABILITY=default RLFT_TEST_THREADS=1" \
+                 "ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=COMPATIBLE RLFT_TEST_THREADS=2"; do
+    echo "numerics under $setting"
+    env $setting .venv/bin/python -m pytest "${core[@]}" tests/test_rl_loop.py
+  done
 fi

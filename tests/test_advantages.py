@@ -19,6 +19,7 @@ from rlft.core.advantages import (
     outcome_rewards,
     rloo,
 )
+from numerics import unit_roundoff
 
 NAN = float("nan")
 INF = float("inf")
@@ -115,10 +116,11 @@ def test_registry_names_and_contract():
 
 
 def test_group_norm_unbiased_std_convention():
-    adv = group_norm(torch.tensor([1.0, 0.0, 0.0, 1.0]), group_size=4)
+    adv = group_norm(torch.tensor([1.0, 0.0, 0.0, 1.0], dtype=torch.float64), group_size=4)  # float64: rounding ~1e-16
     s = 0.5 / math.sqrt(1.0 / 3.0)  # std with Bessel's correction is sqrt(1/3)
     assert s == pytest.approx(0.866, abs=1e-3)
-    torch.testing.assert_close(adv, torch.tensor([s, -s, -s, s]), atol=1e-5, rtol=1e-5)
+    s = 0.5 / (math.sqrt(1.0 / 3.0) + 1e-6)  # adv_eps = 1e-6 is added to the std
+    torch.testing.assert_close(adv, torch.tensor([s, -s, -s, s], dtype=torch.float64))
 
 
 def test_tutorial_rewards_group_mean():
@@ -149,8 +151,8 @@ def test_zero_std_and_small_groups_give_zero():
 def test_nan_excluded_from_statistics():
     scores = torch.tensor([1.0, NAN, 0.0, 0.0, 1.0])
     # the valid group is [1, 0, 0, 1]
-    s = 0.5 / math.sqrt(1.0 / 3.0)
-    torch.testing.assert_close(group_norm(scores, 5), torch.tensor([s, 0.0, -s, -s, s]), atol=1e-5, rtol=1e-5)
+    s = 0.5 / (math.sqrt(1.0 / 3.0) + 1e-6)  # unbiased std + adv_eps; float64 below: rounding ~1e-16
+    torch.testing.assert_close(group_norm(scores.double(), 5), torch.tensor([s, 0.0, -s, -s, s], dtype=torch.float64))
     torch.testing.assert_close(rloo(scores, 5), torch.tensor([2 / 3, 0.0, -2 / 3, -2 / 3, 2 / 3]))
     torch.testing.assert_close(group_mean(scores, 5), torch.tensor([0.5, 0.0, -0.5, -0.5, 0.5]))
     mean, _, _ = group_stats(scores, 5)
@@ -237,11 +239,11 @@ def test_kl_token_rewards_shift_the_outcome(kind):
 
 
 def test_group_registry_unscorable_gets_zero():
-    scores = torch.tensor([1.0, NAN, 0.0, 0.0, 1.0])
+    scores = torch.tensor([1.0, NAN, 0.0, 0.0, 1.0], dtype=torch.float64)
     mask = torch.ones(5, 2)
-    s = 0.5 / math.sqrt(1.0 / 3.0)
+    s = 0.5 / (math.sqrt(1.0 / 3.0) + 1e-6)  # unbiased std + adv_eps; float64: rounding ~1e-16
     adv, _ = ADVANTAGES.get("group_norm")(AdvantageInputs(scores, mask, 5), cfg())
-    torch.testing.assert_close(adv[:, 0], torch.tensor([s, 0.0, -s, -s, s]), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(adv[:, 0], torch.tensor([s, 0.0, -s, -s, s], dtype=torch.float64))
     assert adv[1].tolist() == [0.0, 0.0]
 
 
@@ -311,7 +313,10 @@ def test_gae_length_adaptive_equals_per_sequence_gae():
     lengths = mask.sum(-1)
     inp = AdvantageInputs(scores, mask, 1, token_rewards=tr, values=values)
     adv, ret = ADVANTAGES.get("gae")(inp, cfg(gamma=0.95, lam=0.1, lam_critic=1.0, length_alpha=alpha))
-    lams = [min(max(1 - 1 / (alpha * n), 0.0), 1.0) for n in lengths.tolist()]
+    lams = length_adaptive_lambda(lengths, alpha).tolist()  # the float32 lambdas the estimator uses, exactly
+    # VAPO eq. 7, up to four float32 roundings (alpha, alpha * n, 1 / ., 1 - .) of values in [0, 1], each <= u
+    assert lams == pytest.approx([min(max(1 - 1 / (alpha * n), 0.0), 1.0) for n in lengths.tolist()],
+                                 rel=0, abs=5 * unit_roundoff(torch.float32))
     assert len(set(lams)) > 1
     for b in range(4):  # one sequence at a time with its own float lambda
         row = AdvantageInputs(scores[b : b + 1], mask[b : b + 1], 1, token_rewards=tr[b : b + 1], values=values[b : b + 1])
@@ -333,7 +338,8 @@ def test_gae_whitening_over_valid_tokens():
     want = [(x - statistics.mean(xs)) / math.sqrt(statistics.variance(xs) + 1e-8) for x in xs]
     assert adv[keep].tolist() == pytest.approx(want, abs=1e-9)
     assert statistics.mean(adv[keep].tolist()) == pytest.approx(0.0, abs=1e-9)
-    assert statistics.variance(adv[keep].tolist()) == pytest.approx(1.0, abs=1e-6)
+    v = statistics.variance(xs)  # the whitened variance is v / (v + 1e-8), exactly; float64 rounding ~1e-15
+    assert statistics.variance(adv[keep].tolist()) == pytest.approx(v / (v + 1e-8), rel=1e-12)
     assert (adv[3] == 0).all() and (adv[mask == 0] == 0).all()
     torch.testing.assert_close(ret, ret_raw)  # whitening touches the actor only
 
@@ -415,7 +421,8 @@ def test_reinforce_pp_whitened_returns():
     torch.testing.assert_close(adv, want)
     valid = adv[inp.mask.bool() & ~torch.isnan(inp.scores)[:, None]].tolist()
     assert statistics.mean(valid) == pytest.approx(0.0, abs=1e-12)
-    assert statistics.variance(valid) == pytest.approx(1.0, abs=1e-6)
+    v = statistics.variance(xs)  # the whitened variance is v / (v + 1e-8), exactly; float64 rounding ~1e-15
+    assert statistics.variance(valid) == pytest.approx(v / (v + 1e-8), rel=1e-12)
 
 
 def test_reinforce_pp_is_global_not_per_group():

@@ -22,8 +22,9 @@ def test_registry():
 
 
 def test_hand_values():
-    logp = torch.tensor([[math.log(0.5)]])
-    ref = torch.tensor([[math.log(0.25)]])
+    # float64: k3 = 0.5 + 0.69 - 1 cancels, which would cost float32 up to 7e-7 relative
+    logp = torch.tensor([[math.log(0.5)]], dtype=torch.float64)
+    ref = torch.tensor([[math.log(0.25)]], dtype=torch.float64)
     lr = math.log(0.5)  # log(ref / pi)
     assert k1(logp, ref).item() == pytest.approx(math.log(2))
     assert k2(logp, ref).item() == pytest.approx(0.5 * math.log(2) ** 2)
@@ -77,8 +78,12 @@ def test_sample_mean_approaches_exact_kl():
         # the exact expectation under pi is exact KL (no sampling): unbiased by construction
         per_x = KL_ESTIMATORS.get(name)(pi.log()[None], ref.log()[None])[0]  # (5,)
         assert (pi * per_x).sum().item() == pytest.approx(exact, abs=1e-12)
-    # k2 is biased but close for nearby distributions
-    assert masked_mean(k2(logp, ref_logp), mask).item() == pytest.approx(exact, rel=0.5)
+    # k2 is biased but close for nearby distributions: its sample mean is within 4 standard errors of its own
+    # expectation, which here lies 3.5% above the exact KL
+    samples = k2(logp, ref_logp)
+    mean_k2 = (pi * k2(pi.log()[None], ref.log()[None])[0]).sum().item()
+    assert abs(masked_mean(samples, mask).item() - mean_k2) < 4.0 * samples.std().item() / math.sqrt(n)
+    assert 1.03 * exact < mean_k2 < 1.04 * exact
 
 
 def test_values_under_mask_change_nothing():
@@ -95,11 +100,12 @@ def test_values_under_mask_change_nothing():
 
 
 def test_kl_penalty_rewards_hand_and_masked():
-    logp = torch.tensor([[math.log(0.5), math.log(0.5), float("nan")]])
-    ref = torch.tensor([[math.log(0.25), math.log(0.5), float("inf")]])
+    # float64: k3 = 0.5 + 0.69 - 1 cancels, which would cost float32 up to 7e-7 relative
+    logp = torch.tensor([[math.log(0.5), math.log(0.5), float("nan")]], dtype=torch.float64)
+    ref = torch.tensor([[math.log(0.25), math.log(0.5), float("inf")]], dtype=torch.float64)
     mask = torch.tensor([[1, 1, 0]])
     out = kl_penalty_rewards(logp, ref, mask, 0.1, "k1")
-    torch.testing.assert_close(out, torch.tensor([[-0.1 * math.log(2), 0.0, 0.0]]))
+    torch.testing.assert_close(out, torch.tensor([[-0.1 * math.log(2), 0.0, 0.0]], dtype=torch.float64))
     out3 = kl_penalty_rewards(logp, ref, mask, 0.1, "k3")
     assert out3[0, 0].item() == pytest.approx(-0.1 * (0.5 - math.log(0.5) - 1))
     assert out3[0, 2].item() == 0.0
@@ -162,7 +168,7 @@ def test_adaptive_controller_error_clip_and_naive():
     a, b = AdaptiveKLController(1.0, 1.0, 10), AdaptiveKLController(1.0, 1.0, 10)
     a.update(1e9, 1)
     b.update(1.2, 1)
-    assert a.value == b.value == pytest.approx(1.02)  # clipped at +0.2
+    assert a.value == pytest.approx(1.02) and b.value == pytest.approx(1.02)  # KL 1e9 clipped at +0.2, as KL 1.2
 
 
 def test_controller_state_round_trip():
