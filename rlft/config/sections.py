@@ -71,7 +71,7 @@ class DataConfig:
     """Prompts longer than this are an error at load time, never truncated silently."""
     num_train: int = 0
     """Use the first N training examples (0: all)."""
-    num_eval: int = 200
+    num_eval: int = 500
     """Number of held-out problems to evaluate (0: all of a file's split; 500 for a synthetic task)."""
     synth_train_size: int = 4000
     """Synthetic task: number of training problems."""
@@ -357,7 +357,7 @@ class SFTConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    steps: int = 300
+    steps: int = 360
     """RL steps (one rollout batch and its update each)."""
     prompts_per_step: int = 16
     """P: prompts per RL step; the batch holds P x G sequences."""
