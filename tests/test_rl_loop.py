@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import math
+from typing import NamedTuple
 
 import pytest
 import torch
@@ -303,13 +304,24 @@ def _perturbed_old_and_ref(model, batch: Batch, cfg) -> None:
     batch.ref_logp = batch.old_logp - 0.3 * torch.rand(batch.old_logp.shape, generator=g)
 
 
+class LockStep(NamedTuple):
+    """One optimizer step of ``lockstep``: both gradients and metrics from the same weights, and their scales."""
+
+    grads_ref: dict[str, torch.Tensor]
+    grads_other: dict[str, torch.Tensor]
+    metrics_ref: dict[str, float]
+    metrics_other: dict[str, float]
+    grad_scale: AbsGradSum
+    metric_scale: float
+
+
 def lockstep(monkeypatch, base, tok, ref: tuple[Batch, object], other: tuple[Batch, object], kl_coef: float = 0.0):
     """Run ``update_policy`` on ``ref = (batch, cfg)`` and, before each of its optimizer steps, compute the step of
     ``other`` on a copy of the same weights and the same mini-batch rows.
 
     Comparing several steps of two separate runs would compare one machine's rounding amplified by the optimizer;
-    here every compared pair starts from identical weights (the copy steps with lr 0). Returns one record per step:
-    ``(grads_ref, grads_other, metrics_ref, metrics_other, scale)`` with ``scale`` the AbsGradSum of ``other``."""
+    here every compared pair starts from identical weights (the copy steps with lr 0). Returns one LockStep per
+    optimizer step; its scales are those of ``other``."""
     original = upd._policy_step
     other_mbs: list[Batch] = []
     monkeypatch.setattr(upd, "_policy_step", lambda state, mb, cfg: other_mbs.append(mb) or {})
@@ -320,13 +332,14 @@ def lockstep(monkeypatch, base, tok, ref: tuple[Batch, object], other: tuple[Bat
     def step(state, mb, cfg):
         twin = make_state(copy.deepcopy(state.policy), tok, lr=0.0)
         twin.kl_ctl = make_kl_controller(kl_coef, 0.0, 1)
-        scale = AbsGradSum(twin.policy)
-        m_other = original(twin, other_mbs[len(records)], other[1])
-        for h in scale.handles:
+        mb_other = other_mbs[len(records)]
+        grad_scale = AbsGradSum(twin.policy)
+        m_other = original(twin, mb_other, other[1])
+        for h in grad_scale.handles:
             h.remove()
-        scale.metric_scale = metric_scale(twin.policy, other_mbs[len(records)], other[1])
         m_ref = original(state, mb, cfg)
-        records.append((state.optimizer.grads[-1], twin.optimizer.grads[-1], m_ref, m_other, scale))
+        records.append(LockStep(state.optimizer.grads[-1], twin.optimizer.grads[-1], m_ref, m_other, grad_scale,
+                                metric_scale(twin.policy, mb_other, other[1])))
         return m_ref
 
     monkeypatch.setattr(upd, "_policy_step", step)
@@ -338,13 +351,13 @@ def lockstep(monkeypatch, base, tok, ref: tuple[Batch, object], other: tuple[Bat
     return records
 
 
-def assert_same_gradients(records, model, batch: Batch) -> None:
+def assert_same_gradients(records: list["LockStep"], model, batch: Batch) -> None:
     n = model_reduction_len(model, batch)
-    for step, (g_ref, g_other, _, _, scale) in enumerate(records):
-        assert any(v.abs().sum() > 0 for v in g_ref.values()), f"step {step}: no gradient"
-        for name in g_ref:
-            assert_rounding_close(g_other[name], g_ref[name], n_terms=n, scale=scale.scale(name), depth=MODEL_DEPTH,
-                                  what=f"step {step} {name}")
+    for step, r in enumerate(records):
+        assert any(v.abs().sum() > 0 for v in r.grads_ref.values()), f"step {step}: no gradient"
+        for name in r.grads_ref:
+            assert_rounding_close(r.grads_other[name], r.grads_ref[name], n_terms=n, scale=r.grad_scale.scale(name),
+                                  depth=MODEL_DEPTH, what=f"step {step} {name}")
 
 
 def metric_scale(model, mb: Batch, cfg) -> float:
@@ -385,12 +398,12 @@ def test_micro_batching_is_exact(tiny_model_dir, tok, make_cfg, agg, mode, monke
     keys = ["actor/pg_loss", "actor/entropy", "actor/pg_clipfrac", "actor/ppo_kl"]
     if mode != "single_pass":
         keys.append("actor/kl_loss")
-        assert any(m_ref["actor/pg_clipfrac"] > 0 for _, _, m_ref, _, _ in records)  # the clip bites
-        assert all(abs(m_ref["actor/kl_loss"]) > 0 for _, _, m_ref, _, _ in records)  # the KL term is on
-    for step, (_, _, m_ref, m_one, scale) in enumerate(records):
+        assert any(r.metrics_ref["actor/pg_clipfrac"] > 0 for r in records)  # the clip bites
+        assert all(abs(r.metrics_ref["actor/kl_loss"]) > 0 for r in records)  # the KL term is on
+    for step, r in enumerate(records):
         for key in keys:  # metrics come from the forward pass only: half the depth of a gradient
-            assert_rounding_close(m_one[key], m_ref[key], n_terms=n, depth=MODEL_DEPTH // 2,
-                                  scale=scale.metric_scale, what=f"step {step} {key}")
+            assert_rounding_close(r.metrics_other[key], r.metrics_ref[key], n_terms=n, depth=MODEL_DEPTH // 2,
+                                  scale=r.metric_scale, what=f"step {step} {key}")
 
 
 @pytest.mark.parametrize("bug", ["mask_one_token_longer", "micro_batch_normaliser"])
@@ -418,9 +431,9 @@ def test_micro_batching_tolerance_catches_planted_bugs(tiny_model_dir, tok, make
         monkeypatch.setattr(upd, "aggregate_parts", own_normaliser)
     records = lockstep(monkeypatch, base, tok, (batch, cfg_b), (other, cfg_1))
     n = model_reduction_len(base, batch)
-    g_ref, g_other, _, _, scale = records[0]
-    assert any(rounding_differs(g_other[name], g_ref[name], n_terms=n, scale=scale.scale(name), depth=MODEL_DEPTH)
-               for name in g_ref)
+    r = records[0]
+    assert any(rounding_differs(r.grads_other[name], r.grads_ref[name], n_terms=n, scale=r.grad_scale.scale(name),
+                                depth=MODEL_DEPTH) for name in r.grads_ref)
 
 
 @pytest.mark.parametrize("agg", AGGREGATIONS.names())
@@ -615,15 +628,16 @@ def test_tokens_after_eos_change_nothing(tiny_model_dir, tok, make_cfg, agg, mod
     records = lockstep(monkeypatch, base, tok, (junk, cfg), (clean, cfg), kl_coef)  # the scale is that of `clean`
     assert_same_gradients(records, base, clean)
     n = model_reduction_len(base, clean)
-    for step, (_, _, m_junk, m_clean, scale) in enumerate(records):
+    for step, r in enumerate(records):
+        m_junk, m_clean = r.metrics_ref, r.metrics_other
         for key in m_clean:
             if key == "actor/grad_norm":
                 assert_rounding_close(m_junk[key], m_clean[key], n_terms=n, depth=MODEL_DEPTH,
-                                      scale=scale.norm_scale(), what=f"step {step} {key}")
+                                      scale=r.grad_scale.norm_scale(), what=f"step {step} {key}")
             elif not key.startswith("timing") and key != "actor/lr":  # (the twin of `lockstep` has lr 0)
                 # the other metrics come from the forward pass: half the depth of a gradient
                 assert_rounding_close(m_junk[key], m_clean[key], n_terms=n, depth=MODEL_DEPTH // 2,
-                                      scale=scale.metric_scale, what=f"step {step} {key}")
+                                      scale=r.metric_scale, what=f"step {step} {key}")
 
 
 # ----------------------------------------------------------------------------- one whole step
