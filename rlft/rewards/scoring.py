@@ -94,7 +94,7 @@ def _score_one_fn(name, fn, completions, samples, timeout_s) -> tuple[list[float
     values, n_errors, first_error = [], 0, None
     for i, (completion, sample) in enumerate(zip(completions, samples)):
         try:
-            values.append(_checked(_call_with_timeout(fn, completion, sample, timeout_s)))
+            values.append(checked_value(_call_with_timeout(fn, completion, sample, timeout_s)))
         except (Exception, RewardTimeout) as e:
             values.append(None)
             n_errors += 1
@@ -106,7 +106,8 @@ def _score_one_fn(name, fn, completions, samples, timeout_s) -> tuple[list[float
     return values, n_errors
 
 
-def _checked(value: object) -> float | None:
+def checked_value(value: object) -> float | None:
+    """A reward value as a float, or None; raises on anything else (bool, text, NaN, inf)."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, numbers.Real):

@@ -1,0 +1,99 @@
+"""Slow reward checkers in worker processes, with a deadline per sample.
+
+``scoring.py`` times a reward out with ``SIGALRM``, which works only in the main
+thread of the main interpreter. A checker that may be slow or hang (symbolic
+math, running code) runs here instead: a :class:`RewardPool` keeps a few worker
+processes (a maintained pool, ``pebble``) for the whole run, and
+:meth:`RewardPool.score` sends one task per sample with its own deadline.
+
+- A task that runs past its deadline is stopped: pebble terminates its worker
+  and starts a fresh one. Only that sample is lost.
+- A worker that dies (``os._exit``, a segfault, the kernel's OOM killer) costs
+  only the sample it was running.
+- A checker that raises, or returns anything but ``None`` or a finite number,
+  also costs only its sample.
+
+Every lost sample is scored ``None`` (unscorable, so it stays out of its group's
+baseline; never a silent 0), counted, and the first failure is logged. The
+caller only waits on futures, so this works from any thread. Functions must be
+picklable (module-level functions, or instances of module-level classes).
+Workers start from a ``forkserver`` where the platform has one, so they do not
+inherit the trainer's threads or CUDA state.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
+
+from pebble import ProcessExpired, ProcessPool
+
+from rlft.rewards.scoring import checked_value
+
+logger = logging.getLogger("rlft.rewards")
+
+
+@dataclass
+class PoolResult:
+    values: list[float | None]  # (B,) one per sample; None where the sample was lost
+    errors: int  # samples lost to a deadline, a dead worker, an exception or a bad return value
+    first_error: str | None = None
+
+
+class RewardPool:
+    """``workers`` processes that score ``fn(completion, sample)`` with a deadline of ``deadline_s`` per sample.
+
+    Create it once per run and close it at the end (or use it as a context manager).
+    """
+
+    def __init__(self, workers: int = 2, deadline_s: float = 5.0):
+        if workers < 1:
+            raise ValueError(f"workers must be >= 1, got {workers}")
+        if not deadline_s > 0:
+            raise ValueError(f"deadline_s must be > 0, got {deadline_s}")
+        self.deadline_s = deadline_s
+        methods = multiprocessing.get_all_start_methods()
+        context = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+        self._pool = ProcessPool(max_workers=workers, context=context)
+
+    def score(self, fn: Callable[[str, Mapping], float | None], completions: Sequence[str],
+              samples: Sequence[Mapping], name: str = "") -> PoolResult:
+        """``fn`` on every (completion, sample) pair, in order; a lost sample is ``None`` and counted."""
+        if len(completions) != len(samples):
+            raise ValueError(f"got {len(completions)} completions but {len(samples)} samples")
+        futures = [self._pool.schedule(fn, args=(c, s), timeout=self.deadline_s) for c, s in zip(completions, samples)]
+        values: list[float | None] = []
+        errors, first = 0, None
+        for i, future in enumerate(futures):
+            try:
+                values.append(checked_value(future.result()))
+            except Exception as e:  # the deadline, a dead worker, the checker's own error, a bad value
+                values.append(None)
+                errors += 1
+                first = first or f"sample {i}: {_describe(e, self.deadline_s)}"
+        if errors:
+            logger.warning("reward %r lost %d/%d samples in the worker pool (scored None); first: %s",
+                           name or getattr(fn, "__name__", fn), errors, len(values), first)
+        return PoolResult(values=values, errors=errors, first_error=first)
+
+    def close(self) -> None:
+        """Stop the workers (a task still running is terminated) and wait for them to exit."""
+        self._pool.stop()
+        self._pool.join()
+
+    def __enter__(self) -> "RewardPool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _describe(e: BaseException, deadline_s: float) -> str:
+    if isinstance(e, FutureTimeout):
+        return f"timed out after {deadline_s}s"
+    if isinstance(e, ProcessExpired):
+        return f"worker died (exit code {e.exitcode})"
+    return f"{type(e).__name__}: {e}"
