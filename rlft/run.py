@@ -15,6 +15,7 @@ Run directory layout::
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import random
@@ -36,6 +37,8 @@ from rlft.data.templates import encode_prompts
 from rlft.eval import evaluate
 from rlft.models.loading import load_model, load_tokenizer, quiet_transformers, resolve_device
 from rlft.models.tiny import build_tiny_model
+from rlft.rewards import REWARDS
+from rlft.rewards.pool import RewardPool
 from rlft.tracking import MetricsLog, truncate_jsonl
 from rlft.trainers.optim import make_optimizer, make_scheduler
 from rlft.trainers.rl import PromptSampler, RLState, rl_step
@@ -125,22 +128,31 @@ def train(cfg: Config, *, echo=print) -> RunResult:
     echo(f"rlft: {len(train_ex)} training prompts, {len(eval_ex)} held-out")
 
     results = json.loads((run_dir / "eval.json").read_text()) if ckpt and (run_dir / "eval.json").exists() else {}
-    if ckpt is None:
-        if cfg.sft.steps:
-            _run_sft(policy, tokenizer, train_ex, cfg, run_dir)
-        if cfg.eval.before_rl:
-            results["before_rl"] = _eval(policy, tokenizer, eval_prompts, eval_ex, cfg, echo, "before RL")
-            _write_json(run_dir / "eval.json", results)
+    with _reward_pool(cfg):
+        if ckpt is None:
+            if cfg.sft.steps:
+                _run_sft(policy, tokenizer, train_ex, cfg, run_dir)
+            if cfg.eval.before_rl:
+                results["before_rl"] = _eval(policy, tokenizer, eval_prompts, eval_ex, cfg, echo, "before RL")
+                _write_json(run_dir / "eval.json", results)
 
-    _run_rl(policy, tokenizer, train_ex, train_prompts, cfg, run_dir, ckpt, echo)
+        _run_rl(policy, tokenizer, train_ex, train_prompts, cfg, run_dir, ckpt, echo)
 
-    results["after_rl"] = _eval(policy, tokenizer, eval_prompts, eval_ex, cfg, echo, "after RL")
-    _write_json(run_dir / "eval.json", results)
+        results["after_rl"] = _eval(policy, tokenizer, eval_prompts, eval_ex, cfg, echo, "after RL")
+        _write_json(run_dir / "eval.json", results)
     policy.save_pretrained(run_dir / "policy")
     tokenizer.save_pretrained(run_dir / "policy")
     seconds = time.perf_counter() - t0
     echo(summary(results, seconds, run_dir))
     return RunResult(run_dir=run_dir, eval=results, seconds=seconds)
+
+
+def _reward_pool(cfg: Config):
+    """Worker processes for the run's slow rewards (training and evaluation), or nothing when none is slow."""
+    names = {*cfg.reward.fns, cfg.eval.correct_fn, cfg.eval.format_fn}
+    if not any(getattr(REWARDS.get(name), "runs_in_pool", False) for name in names):
+        return contextlib.nullcontext()
+    return RewardPool(workers=cfg.reward.workers, deadline_s=cfg.reward.timeout_s).activated()
 
 
 def _enable_checkpointing(model) -> None:

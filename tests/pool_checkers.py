@@ -27,3 +27,11 @@ def misbehave(completion: str, sample) -> float | None:
     if completion == "pid":
         return float(os.getpid())
     return 1.0
+
+
+def digit_share_in_worker(completion: str, sample) -> float:
+    """The digit-share test reward, scored in a worker process: its pid is not the trainer's."""
+    return sum(c.isdigit() for c in completion) / max(len(completion), 1)
+
+
+digit_share_in_worker.runs_in_pool = True  # what rlft.rewards.pool.runs_in_pool sets

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -83,3 +84,65 @@ def _alive(pid: int) -> bool:
             return f.read().split(")")[-1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+# ----------------------------------------------------------------------------- score_batch and the run
+
+
+def test_score_batch_sends_slow_rewards_to_the_active_pool(monkeypatch):
+    from rlft.registry import Registry
+    from rlft.rewards import score_batch
+    from rlft.rewards.pool import active_pool, runs_in_pool
+
+    reg = Registry("reward function")
+    reg.register("slow")(runs_in_pool(_pid_of_slow))
+    reg.register("cheap")(_pid_of_cheap)
+    texts, samples = ["a", "b", "c"], [{}, {}, {}]
+    plain = score_batch(texts, samples, ["slow", "cheap"], [1.0, 0.0], registry=reg)
+    assert plain.per_fn["slow"] == [float(os.getpid())] * 3  # no active pool: in-process
+    with RewardPool(workers=1, deadline_s=DEADLINE).activated() as p:
+        assert active_pool() is p
+        got = score_batch(texts, samples, ["slow", "cheap"], [1.0, 0.0], registry=reg)
+        with pytest.raises(RuntimeError, match="already active"):
+            with RewardPool(workers=1).activated():
+                pass
+    assert active_pool() is None
+    assert len(set(got.per_fn["slow"])) == 1 and got.per_fn["slow"][0] != os.getpid()  # in the worker
+    assert got.per_fn["cheap"] == [float(os.getpid())] * 3  # cheap rewards stay in-process
+    assert got.errors == {"slow": 0, "cheap": 0}
+
+
+def _pid_of_slow(completion, sample):
+    return misbehave("pid", sample)
+
+
+def _pid_of_cheap(completion, sample):
+    return misbehave("pid", sample)
+
+
+def test_a_run_scores_slow_rewards_in_the_pool(tmp_path, tiny_overrides, monkeypatch):
+    from pool_checkers import digit_share_in_worker
+    from rlft.config import load_config
+    from rlft.rewards import REWARDS
+    from rlft.rewards import pool as pool_module
+    from rlft.run import train
+
+    monkeypatch.setitem(REWARDS._items, "test_digit_share_in_worker", digit_share_in_worker)
+    started = []
+    monkeypatch.setattr(pool_module.RewardPool, "activated",
+                        _recording(pool_module.RewardPool.activated, started))
+    cfg = load_config(None, tiny_overrides(tmp_path, "log.name=p", "reward.fns=[final_answer,test_digit_share_in_worker]",
+                                           "reward.weights=[1.0,1.0]", "reward.workers=1"))
+    run_dir = train(cfg, echo=lambda *a, **k: None).run_dir
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert len(started) == 1 and pool_module.active_pool() is None  # one pool for the run, closed at its end
+    for rec in records:
+        assert rec["reward/test_digit_share_in_worker/errors"] == 0.0
+        assert 0.0 <= rec["reward/test_digit_share_in_worker/mean"] <= 1.0
+
+
+def _recording(activated, started):
+    def wrapper(self):
+        started.append(self)
+        return activated(self)
+    return wrapper

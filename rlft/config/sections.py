@@ -305,6 +305,8 @@ class RewardConfig:
     """One weight per function."""
     timeout_s: float = 5.0
     """A reward call slower than this costs its sample (scored as unscorable, counted)."""
+    workers: int = 2
+    """Worker processes for slow rewards (marked runs_in_pool); the pool is started only when one is used."""
 
     def __post_init__(self) -> None:
         from rlft.rewards import REWARDS
@@ -315,6 +317,7 @@ class RewardConfig:
         _check(len(self.weights) == len(self.fns), "reward.weights",
                f"needs one weight per function ({len(self.fns)}), got {len(self.weights)}")
         _check(self.timeout_s > 0, "reward.timeout_s", "must be > 0")
+        _check(self.workers >= 1, "reward.workers", "must be >= 1")
 
 
 @dataclass(frozen=True)

@@ -19,21 +19,41 @@ caller only waits on futures, so this works from any thread. Functions must be
 picklable (module-level functions, or instances of module-level classes).
 Workers start from a ``forkserver`` where the platform has one, so they do not
 inherit the trainer's threads or CUDA state.
+
+A reward declares itself slow with :func:`runs_in_pool`. While a pool is
+activated (``with pool.activated():``, as ``rlft train`` does for the whole run
+when a configured reward is slow), ``score_batch`` sends slow rewards to it and
+keeps cheap ones in-process. Without an active pool a slow reward runs in-process
+under the ``SIGALRM`` deadline of ``scoring.py``.
 """
 
 from __future__ import annotations
 
 import logging
 import multiprocessing
-from collections.abc import Callable, Mapping, Sequence
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 
 from pebble import ProcessExpired, ProcessPool
 
-from rlft.rewards.scoring import checked_value
-
 logger = logging.getLogger("rlft.rewards")
+
+_active: "RewardPool | None" = None  # the pool of the running job, visible from every thread
+_active_lock = threading.Lock()
+
+
+def runs_in_pool(fn: Callable) -> Callable:
+    """Mark a reward function as slow: while a pool is active, ``score_batch`` runs it there."""
+    fn.runs_in_pool = True
+    return fn
+
+
+def active_pool() -> "RewardPool | None":
+    """The pool activated by the running job, if any."""
+    return _active
 
 
 @dataclass
@@ -62,6 +82,8 @@ class RewardPool:
     def score(self, fn: Callable[[str, Mapping], float | None], completions: Sequence[str],
               samples: Sequence[Mapping], name: str = "") -> PoolResult:
         """``fn`` on every (completion, sample) pair, in order; a lost sample is ``None`` and counted."""
+        from rlft.rewards.scoring import checked_value
+
         if len(completions) != len(samples):
             raise ValueError(f"got {len(completions)} completions but {len(samples)} samples")
         futures = [self._pool.schedule(fn, args=(c, s), timeout=self.deadline_s) for c, s in zip(completions, samples)]
@@ -78,6 +100,21 @@ class RewardPool:
             logger.warning("reward %r lost %d/%d samples in the worker pool (scored None); first: %s",
                            name or getattr(fn, "__name__", fn), errors, len(values), first)
         return PoolResult(values=values, errors=errors, first_error=first)
+
+    @contextmanager
+    def activated(self) -> Iterator["RewardPool"]:
+        """Make this the active pool for the block, then close it."""
+        global _active
+        with _active_lock:
+            if _active is not None:
+                raise RuntimeError("another reward pool is already active")
+            _active = self
+        try:
+            yield self
+        finally:
+            with _active_lock:
+                _active = None
+            self.close()
 
     def close(self) -> None:
         """Stop the workers (a task still running is terminated) and wait for them to exit."""

@@ -9,7 +9,8 @@ the ``rlft.rewards`` logger.
 Timeouts use ``signal.setitimer(ITIMER_REAL)`` and a ``SIGALRM`` handler, so
 they only apply in the main thread of the main interpreter on platforms that
 have ``SIGALRM`` (not Windows). Elsewhere functions run without a time limit;
-a reward that may hang must then run in a subprocess with its own deadline.
+a reward that may hang declares itself slow (``pool.runs_in_pool``) and runs in
+the active ``RewardPool``, worker processes with a deadline per sample.
 The previous ``SIGALRM`` handler and any pending timer are restored after
 each call. Code that swallows ``BaseException`` (a bare ``except:``) can
 swallow the timeout too; the value is still discarded as a timeout.
@@ -57,14 +58,22 @@ def score_batch(
     """Apply each named reward fn to each (completion, sample) pair and combine with ``weights``.
 
     ``registry`` defaults to ``rlft.rewards.REWARDS``. A component with weight 0
-    is reported in ``per_fn`` but cannot make ``total`` None.
+    is reported in ``per_fn`` but cannot make ``total`` None. A function marked
+    ``runs_in_pool`` is scored in the active ``RewardPool`` when there is one.
     """
+    from rlft.rewards.pool import active_pool
+
     registry = REWARDS if registry is None else registry
     _check_args(completions, samples, fns, weights, timeout_s)
     table = {name: registry.get(name) for name in fns}  # unknown names fail before any scoring
+    pool = active_pool()
     per_fn, errors = {}, {}
     for name, fn in table.items():
-        per_fn[name], errors[name] = _score_one_fn(name, fn, completions, samples, timeout_s)
+        if pool is not None and getattr(fn, "runs_in_pool", False):  # slow checkers: worker processes
+            result = pool.score(fn, completions, samples, name=name)
+            per_fn[name], errors[name] = result.values, result.errors
+        else:
+            per_fn[name], errors[name] = _score_one_fn(name, fn, completions, samples, timeout_s)
     total = [_combine([per_fn[n][i] for n in fns], weights) for i in range(len(completions))]
     return ScoreResult(total=total, per_fn=per_fn, errors=errors)
 
