@@ -131,8 +131,8 @@ def test_a_run_scores_slow_rewards_in_the_pool(tmp_path, tiny_overrides, monkeyp
     started = []
     monkeypatch.setattr(pool_module.RewardPool, "activated",
                         _recording(pool_module.RewardPool.activated, started))
-    cfg = load_config(None, tiny_overrides(tmp_path, "log.name=p", "reward.fns=[final_answer,test_digit_share_in_worker]",
-                                           "reward.weights=[1.0,1.0]", "reward.workers=1"))
+    cfg = load_config(None, tiny_overrides(tmp_path, "log.name=p", "reward.weights=[1.0,1.0]", "reward.workers=1",
+                                           "reward.fns=[final_answer,test_digit_share_in_worker]"))
     run_dir = train(cfg, echo=lambda *a, **k: None).run_dir
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert len(started) == 1 and pool_module.active_pool() is None  # one pool for the run, closed at its end

@@ -21,16 +21,20 @@ from rlft.rewards.math import (  # noqa: E402  (registers the math rewards)
     numbers_equal,
 )
 from rlft.rewards.scoring import RewardTimeout, ScoreResult, score_batch  # noqa: E402
+from rlft.rewards.symbolic import extract_math_answer, math_equal, math_reward  # noqa: E402  (registers math)
 
 __all__ = [
     "REWARDS",
     "RewardTimeout",
     "ScoreResult",
     "extract_flexible",
+    "extract_math_answer",
     "extract_strict",
     "format_reward",
     "gsm8k_flexible",
     "gsm8k_strict",
+    "math_equal",
+    "math_reward",
     "numbers_equal",
     "score_batch",
 ]

@@ -1,0 +1,128 @@
+"""The ``math`` reward: the final answer of a completion, judged by symbolic equivalence (math-verify).
+
+The answer is taken from the last ``\\boxed{...}`` (nested braces allowed), else
+from the last ``<answer>...</answer>``, else from the text after the last
+"answer is". It is compared with ``sample["ground_truth"]`` by a normalised
+string match first, then by math-verify (SymPy underneath), which knows that
+``\\frac{1}{2}`` is ``0.5``, that ``x+1`` is ``1+x``, and how intervals, sets,
+tuples, percents and ``\\text{}`` units compare.
+
+math-verify's own timeouts use ``SIGALRM`` and are switched off here; the
+deadline comes from the caller. The reward is marked ``runs_in_pool``: in a run
+it is scored in worker processes with a deadline per sample (``pool.py``), so a
+checker that cannot decide in time costs its sample (``None``) from any thread.
+Extraction is linear in the completion's length, so a megabyte of garbage is
+answered in bounded time.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Mapping
+
+from rlft.rewards import REWARDS
+from rlft.rewards.pool import runs_in_pool
+
+MAX_ANSWER_CHARS = 1000  # a final answer longer than this is not a short-form answer: judged unequal
+
+_SPACES = re.compile(r"\s+")
+_DROP = re.compile(r"\\left|\\right|\\!|\\,|\\;|\\ |\$|\\displaystyle")
+_TEXT = re.compile(r"\\(?:text|textbf|mathrm)\{([^{}]*)\}")
+_FRAC = re.compile(r"\\[dt]frac")
+
+
+def extract_boxed(text: str) -> str | None:
+    r"""Contents of the last ``\boxed{...}`` (or ``\fbox{...}``), braces balanced; None if there is none.
+
+    >>> extract_boxed(r"so \boxed{1} or rather \boxed{\frac{1}{2}}.")
+    '\\frac{1}{2}'
+    >>> extract_boxed(r"\boxed{unbalanced") is None
+    True
+    """
+    start = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
+    if start < 0:
+        return None
+    i = text.find("{", start)
+    if i < 0 or text[start:i].strip() not in ("\\boxed", "\\fbox"):
+        return None
+    depth = 0
+    for j in range(i, len(text)):
+        if text[j] == "{":
+            depth += 1
+        elif text[j] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[i + 1:j]
+    return None
+
+
+def extract_math_answer(text: str) -> str | None:
+    """The final answer of a completion: last boxed, else last ``<answer>`` tag, else after the last "answer is".
+
+    >>> extract_math_answer("<answer> 7 </answer>"), extract_math_answer("The answer is $3\\\\sqrt{2}$.")
+    ('7', '$3\\\\sqrt{2}$')
+    """
+    boxed = extract_boxed(text)
+    if boxed is not None:
+        return boxed.strip()
+    close = text.rfind("</answer>")
+    if close >= 0:
+        open_ = text.rfind("<answer>", 0, close)
+        if open_ >= 0:
+            return text[open_ + len("<answer>"):close].strip()
+    k = text.lower().rfind("answer is")
+    if k >= 0:
+        tail = text[k + len("answer is"):].strip().splitlines()
+        if tail:
+            return tail[0].strip().rstrip(".").strip().lstrip(":").strip() or None
+    return None
+
+
+def normalise(answer: str) -> str:
+    r"""A canonical spelling for the string match: no spaces, ``\left``/``\right``, ``$``, ``\text{}``, trailing dot.
+
+    >>> normalise(r" \left( 1, \dfrac{1}{2} \right). ")
+    '(1,\\frac{1}{2})'
+    """
+    s = _FRAC.sub(r"\\frac", _TEXT.sub(r"\1", _SPACES.sub("", _DROP.sub("", answer))))
+    return s.rstrip(".")
+
+
+def math_equal(answer: str, truth: str) -> bool:
+    """True if ``answer`` and ``truth`` are the same mathematical object (string match, then math-verify)."""
+    if len(answer) > MAX_ANSWER_CHARS:
+        return False
+    return normalise(answer) == normalise(truth) or symbolic_equal(answer, truth)
+
+
+def symbolic_equal(answer: str, truth: str) -> bool:
+    """math-verify's verdict on two LaTeX answers (each parsed as if boxed)."""
+    from math_verify import parse, verify  # imported here: heavy (SymPy), and only where this reward runs
+
+    # its warning that its own (SIGALRM) timeouts are off, on every call: the caller's deadline applies instead
+    logging.getLogger("math_verify").setLevel(logging.ERROR)
+    gold = parse(f"\\boxed{{{truth}}}", parsing_timeout=None)
+    pred = parse(f"\\boxed{{{answer}}}", parsing_timeout=None)
+    if not gold or not pred:
+        return False
+    return bool(verify(gold, pred, timeout_seconds=None))
+
+
+@REWARDS.register("math")
+@runs_in_pool
+def math_reward(completion: str, sample: Mapping) -> float | None:
+    r"""1.0 if the completion's final answer equals ``sample["ground_truth"]`` mathematically, else 0.0.
+
+    >>> math_reward(r"... so the result is \boxed{\frac{1}{2}}", {"ground_truth": "0.5"})
+    1.0
+    >>> math_reward("no final answer here", {"ground_truth": "2"})
+    0.0
+    """
+    truth = sample.get("ground_truth")
+    if truth is None or not str(truth).strip():
+        return None  # nothing to compare with: unscorable, not wrong
+    answer = extract_math_answer(completion)
+    if answer is None:
+        return 0.0
+    return 1.0 if math_equal(answer, str(truth)) else 0.0
