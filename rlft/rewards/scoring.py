@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 from rlft.registry import Registry
 from rlft.rewards import REWARDS
+from rlft.rewards.pool import active_pool
 
 logger = logging.getLogger("rlft.rewards")
 
@@ -61,8 +62,6 @@ def score_batch(
     is reported in ``per_fn`` but cannot make ``total`` None. A function marked
     ``runs_in_pool`` is scored in the active ``RewardPool`` when there is one.
     """
-    from rlft.rewards.pool import active_pool
-
     registry = REWARDS if registry is None else registry
     _check_args(completions, samples, fns, weights, timeout_s)
     table = {name: registry.get(name) for name in fns}  # unknown names fail before any scoring
