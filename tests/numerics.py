@@ -59,10 +59,7 @@ def assert_rounding_close(actual, expected, *, n_terms: int, scale: float, depth
                           dtype: torch.dtype = torch.float32, what: str = "") -> None:
     """``actual`` and ``expected`` (tensors or floats) agree up to ``rounding_tol``, elementwise and absolutely."""
     tol = rounding_tol(n_terms, scale, depth=depth, dtype=dtype)
-    a = torch.as_tensor(actual, dtype=torch.float64)
-    e = torch.as_tensor(expected, dtype=torch.float64)
-    assert a.shape == e.shape, f"{what}: shapes {tuple(a.shape)} and {tuple(e.shape)} differ"
-    diff = (a - e).abs().max().item() if a.numel() else 0.0
+    diff = _max_abs_diff(actual, expected, what)
     assert diff <= tol, (f"{what}: differs by {diff:.3g}, more than the rounding bound {tol:.3g} "
                          f"(n_terms={n_terms}, scale={float(scale):.3g}, depth={depth})")
 
@@ -70,15 +67,21 @@ def assert_rounding_close(actual, expected, *, n_terms: int, scale: float, depth
 def rounding_differs(actual, expected, *, n_terms: int, scale: float, depth: int = 1,
                      dtype: torch.dtype = torch.float32) -> bool:
     """True when ``actual`` and ``expected`` differ by more than ``rounding_tol``: the check a planted bug must fail."""
-    tol = rounding_tol(n_terms, scale, depth=depth, dtype=dtype)
-    diff = (torch.as_tensor(actual, dtype=torch.float64) - torch.as_tensor(expected, dtype=torch.float64)).abs().max()
-    return diff.item() > tol
+    return _max_abs_diff(actual, expected) > rounding_tol(n_terms, scale, depth=depth, dtype=dtype)
+
+
+def _max_abs_diff(actual, expected, what: str = "") -> float:
+    a = torch.as_tensor(actual, dtype=torch.float64)
+    e = torch.as_tensor(expected, dtype=torch.float64)
+    assert a.shape == e.shape, f"{what}: shapes {tuple(a.shape)} and {tuple(e.shape)} differ"
+    return (a - e).abs().max().item() if a.numel() else 0.0
 
 
 # Depth of the computation behind a parameter gradient of the tiny test model (conftest.TINY_MODEL, one decoder
 # layer), counted in reductions: forward (RMSNorm, q/k/v, q.k, softmax, attention-weighted sum, o_proj, RMSNorm,
 # gate/up, down, final norm, lm_head, log-softmax, the loss sum) and the same again backward.
 MODEL_DEPTH = 30
+FORWARD_DEPTH = MODEL_DEPTH // 2  # a value from the forward pass only (log-probs, values, metrics)
 
 
 def model_reduction_len(model, batch) -> int:

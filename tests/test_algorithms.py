@@ -15,7 +15,7 @@ from rlft.presets import PRESETS
 from rlft.rollout.batch import Batch, cat_batches
 from rlft.run import train
 from rlft.trainers import rl
-from numerics import MODEL_DEPTH, assert_rounding_close
+from numerics import FORWARD_DEPTH, assert_rounding_close
 from test_pipeline import check_metrics, quiet, read_jsonl
 
 CRITIC_KEYS = ["critic/vf_loss", "critic/vf_explained_var", "critic/values/mean", "critic/returns/mean",
@@ -238,9 +238,9 @@ def test_critic_values_match_single_sequence_forwards(tiny_model_dir):
             want = critic.head(states).squeeze(-1)
             # the value is a forward pass ending in the head's dot product: scale = sum_i |w_i h_i|
             scale = (states.abs() @ critic.head.weight.abs().T).max() + critic.head.bias.abs().max()
-            assert_rounding_close(batched[i, :len(r)], want, n_terms=max(critic.head.in_features, len(p) + len(r)),
-                                  scale=scale,
-                                  depth=MODEL_DEPTH // 2, what=f"values of row {i}")
+            n = max(critic.head.in_features, len(p) + len(r))
+            assert_rounding_close(batched[i, :len(r)], want, n_terms=n, scale=scale, depth=FORWARD_DEPTH,
+                                  what=f"values of row {i}")
 
 
 def test_new_critic_starts_at_zero_and_shares_no_weights(tiny_model_dir, tmp_path, tiny_size_overrides):

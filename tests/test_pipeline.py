@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from rlft.config import ConfigError, load_config, with_name
 from rlft.run import train
 from conftest import RECIPES
-from numerics import assert_rounding_close
+from numerics import MODEL_DEPTH, assert_rounding_close
 
 pytestmark = pytest.mark.slow
 
@@ -245,7 +245,7 @@ def test_resume_continues_from_the_latest_checkpoint(tmp_path, tiny_overrides, d
     for key in a:
         if not key.startswith(NON_DETERMINISTIC):
             assert_rounding_close(b[key], a[key], n_terms=n, scale=first.rollout.max_new_tokens * max(1, abs(a[key])),
-                                  depth=30, what=f"step 3 {key}")
+                                  depth=MODEL_DEPTH, what=f"step 3 {key}")
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_000002", "step_000004"]
     ev = json.loads((run_dir / "eval.json").read_text())
     assert ev["before_rl"] == eval_before  # kept from the first run; no SFT or pre-RL eval on resume

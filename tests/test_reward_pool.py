@@ -57,7 +57,8 @@ def test_no_worker_outlives_the_pool():
     p = RewardPool(workers=2, deadline_s=DEADLINE)
     pids = {int(v) for v in p.score(misbehave, ["pid"] * 8, [{}] * 8).values}
     assert pids and os.getpid() not in pids  # scored in other processes
-    p.score(misbehave, ["hang"], [{}])  # a worker is replaced mid-run
+    p.score(misbehave, ["hang"], [{}])  # the worker that hangs is stopped and replaced
+    pids |= {int(v) for v in p.score(misbehave, ["pid"] * 8, [{}] * 8).values}  # the replacement too
     p.close()
     deadline = time.monotonic() + 10
     while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:

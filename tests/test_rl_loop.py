@@ -23,7 +23,7 @@ from rlft.trainers import rl
 from rlft.trainers import update as upd
 from rlft.trainers.rl import PromptSampler, RLState, fill_logprobs, rl_step
 from rlft.trainers.update import update as update_policy
-from numerics import (MODEL_DEPTH, AbsGradSum, assert_rounding_close, model_reduction_len, rounding_differs,
+from numerics import (FORWARD_DEPTH, MODEL_DEPTH, AbsGradSum, assert_rounding_close, model_reduction_len, rounding_differs,
                       rounding_tol)
 
 T = 8  # generation budget of the hand-made batches
@@ -261,18 +261,18 @@ def test_response_logprobs_match_unpadded_forward(model, tok, temperature):
                                       batch.response_mask, temperature=temperature, with_entropy=True)
     assert logp.shape == ent.shape == batch.response_ids.shape
     n_red = model_reduction_len(model, batch)
-    for i, (ref_logp, ref_ent, z_max) in enumerate(naive_logprobs(model, batch, temperature)):
+    rows = naive_logprobs(model, batch, temperature)
+    for i, (ref_logp, ref_ent, z_max) in enumerate(rows):
         n = len(ref_logp)
         # log p = z_y - logsumexp(z): the rounding of the logits z (a forward pass) at the scale of the largest |z|
-        tol = dict(n_terms=n_red, scale=1 + z_max, depth=MODEL_DEPTH // 2)
+        tol = dict(n_terms=n_red, scale=1 + z_max, depth=FORWARD_DEPTH)
         assert_rounding_close(logp[i, :n], ref_logp, **tol, what=f"log-probs of row {i}")
         assert_rounding_close(ent[i, :n], ref_ent, **tol, what=f"entropies of row {i}")
     # the bound still catches the bug this test guards against: logits off by one position
     with torch.no_grad():
         z = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, -T:] / temperature
     shifted = torch.log_softmax(z, -1).gather(-1, batch.response_ids[..., None])[..., 0]  # (B, T)
-    rows = naive_logprobs(model, batch, temperature)
-    assert all(rounding_differs(shifted[i, :len(r)], r, n_terms=n_red, scale=1 + z_max, depth=MODEL_DEPTH // 2)
+    assert all(rounding_differs(shifted[i, :len(r)], r, n_terms=n_red, scale=1 + z_max, depth=FORWARD_DEPTH)
                for i, (r, _, z_max) in enumerate(rows) if len(r))
 
 
@@ -288,7 +288,7 @@ def test_response_logprobs_of_a_sampled_batch(model, tok, eos_boost):
     n_red = model_reduction_len(model, batch)
     for i, (ref_logp, _, z_max) in enumerate(naive_logprobs(model, batch)):
         assert_rounding_close(logp[i, :len(ref_logp)], ref_logp, n_terms=n_red, scale=1 + z_max,
-                              depth=MODEL_DEPTH // 2, what=f"log-probs of row {i}")
+                              depth=FORWARD_DEPTH, what=f"log-probs of row {i}")
 
 
 # ----------------------------------------------------------------------------- (c) exact micro-batching
@@ -401,8 +401,8 @@ def test_micro_batching_is_exact(tiny_model_dir, tok, make_cfg, agg, mode, monke
         assert any(r.metrics_ref["actor/pg_clipfrac"] > 0 for r in records)  # the clip bites
         assert all(abs(r.metrics_ref["actor/kl_loss"]) > 0 for r in records)  # the KL term is on
     for step, r in enumerate(records):
-        for key in keys:  # metrics come from the forward pass only: half the depth of a gradient
-            assert_rounding_close(r.metrics_other[key], r.metrics_ref[key], n_terms=n, depth=MODEL_DEPTH // 2,
+        for key in keys:  # metrics come from the forward pass only
+            assert_rounding_close(r.metrics_other[key], r.metrics_ref[key], n_terms=n, depth=FORWARD_DEPTH,
                                   scale=r.metric_scale, what=f"step {step} {key}")
 
 
@@ -483,7 +483,7 @@ def test_update_raises_positive_and_lowers_negative_samples(model, tok, make_cfg
     after = _seq_logp(model, batch)
     delta = after - before
     # each change is far outside the rounding of the two forward passes that measure it
-    margin = rounding_tol(model_reduction_len(model, batch), before.abs().max(), depth=MODEL_DEPTH // 2)
+    margin = rounding_tol(model_reduction_len(model, batch), before.abs().max(), depth=FORWARD_DEPTH)
     assert delta[0] > margin, (delta, margin)
     assert (delta[1:] < -margin).all(), (delta, margin)
 
@@ -514,7 +514,7 @@ def test_several_passes_use_old_logprobs(model, tok, make_cfg, monkeypatch):
     assert not batch.old_logp.requires_grad
     current = _seq_logp(model, batch)
     old_seq = (batch.old_logp * batch.response_mask).sum(1)
-    assert_rounding_close(old_seq, current, n_terms=model_reduction_len(model, batch), depth=MODEL_DEPTH // 2,
+    assert_rounding_close(old_seq, current, n_terms=model_reduction_len(model, batch), depth=FORWARD_DEPTH,
                           scale=(batch.old_logp.abs() * batch.response_mask).sum(1).max(), what="old log-probs")
 
     per_step = []
@@ -531,7 +531,7 @@ def test_several_passes_use_old_logprobs(model, tok, make_cfg, monkeypatch):
     # ratio is 1 before any update: old and new log-probs are two forward passes of the same weights
     mask = batch.response_mask
     assert_rounding_close(first["actor/ppo_kl"], 0.0, n_terms=model_reduction_len(model, batch),
-                          scale=((batch.old_logp.abs() * mask).sum() / mask.sum()).item(), depth=MODEL_DEPTH // 2,
+                          scale=((batch.old_logp.abs() * mask).sum() / mask.sum()).item(), depth=FORWARD_DEPTH,
                           what="ppo_kl of the first pass")
     assert first["actor/pg_clipfrac"] == 0.0
     assert abs(second["actor/ppo_kl"]) > 1e-6 or second["actor/pg_clipfrac"] > 0  # the policy moved
@@ -636,8 +636,8 @@ def test_tokens_after_eos_change_nothing(tiny_model_dir, tok, make_cfg, agg, mod
                 assert_rounding_close(m_junk[key], m_clean[key], n_terms=n, depth=MODEL_DEPTH,
                                       scale=r.grad_scale.norm_scale(), what=f"step {step} {key}")
             elif not key.startswith("timing") and key != "actor/lr":  # (the twin of `lockstep` has lr 0)
-                # the other metrics come from the forward pass: half the depth of a gradient
-                assert_rounding_close(m_junk[key], m_clean[key], n_terms=n, depth=MODEL_DEPTH // 2,
+                # the other metrics come from the forward pass only
+                assert_rounding_close(m_junk[key], m_clean[key], n_terms=n, depth=FORWARD_DEPTH,
                                       scale=r.metric_scale, what=f"step {step} {key}")
 
 

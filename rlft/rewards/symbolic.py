@@ -75,7 +75,7 @@ def extract_math_answer(text: str) -> str | None:
     if k >= 0:
         tail = text[k + len("answer is"):].strip().splitlines()
         if tail:
-            return tail[0].strip().rstrip(".").strip().lstrip(":").strip() or None
+            return tail[0].lstrip(" :").rstrip(" .") or None
     return None
 
 
@@ -100,7 +100,7 @@ def symbolic_equal(answer: str, truth: str) -> bool:
     """math-verify's verdict on two LaTeX answers (each parsed as if boxed)."""
     from math_verify import parse, verify  # imported here: heavy (SymPy), and only where this reward runs
 
-    # its warning that its own (SIGALRM) timeouts are off, on every call: the caller's deadline applies instead
+    # silence its warning that its own (SIGALRM) timeouts are off: the caller's deadline applies instead
     logging.getLogger("math_verify").setLevel(logging.ERROR)
     gold = parse(f"\\boxed{{{truth}}}", parsing_timeout=None)
     pred = parse(f"\\boxed{{{answer}}}", parsing_timeout=None)
