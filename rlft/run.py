@@ -149,8 +149,8 @@ def train(cfg: Config, *, echo=print) -> RunResult:
 
 def _reward_pool(cfg: Config):
     """Worker processes for the run's slow rewards (training and evaluation), or nothing when none is slow."""
-    names = {*cfg.reward.fns, cfg.eval.correct_fn, cfg.eval.format_fn}
-    if not any(getattr(REWARDS.get(name), "runs_in_pool", False) for name in names):
+    fns = [fn for _, fn in cfg.reward.built()] + [REWARDS.get(cfg.eval.correct_fn), REWARDS.get(cfg.eval.format_fn)]
+    if not any(getattr(fn, "runs_in_pool", False) for fn in fns):
         return contextlib.nullcontext()
     return RewardPool(workers=cfg.reward.workers, deadline_s=cfg.reward.timeout_s).activated()
 

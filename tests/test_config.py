@@ -225,7 +225,7 @@ def test_shipped_gsm8k_recipe_parses(recipes_dir):
     cfg = load_config(recipes_dir / "grpo_gsm8k.yaml")
     assert cfg.algo.name == "grpo"
     assert cfg.algo.advantage == "group_norm"
-    assert cfg.reward.fns == ("gsm8k_strict", "format")
+    assert cfg.reward.keys == ("gsm8k_strict", "format")
     assert len(cfg.reward.weights) == len(cfg.reward.fns)
     assert cfg.eval.correct_fn == "gsm8k_strict"
     assert cfg.model.dtype == "bfloat16"

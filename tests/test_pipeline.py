@@ -39,7 +39,7 @@ def quiet(*args, **kwargs) -> None:
 
 def check_metrics(records: list[dict], cfg) -> None:
     for rec in records:
-        keys = RL_KEYS + [f"reward/{fn}/mean" for fn in cfg.reward.fns]
+        keys = RL_KEYS + [f"reward/{fn}/mean" for fn in cfg.reward.keys]
         for key in keys:
             assert key in rec, key
             assert isinstance(rec[key], (int, float)) and math.isfinite(rec[key]), (key, rec[key])
@@ -334,7 +334,7 @@ def test_gsm8k_recipe_end_to_end(tmp_path, gsm8k_raw_small, tiny_model_dir, tiny
         "log.name=gsm8k",
         *critic,
     ))
-    assert cfg.reward.fns == ("gsm8k_strict", "format")  # the recipe's choices survive the size overrides
+    assert cfg.reward.keys == ("gsm8k_strict", "format")  # the recipe's choices survive the size overrides
     result = train(cfg, echo=quiet)
     ev = json.loads((result.run_dir / "eval.json").read_text())
     check_eval(ev["after_rl"], cfg)

@@ -262,7 +262,7 @@ def test_gsm8k_recipe(name):
     path = RECIPES / f"{name}_gsm8k.yaml"
     cfg = load_config(path)
     assert cfg.algo.name == name and cfg.model.path == ""
-    assert cfg.reward.fns == ("gsm8k_strict", "format") and cfg.eval.correct_fn == "gsm8k_strict"
+    assert cfg.reward.keys == ("gsm8k_strict", "format") and cfg.eval.correct_fn == "gsm8k_strict"
     head = _head(path)
     assert "Departures from the paper" in " ".join(head[:3])
     assert (cfg.critic.pretrain_steps > 0) == (name == "vapo")

@@ -15,11 +15,13 @@ from typing import Any, Literal, Mapping
 
 import yaml
 
-from rlft.config.sections import AlgoConfig, Config, ConfigError, _check
+from rlft.config.sections import AlgoConfig, Config, ConfigError, RewardTerm, _check
 
 
 def _coerce(value: Any, tp: Any, key: str) -> Any:
     """Check ``value`` against the annotation ``tp``; convert only lossless cases (int -> float, list -> tuple)."""
+    if tp is RewardTerm:
+        return _reward_term(value, key)
     origin = typing.get_origin(tp)
     if origin is Literal:
         allowed = typing.get_args(tp)
@@ -50,6 +52,35 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         _check(isinstance(value, str), key, f"must be a string, got {value!r}")
         return value
     raise TypeError(f"{key}: unsupported annotation {tp!r}")  # a bug in this file, not user input
+
+
+def _reward_term(value: Any, key: str) -> RewardTerm:
+    """``math`` or ``{name: partial_credit, weight: 1, tolerance: 1}`` -> a RewardTerm with type-checked parameters."""
+    from rlft.rewards import REWARDS
+
+    if isinstance(value, RewardTerm):
+        return value
+    if isinstance(value, str):
+        value = {"name": value}
+    _check(isinstance(value, Mapping), key, f"must be a reward name or a mapping with 'name', got {value!r}")
+    _check(isinstance(value.get("name"), str), f"{key}.name", f"missing; every entry needs the reward's name")
+    name = value["name"]
+    _check(name in REWARDS, f"{key}.name", f"unknown reward {name!r}; allowed: {', '.join(REWARDS.names())}")
+    allowed = REWARDS.parameters(name)
+    params = []
+    for k, v in value.items():
+        if k in ("name", "weight", "label"):
+            continue
+        _check(k in allowed, f"{key}.{k}", f"unknown parameter of reward {name!r}; allowed: "
+               f"{', '.join(['weight', 'label', *allowed])}")
+        params.append((k, _coerce(v, allowed[k][0], f"{key}.{k}")))
+    weight = value.get("weight")
+    label = value.get("label", "")
+    try:
+        return RewardTerm(name=name, weight=None if weight is None else _coerce(weight, float, f"{key}.weight"),
+                          label=_coerce(label, str, f"{key}.label"), params=tuple(params))
+    except ConfigError as e:
+        raise ConfigError(f"{key}.{e}") from None
 
 
 def _build(cls: type, data: Mapping[str, Any], prefix: str) -> Any:
@@ -117,6 +148,9 @@ def load_config(recipe: str | Path | None = None, overrides: list[str] | tuple[s
         if parts == ["algo"] and isinstance(value, str):  # `algo=dapo` selects a preset, keeping other algo keys
             parts = ["algo", "preset"]
         _set(tree, parts, value, text)
+    reward = tree.get("reward")
+    if isinstance(reward, dict) and "fns" in reward and "weights" not in reward:
+        reward["weights"] = []  # the default weights belong to the default fns: each new entry's own, else 1.0
     try:
         if "algo" in tree:
             tree["algo"] = _apply_preset(tree["algo"])

@@ -1,15 +1,14 @@
-"""Verifiable rewards: plain per-sample functions ``fn(completion, sample) -> float | None``.
+"""Rewards: per-sample ``fn(completion, sample) -> float | None``, group-level and batched functions.
 
 ``None`` means unscorable (excluded from the group baseline), never "wrong".
-Functions live in submodules and register themselves in ``REWARDS``; the
-trainer looks them up by name and scores with ``score_batch``.
+Functions live in submodules, one per family, and register themselves in
+``REWARDS`` (see ``rlft.rewards.base`` for the three shapes and for parameters);
+the trainer builds them from ``reward.fns`` and scores with ``score_batch``.
 """
 
-from rlft.registry import Registry
+from rlft.rewards.base import REWARDS, batched, group_level, is_batched, is_group_level  # noqa: F401
 
-REWARDS = Registry("reward function")
-
-from rlft.rewards.math import (  # noqa: E402  (registers the math rewards)
+from rlft.rewards.math import (  # noqa: E402  (registers the GSM8K-style rewards)
     extract_final,
     extract_flexible,
     final_answer,
@@ -22,15 +21,18 @@ from rlft.rewards.math import (  # noqa: E402  (registers the math rewards)
 )
 from rlft.rewards.scoring import RewardTimeout, ScoreResult, score_batch  # noqa: E402
 from rlft.rewards.symbolic import extract_math_answer, math_equal, math_reward  # noqa: E402  (registers math)
+from rlft.rewards import group, formats, shaping, code, model, custom  # noqa: E402,F401  (each registers its family)
 
 __all__ = [
     "REWARDS",
     "RewardTimeout",
     "ScoreResult",
+    "batched",
     "extract_flexible",
     "extract_math_answer",
     "extract_strict",
     "format_reward",
+    "group_level",
     "gsm8k_flexible",
     "gsm8k_strict",
     "math_equal",

@@ -17,7 +17,7 @@ import re
 from collections.abc import Mapping
 from decimal import Decimal, InvalidOperation
 
-from rlft.rewards import REWARDS
+from rlft.rewards.base import REWARDS
 
 _NUMBER = r"(?:(?<![\w.])-)?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?!\d|,\d)"
 _NUMBER_RE = re.compile(_NUMBER)

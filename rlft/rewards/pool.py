@@ -16,7 +16,10 @@ processes (a maintained pool, ``pebble``) for the whole run, and
 Every lost sample is scored ``None`` (unscorable, so it stays out of its group's
 baseline; never a silent 0), counted, and the first failure is logged. The
 caller only waits on futures, so this works from any thread. Functions must be
-picklable (module-level functions, or instances of module-level classes).
+picklable (module-level functions, or instances of module-level classes). A
+checker that enforces its own inner timeout (running code) exposes a longer
+``deadline_s`` attribute, so its own limit decides the verdict and the pool's
+deadline only catches a checker that is itself stuck.
 Workers start from a ``forkserver`` where the platform has one, so they do not
 inherit the trainer's threads or CUDA state.
 
@@ -86,7 +89,8 @@ class RewardPool:
 
         if len(completions) != len(samples):
             raise ValueError(f"got {len(completions)} completions but {len(samples)} samples")
-        futures = [self._pool.schedule(fn, args=(c, s), timeout=self.deadline_s) for c, s in zip(completions, samples)]
+        deadline = getattr(fn, "deadline_s", None) or self.deadline_s  # a checker with its own inner timeout
+        futures = [self._pool.schedule(fn, args=(c, s), timeout=deadline) for c, s in zip(completions, samples)]
         values: list[float | None] = []
         errors, first = 0, None
         for i, future in enumerate(futures):
@@ -95,7 +99,7 @@ class RewardPool:
             except Exception as e:  # the deadline, a dead worker, the checker's own error, a bad value
                 values.append(None)
                 errors += 1
-                first = first or f"sample {i}: {_describe(e, self.deadline_s)}"
+                first = first or f"sample {i}: {_describe(e, deadline)}"
         if errors:
             logger.warning("reward %r lost %d/%d samples in the worker pool (scored None); first: %s",
                            name or getattr(fn, "__name__", fn), errors, len(values), first)

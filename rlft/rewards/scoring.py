@@ -1,7 +1,8 @@
-"""Score a batch of completions with several reward functions, one sample at a time.
+"""Score a batch of completions with several reward functions.
 
 A reward function that raises, runs past ``timeout_s`` or returns something
-other than ``None`` or a finite real number costs only that sample: its value
+other than ``None`` or a finite real number costs only that sample (for a
+group-level or batched reward, the samples of that call): its value
 is ``None`` (unscorable, excluded downstream -- never a silent 0), the failure
 is counted in ``ScoreResult.errors`` and logged once per function per batch on
 the ``rlft.rewards`` logger.
@@ -28,13 +29,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from rlft.registry import Registry
-from rlft.rewards import REWARDS
+from rlft.rewards.base import REWARDS, is_batched, is_group_level
 from rlft.rewards.pool import active_pool
 
 logger = logging.getLogger("rlft.rewards")
-
-RewardFn = Callable[[str, Mapping], "float | None"]
-
 
 @dataclass
 class ScoreResult:
@@ -47,49 +45,70 @@ class RewardTimeout(BaseException):
     """Raised inside a reward fn by the alarm; a BaseException so ``except Exception`` does not swallow it."""
 
 
+Term = "str | tuple[str, Callable]"  # a registered name (default parameters), or (label, built reward)
+
+
 def score_batch(
     completions: Sequence[str],
     samples: Sequence[Mapping],
-    fns: Sequence[str],
+    fns: Sequence[Term],
     weights: Sequence[float],
     timeout_s: float = 5.0,
     *,
     registry: Registry | None = None,
+    group_size: int = 1,
 ) -> ScoreResult:
-    """Apply each named reward fn to each (completion, sample) pair and combine with ``weights``.
+    """Apply each reward to the (completion, sample) pairs and combine them with ``weights``.
 
-    ``registry`` defaults to ``rlft.rewards.REWARDS``. A component with weight 0
-    is reported in ``per_fn`` but cannot make ``total`` None. A function marked
-    ``runs_in_pool`` is scored in the active ``RewardPool`` when there is one.
+    ``fns`` holds registered names (looked up in ``registry``, by default
+    ``rlft.rewards.REWARDS``, with default parameters) or ``(label, fn)`` pairs
+    of built rewards; results are keyed by name or label. Group-level rewards
+    are called once per contiguous group of ``group_size`` samples, batched ones
+    once on the whole batch; a failure costs the samples of that call. A
+    component with weight 0 is reported in ``per_fn`` but cannot make ``total``
+    None. A per-sample reward marked ``runs_in_pool`` is scored in the active
+    ``RewardPool`` when there is one.
     """
     registry = REWARDS if registry is None else registry
-    _check_args(completions, samples, fns, weights, timeout_s)
-    table = {name: registry.get(name) for name in fns}  # unknown names fail before any scoring
+    table = dict(_resolve(fn, registry) for fn in fns)  # unknown names fail before any scoring
+    _check_args(completions, samples, fns, table, weights, timeout_s, group_size)
     pool = active_pool()
     per_fn, errors = {}, {}
     for name, fn in table.items():
-        if pool is not None and getattr(fn, "runs_in_pool", False):  # slow checkers: worker processes
+        if is_group_level(fn) or is_batched(fn):
+            size = group_size if is_group_level(fn) else max(1, len(completions))
+            per_fn[name], errors[name] = _score_lists(name, fn, completions, samples, size, timeout_s)
+        elif pool is not None and getattr(fn, "runs_in_pool", False):  # slow checkers: worker processes
             result = pool.score(fn, completions, samples, name=name)
             per_fn[name], errors[name] = result.values, result.errors
         else:
             per_fn[name], errors[name] = _score_one_fn(name, fn, completions, samples, timeout_s)
-    total = [_combine([per_fn[n][i] for n in fns], weights) for i in range(len(completions))]
+    total = [_combine([per_fn[n][i] for n in table], weights) for i in range(len(completions))]
     return ScoreResult(total=total, per_fn=per_fn, errors=errors)
 
 
-def _check_args(completions, samples, fns, weights, timeout_s) -> None:
+def _resolve(term, registry) -> tuple[str, Callable]:
+    if isinstance(term, str):
+        return term, registry.get(term)
+    label, fn = term
+    return label, fn
+
+
+def _check_args(completions, samples, fns, table, weights, timeout_s, group_size) -> None:
     if len(completions) != len(samples):
         raise ValueError(f"got {len(completions)} completions but {len(samples)} samples")
     if not fns:
         raise ValueError("fns: need at least one reward function")
     if len(fns) != len(weights):
         raise ValueError(f"fns has {len(fns)} names but weights has {len(weights)} values")
-    if len(set(fns)) != len(fns):
-        raise ValueError(f"fns: duplicate names in {list(fns)}")
+    if len(table) != len(fns):
+        raise ValueError(f"fns: duplicate names in {[t if isinstance(t, str) else t[0] for t in fns]}")
     if not all(math.isfinite(w) for w in weights):
         raise ValueError(f"weights must be finite, got {list(weights)}")
     if not timeout_s > 0:
         raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+    if group_size < 1 or len(completions) % group_size:
+        raise ValueError(f"group_size {group_size} does not divide the batch of {len(completions)}")
 
 
 def _combine(values: list[float | None], weights: Sequence[float]) -> float | None:
@@ -102,16 +121,37 @@ def _score_one_fn(name, fn, completions, samples, timeout_s) -> tuple[list[float
     values, n_errors, first_error = [], 0, None
     for i, (completion, sample) in enumerate(zip(completions, samples)):
         try:
-            values.append(checked_value(_call_with_timeout(fn, completion, sample, timeout_s)))
+            values.append(checked_value(_call_with_timeout(fn, (completion, sample), timeout_s)))
         except (Exception, RewardTimeout) as e:
             values.append(None)
             n_errors += 1
             first_error = first_error or f"sample {i}: {type(e).__name__}: {e}"
-    if n_errors:
-        logger.warning(
-            "reward %r failed on %d/%d samples (scored None); first: %s", name, n_errors, len(values), first_error
-        )
+    _warn(name, n_errors, len(values), first_error)
     return values, n_errors
+
+
+def _score_lists(name, fn, completions, samples, size, timeout_s) -> tuple[list[float | None], int]:
+    """A list-valued reward on consecutive chunks of ``size`` samples; a failing chunk costs its samples."""
+    values, n_errors, first_error = [], 0, None
+    for start in range(0, len(completions), size):
+        chunk = slice(start, start + size)
+        try:
+            out = _call_with_timeout(fn, (list(completions[chunk]), list(samples[chunk])), timeout_s)
+            if not isinstance(out, Sequence) or isinstance(out, str) or len(out) != len(completions[chunk]):
+                raise TypeError(f"returned {type(out).__name__}, expected a list of {size} values")
+            chunk_values = [checked_value(v) for v in out]
+        except (Exception, RewardTimeout) as e:
+            chunk_values = [None] * len(completions[chunk])
+            n_errors += len(chunk_values)
+            first_error = first_error or f"samples {start}-{start + len(chunk_values) - 1}: {type(e).__name__}: {e}"
+        values.extend(chunk_values)
+    _warn(name, n_errors, len(values), first_error)
+    return values, n_errors
+
+
+def _warn(name: str, n_errors: int, n: int, first_error: str | None) -> None:
+    if n_errors:
+        logger.warning("reward %r failed on %d/%d samples (scored None); first: %s", name, n_errors, n, first_error)
 
 
 def checked_value(value: object) -> float | None:
@@ -133,10 +173,10 @@ def _alarm_available() -> bool:
     )
 
 
-def _call_with_timeout(fn: RewardFn, completion: str, sample: Mapping, timeout_s: float):
-    """``fn(completion, sample)``, interrupted after ``timeout_s`` where SIGALRM is usable."""
+def _call_with_timeout(fn: Callable, args: tuple, timeout_s: float):
+    """``fn(*args)``, interrupted after ``timeout_s`` where SIGALRM is usable."""
     if not _alarm_available():
-        return fn(completion, sample)
+        return fn(*args)
     state = {"armed": True, "fired": False}
 
     def on_alarm(signum, frame):
@@ -147,11 +187,11 @@ def _call_with_timeout(fn: RewardFn, completion: str, sample: Mapping, timeout_s
     try:
         previous_handler = signal.signal(signal.SIGALRM, on_alarm)
     except ValueError:  # not the main interpreter
-        return fn(completion, sample)
+        return fn(*args)
     previous_delay, previous_interval = signal.setitimer(signal.ITIMER_REAL, timeout_s)
     start = time.monotonic()
     try:
-        value = fn(completion, sample)
+        value = fn(*args)
         state["armed"] = False
     finally:
         state["armed"] = False

@@ -21,7 +21,7 @@ import logging
 import re
 from collections.abc import Mapping
 
-from rlft.rewards import REWARDS
+from rlft.rewards.base import REWARDS
 from rlft.rewards.pool import runs_in_pool
 
 MAX_ANSWER_CHARS = 1000  # a final answer longer than this is not a short-form answer: judged unequal

@@ -183,8 +183,10 @@ def collect(state: RLState, cfg: Config, t: dict[str, float]) -> tuple[Batch, di
 def score(batch: Batch, examples: Sequence[Example], cfg: Config) -> ScoreResult:
     """Sets ``batch.scores`` (B,): the weighted reward, plus the soft overlong punishment when enabled."""
     G = batch.group_size
-    samples = [ex.to_mapping() for ex in examples for _ in range(G)]
-    scored = score_batch(batch.texts, samples, cfg.reward.fns, cfg.reward.weights, timeout_s=cfg.reward.timeout_s)
+    lengths = batch.response_lengths.tolist()  # (B,) response tokens, for length-shaping rewards
+    samples = [{**ex.to_mapping(), "num_tokens": lengths[i * G + j]} for i, ex in enumerate(examples) for j in range(G)]
+    scored = score_batch(batch.texts, samples, cfg.reward.built(), cfg.reward.resolved_weights,
+                         timeout_s=cfg.reward.timeout_s, group_size=G)
     scores = torch.tensor([math.nan if s is None else s for s in scored.total])  # (B,)
     a = cfg.algo
     if a.overlong_buffer_frac > 0:
@@ -216,7 +218,7 @@ def reward_metrics(drawn: list[tuple[Batch, ScoreResult]], cfg: Config) -> dict[
     for name in drawn[0][1].per_fn:
         ok = [v for _, s in drawn for v in s.per_fn[name] if v is not None]
         out[f"reward/{name}/mean"] = sum(ok) / len(ok) if ok else 0.0
-        if name in cfg.reward.fns:
+        if name in cfg.reward.keys:
             out[f"reward/{name}/errors"] = float(sum(s.errors.get(name, 0) for _, s in drawn))
     return out
 
