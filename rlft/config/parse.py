@@ -202,12 +202,34 @@ def help_text() -> str:
         lines.append(f"{section.name}:")
         default = cls()
         for f in fields(cls):
-            lines.append(f"  {section.name}.{f.name} = {getattr(default, f.name)!r}    {docs.get(f.name, '')}".rstrip())
+            value = getattr(default, f.name)
+            if isinstance(value, tuple) and value and isinstance(value[0], RewardTerm):
+                value = [t.to_plain() for t in value]
+            lines.append(f"  {section.name}.{f.name} = {value!r}    {docs.get(f.name, '')}".rstrip())
         if section.name == "algo":
             from rlft.presets import help_lines
 
             lines.extend(help_lines())
+        if section.name == "reward":
+            lines.extend(_reward_lines(ast, inspect))
     return "\n".join(lines)
+
+
+def _reward_lines(ast, inspect) -> list[str]:
+    """Every registered reward, its shape and its parameters (``{name: <reward>, <param>: value}``)."""
+    from rlft.rewards import REWARDS, is_batched, is_group_level
+
+    lines = ["  reward.fns entries: a name, or {name: <reward>, weight: w, label: l, <parameter>: value}:"]
+    for name in REWARDS.names():
+        factory = REWARDS.factory(name)
+        doc = (factory.__doc__ or "").strip().splitlines()
+        shape = "group-level" if is_group_level(factory) else "batched" if is_batched(factory) else "per-sample"
+        lines.append(f"    {name:<16}{shape}: {doc[0] if doc else ''}".rstrip())
+        docs = _field_docs(factory, ast, inspect) if dataclasses.is_dataclass(factory) else {}
+        for key, (_, default) in REWARDS.parameters(name).items():
+            shown = "required" if default is dataclasses.MISSING else f"{default!r}"
+            lines.append(f"      {key} = {shown}    {docs.get(key, '')}".rstrip())
+    return lines
 
 
 def _field_docs(cls: type, ast, inspect) -> dict[str, str]:
