@@ -240,3 +240,23 @@ def test_an_rl_run_trains_with_a_group_level_reward(tmp_path, tiny_overrides):
     for m in lines:
         assert m["reward/vote/errors"] == 0.0 and 0.0 <= m["reward/vote/mean"] <= 1.0
         assert all(math.isfinite(v) for v in m.values() if isinstance(v, float))
+
+
+class Sleeper:
+    """A per-sample reward that sleeps ``seconds`` and declares its own deadline."""
+
+    def __init__(self, seconds: float, deadline_s: float):
+        self.seconds, self.deadline_s = seconds, deadline_s
+
+    def __call__(self, completion, sample):
+        import time
+
+        time.sleep(self.seconds)
+        return 1.0
+
+
+def test_a_reward_with_its_own_deadline_keeps_it():
+    slow_but_allowed = score_batch(["x"], [{}], [("s", Sleeper(0.3, deadline_s=5.0))], [1.0], timeout_s=0.05)
+    assert slow_but_allowed.per_fn["s"] == [1.0] and slow_but_allowed.errors == {"s": 0}
+    too_slow = score_batch(["x"], [{}], [("s", Sleeper(1.0, deadline_s=0.05))], [1.0], timeout_s=5.0)
+    assert too_slow.per_fn["s"] == [None] and too_slow.errors == {"s": 1}

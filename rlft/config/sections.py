@@ -332,8 +332,10 @@ class RewardTerm:
 
         try:
             return REWARDS.build(self.name, dict(self.params))
-        except (KeyError, ValueError, TypeError) as e:
-            raise ConfigError(str(e).strip("'\"")) from None
+        except KeyError as e:
+            raise ConfigError(e.args[0]) from None
+        except (ValueError, TypeError) as e:
+            raise ConfigError(str(e)) from None
 
     def to_plain(self) -> str | dict[str, Any]:
         """The recipe form: the bare name when nothing else is set."""

@@ -64,7 +64,8 @@ def score_batch(
     ``rlft.rewards.REWARDS``, with default parameters) or ``(label, fn)`` pairs
     of built rewards; results are keyed by name or label. Group-level rewards
     are called once per contiguous group of ``group_size`` samples, batched ones
-    once on the whole batch; a failure costs the samples of that call. A
+    once on the whole batch; a failure costs the samples of that call. A reward
+    with a ``deadline_s`` attribute gets that instead of ``timeout_s``. A
     component with weight 0 is reported in ``per_fn`` but cannot make ``total``
     None. A per-sample reward marked ``runs_in_pool`` is scored in the active
     ``RewardPool`` when there is one.
@@ -75,14 +76,15 @@ def score_batch(
     pool = active_pool()
     per_fn, errors = {}, {}
     for name, fn in table.items():
+        limit = getattr(fn, "deadline_s", None) or timeout_s  # a reward with its own deadline keeps it
         if is_group_level(fn) or is_batched(fn):
             size = group_size if is_group_level(fn) else max(1, len(completions))
-            per_fn[name], errors[name] = _score_lists(name, fn, completions, samples, size, timeout_s)
+            per_fn[name], errors[name] = _score_lists(name, fn, completions, samples, size, limit)
         elif pool is not None and getattr(fn, "runs_in_pool", False):  # slow checkers: worker processes
             result = pool.score(fn, completions, samples, name=name)
             per_fn[name], errors[name] = result.values, result.errors
         else:
-            per_fn[name], errors[name] = _score_one_fn(name, fn, completions, samples, timeout_s)
+            per_fn[name], errors[name] = _score_one_fn(name, fn, completions, samples, limit)
     total = [_combine([per_fn[n][i] for n in table], weights) for i in range(len(completions))]
     return ScoreResult(total=total, per_fn=per_fn, errors=errors)
 
