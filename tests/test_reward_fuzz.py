@@ -32,7 +32,8 @@ PIECES = ["\\boxed{", "}", "{", "\\frac{", "<answer>", "</answer>", "<think>", "
           "while True: pass\n", "def f(x):\n    return x\n", "{\"a\": [", "]}", "\u4e2d\u6587", "\u0430\u0431"]
 ADVERSARIAL = [p * n for p in ["\\boxed{", "{", "}", "<think>", "####", "1,", "(", "<answer>", "```", "\\frac{1}{"]
                for n in (1, 1000, 100_000)]
-ADVERSARIAL += ["\\boxed{" + "9" * 200_000 + "}", "#### " + "9" * 200_000, "<think>" + "a" * 500_000 + "</think>",
+ADVERSARIAL += ["\\boxed{" + "9" * 200_000 + "}", "#### " + "9" * 200_000, "#### " + "9" * 2_000_000,
+                "<think>" + "a" * 500_000 + "</think>",
                 "x" * 1_000_000, "1 " * 300_000, "\\boxed{" * 5000 + "}" * 4999]
 
 texts = st.one_of(

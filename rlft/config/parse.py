@@ -233,10 +233,12 @@ def _reward_lines(ast, inspect) -> list[str]:
 
 
 def _field_docs(cls: type, ast, inspect) -> dict[str, str]:
-    tree = ast.parse(inspect.getsource(cls))
-    body = tree.body[0].body
+    """Field docstrings of a dataclass and its dataclass bases (a subclass's own win)."""
     docs = {}
-    for a, b in zip(body, body[1:]):
-        if isinstance(a, ast.AnnAssign) and isinstance(b, ast.Expr) and isinstance(getattr(b, "value", None), ast.Constant):
-            docs[a.target.id] = str(b.value.value)
+    for klass in reversed([k for k in cls.__mro__ if dataclasses.is_dataclass(k)]):
+        body = ast.parse(inspect.getsource(klass)).body[0].body
+        for a, b in zip(body, body[1:]):
+            if (isinstance(a, ast.AnnAssign) and isinstance(b, ast.Expr)
+                    and isinstance(getattr(b, "value", None), ast.Constant)):
+                docs[a.target.id] = str(b.value.value)
     return docs

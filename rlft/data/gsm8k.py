@@ -3,8 +3,14 @@
 The raw answer is a worked solution ending in a line ``#### <number>``; the
 ground truth is that number with thousands commas removed (the same rule the
 ``gsm8k_strict`` reward applies to completions). The prompt is the question
-followed by ``INSTRUCTION``, as in verl's GSM8K preprocessing, so checkpoints
-and numbers are comparable.
+followed by ``INSTRUCTION`` and the rows have verl's layout, as in verl's GSM8K
+preprocessing, so the same files train both.
+
+Scores are comparable with verl's only when the GSM8K rewards run in ``verl``
+mode (``{name: gsm8k_strict, mode: verl}``), which reproduces verl's scorer to
+the letter (its last-300-characters window and string comparison). The default
+``numeric`` mode compares numbers by value (``72.0`` equals ``72``, a flexible
+``1,200`` equals ``1200``), so its accuracy can differ from verl's.
 
     python -c "from rlft.data.gsm8k import prepare; print(prepare('raw/gsm8k', 'data/gsm8k'))"
 """

@@ -20,11 +20,21 @@ from typing import Literal
 
 from rlft.rewards.base import REWARDS, group_level
 from rlft.rewards.math import _to_decimal, extract_final, extract_flexible, extract_strict
-from rlft.rewards.symbolic import extract_math_answer, normalise
+from rlft.rewards.symbolic import MAX_ANSWER_CHARS, extract_math_answer, normalise
 
 EXTRACTORS = {"strict": extract_strict, "final": extract_final, "flexible": extract_flexible,
               "math": extract_math_answer}
 Extractor = Literal["strict", "final", "flexible", "math"]
+
+
+def read_answer(extract: str, completion: str) -> str | None:
+    """The answer ``EXTRACTORS[extract]`` finds, or None when there is none or it is too long to be one.
+
+    >>> read_answer("strict", "#### 12"), read_answer("strict", "#### " + "9" * 2000)
+    ('12', None)
+    """
+    answer = EXTRACTORS[extract](completion)
+    return answer if answer is not None and len(answer) <= MAX_ANSWER_CHARS else None
 
 
 def answer_key(answer: str | None) -> str | None:
@@ -71,7 +81,7 @@ class Vote:
             raise ValueError(f"min_votes: must be >= 1, got {self.min_votes}")
 
     def __call__(self, completions: Sequence[str], samples: Sequence[Mapping]) -> list[float | None]:
-        keys = [answer_key(EXTRACTORS[self.extract](c)) for c in completions]
+        keys = [answer_key(read_answer(self.extract, c)) for c in completions]
         counts = Counter(k for k in keys if k is not None).most_common(2)
         if not counts or counts[0][1] < self.min_votes or (len(counts) == 2 and counts[1][1] == counts[0][1]):
             return [0.0] * len(completions)
@@ -111,10 +121,11 @@ class PartialCredit:
             raise ValueError(f"extract: must be one of {', '.join(EXTRACTORS)}, got {self.extract!r}")
 
     def __call__(self, completion: str, sample: Mapping) -> float | None:
-        truth = _to_decimal(sample.get("ground_truth", ""))
+        text = str(sample.get("ground_truth", ""))
+        truth = _to_decimal(text) if len(text) <= MAX_ANSWER_CHARS else None
         if truth is None:
-            return None  # unscorable: the reference is not a number
-        raw = EXTRACTORS[self.extract](completion)
+            return None  # unscorable: the reference is not a (short-form) number
+        raw = read_answer(self.extract, completion)
         answer = _to_decimal(raw) if raw is not None else None
         if answer is None:
             return 0.0

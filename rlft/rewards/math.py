@@ -9,13 +9,22 @@ What counts as a number: an optional minus sign (not preceded by a letter or
 digit, so the ``-`` in ``5-3`` is an operator), digits with optional
 thousands commas (``1,234,567``; ``1,2,3`` is three numbers), and an optional
 decimal part. A trailing ``.`` (end of sentence) is not part of the number.
+
+``gsm8k_strict`` and ``gsm8k_flexible`` take ``mode=verl`` to score exactly as
+verl's ``gsm8k`` scorer does: strings, not numbers; strict reads the FIRST
+``#### `` answer of the whole completion (verl up to 0.4). ``mode=verl-0.5``
+follows verl >= 0.5.0, which reads the LAST one within the last 300 characters
+(see :func:`extract_verl`). Use them to compare numbers with verl runs; the
+default ``numeric`` mode is the fairer judge.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
+from typing import ClassVar, Literal
 
 from rlft.rewards.base import REWARDS
 
@@ -23,6 +32,8 @@ _NUMBER = r"(?:(?<![\w.])-)?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?!\d|,\d)"
 _NUMBER_RE = re.compile(_NUMBER)
 _STRICT_RE = re.compile(r"####[ \t]*(" + _NUMBER + r")")
 _FINAL_RE = re.compile(r"####[ \t]*(" + _NUMBER + r")\s*\Z")
+_LAST_DIGIT_RE = re.compile(r".*\d", re.DOTALL)  # match() from the start: one linear pass
+_NUMBER_CHARS_RE = re.compile(r"[\d,.\-]*")
 
 
 def _normalize(number: str) -> str:
@@ -73,7 +84,16 @@ def extract_flexible(text: str) -> str | None:
     >>> extract_flexible("no digits here") is None
     True
     """
-    matches = _NUMBER_RE.findall(text)
+    last = _LAST_DIGIT_RE.match(text)
+    if last is None:
+        return None
+    # The last number ends at the last digit, inside the run of number characters around it, and no
+    # number spans the start of that run or a "-" (a minus only opens one): match from the later of
+    # the two (the lookbehind still sees the character before), not over megabytes before.
+    end = last.end()
+    start = end - _NUMBER_CHARS_RE.match(text[end - 1::-1]).end()
+    start = max(start, text.rfind("-", start, end))
+    matches = _NUMBER_RE.findall(text, start, end)
     return _normalize(matches[-1]) if matches else None
 
 
@@ -105,9 +125,92 @@ def _score(predicted: str | None, sample: Mapping) -> float | None:
     return 1.0 if predicted is not None and numbers_equal(predicted, sample["ground_truth"]) else 0.0
 
 
+# ---- verl's gsm8k scorer (verl/utils/reward_score/gsm8k.py) ---------------------------------------
+
+VERL_CLIP_CHARS = 300
+"""verl >= 0.5.0 reads only the last 300 characters of a completion (its PR #2568)."""
+VerlMode = Literal["numeric", "verl", "verl-0.5"]
+_VERL_STRICT_RE = re.compile(r"#### (-?[0-9.,]+)")
+_VERL_FLEXIBLE_RE = re.compile(r"-?[0-9.,]+")
+
+
+def extract_verl(text: str, method: Literal["strict", "flexible"] = "strict", version: str = "verl") -> str | None:
+    """verl's ``extract_solution``: the answer string verl compares with the ground truth.
+
+    ``strict``: a ``#### `` (one space) followed by ``-?[0-9.,]+``, commas
+    removed (verl also removes ``$``, which its pattern never captures): the
+    FIRST one in the whole text for ``version="verl"`` (verl up to 0.4), the
+    LAST one within the last ``VERL_CLIP_CHARS`` characters for ``"verl-0.5"``.
+    ``flexible``: the last run of ``-?[0-9.,]+`` that is not a lone ``.``,
+    returned as written (commas kept); ``"verl-0.5"`` reads the last 300
+    characters only.
+
+    >>> extract_verl("#### 4 no, #### 1,200"), extract_verl("#### 4 no, #### 1,200", version="verl-0.5")
+    ('4', '1200')
+    >>> extract_verl("####5"), extract_verl("#### $5")
+    (None, None)
+    >>> extract_verl("so it is 1,200."), extract_verl("so it is 1,200.", "flexible")
+    (None, '1,200.')
+    >>> extract_verl("#### 7" + " padding" * 40, version="verl-0.5") is None  # not in the last 300 characters
+    True
+    """
+    clipped = version == "verl-0.5"
+    tail = text[-VERL_CLIP_CHARS:] if clipped else text
+    if method == "strict":
+        if not clipped:
+            first = _VERL_STRICT_RE.search(tail)
+            return first.group(1).replace(",", "").replace("$", "") if first else None
+        found = _VERL_STRICT_RE.findall(tail)
+        return found[-1].replace(",", "").replace("$", "") if found else None
+    found = _VERL_FLEXIBLE_RE.findall(tail)
+    for candidate in reversed(found):
+        if candidate != ".":
+            return candidate
+    return found[0] if found else None  # verl's loop ends on the first candidate when all are "."
+
+
+@dataclass(frozen=True)
+class _GSM8K:
+    """What ``gsm8k_strict`` and ``gsm8k_flexible`` share: the parameters and the scoring."""
+
+    mode: VerlMode = "numeric"
+    """numeric: rlft's checkers (numbers by value). verl / verl-0.5: verl's gsm8k scorer to the letter (extract_verl)."""
+    score: float = 1.0
+    """Score of a right answer."""
+    format_score: float = 0.0
+    """Score of an answer that was found but is wrong (verl's format_score); no answer found scores 0.0."""
+
+    method: ClassVar[Literal["strict", "flexible"]]
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("numeric", "verl", "verl-0.5"):
+            raise ValueError(f"mode: must be one of numeric, verl, verl-0.5, got {self.mode!r}")
+        for name in ("score", "format_score"):
+            if not abs(getattr(self, name)) < float("inf"):
+                raise ValueError(f"{name}: must be a finite number, got {getattr(self, name)}")
+
+    def __call__(self, completion: str, sample: Mapping) -> float | None:
+        truth = sample.get("ground_truth")
+        if self.mode != "numeric":
+            if not isinstance(truth, str):
+                return None  # verl compares strings: without one there is nothing to compare with
+            answer = extract_verl(completion, self.method, self.mode)
+            right = answer == truth
+        else:
+            if truth is None or _to_decimal(truth) is None:
+                return None  # unscorable: the reference is not a number
+            extract = extract_strict if self.method == "strict" else extract_flexible
+            answer = extract(completion)
+            right = answer is not None and numbers_equal(answer, truth)
+        if answer is None:
+            return 0.0
+        return float(self.score) if right else float(self.format_score)
+
+
 @REWARDS.register("gsm8k_strict")
-def gsm8k_strict(completion: str, sample: Mapping) -> float | None:
-    """1.0 if the last ``#### <number>`` equals the ground truth, else 0.0.
+@dataclass(frozen=True)
+class GSM8KStrict(_GSM8K):
+    """``score`` if the last ``#### <number>`` equals the ground truth, ``format_score`` if it differs, 0.0 if none.
 
     >>> gsm8k_strict("5 * 2 = 10\\n#### 10", {"ground_truth": "10"})
     1.0
@@ -115,20 +218,35 @@ def gsm8k_strict(completion: str, sample: Mapping) -> float | None:
     0.0
     >>> gsm8k_strict("#### 10", {"ground_truth": "ten"}) is None
     True
+
+    In ``verl`` mode answers are strings, as verl compares them:
+
+    >>> verl = GSM8KStrict(mode="verl", format_score=0.1)
+    >>> verl("#### 10", {"ground_truth": "10"}), verl("#### 10.0", {"ground_truth": "10"}), verl("10", {"ground_truth": "10"})
+    (1.0, 0.1, 0.0)
     """
-    return _score(extract_strict(completion), sample)
+
+    method: ClassVar[Literal["strict", "flexible"]] = "strict"
 
 
 @REWARDS.register("gsm8k_flexible")
-def gsm8k_flexible(completion: str, sample: Mapping) -> float | None:
-    """1.0 if the last number anywhere in the completion equals the ground truth, else 0.0.
+@dataclass(frozen=True)
+class GSM8KFlexible(_GSM8K):
+    """``score`` if the last number anywhere in the completion equals the ground truth, else ``format_score`` (0.0 if none).
 
     >>> gsm8k_flexible("the answer is 1,000.", {"ground_truth": "1000"})
     1.0
     >>> gsm8k_flexible("#### 12 (I think it was 13)", {"ground_truth": "12"})
     0.0
+    >>> GSM8KFlexible(mode="verl")("the answer is 1,000.", {"ground_truth": "1000"})  # verl keeps the comma and dot
+    0.0
     """
-    return _score(extract_flexible(completion), sample)
+
+    method: ClassVar[Literal["strict", "flexible"]] = "flexible"
+
+
+gsm8k_strict = GSM8KStrict()
+gsm8k_flexible = GSM8KFlexible()
 
 
 @REWARDS.register("format")
