@@ -10,6 +10,10 @@
   ``RewardPool`` of ``--workers`` processes (started once, outside the timing);
   then again with every answer sent through math-verify (no string-match shortcut).
 
+- HumanEval: the 164 canonical solutions, each run with its tests in the code
+  sandbox (``code`` reward) through the same pool; then the 164 prompts alone
+  (no solution), which must all fail.
+
 Prints the median of ``--repeats`` runs and how many samples scored 1.0.
 """
 
@@ -23,6 +27,7 @@ from pathlib import Path
 
 from rlft.data.gsm8k import extract_solution
 from rlft.rewards import score_batch
+from rlft.rewards.code import Code
 from rlft.rewards.pool import RewardPool
 from rlft.rewards.symbolic import extract_math_answer, math_reward, symbolic_equal
 
@@ -68,6 +73,18 @@ def main() -> None:
             sec, res = timed(lambda: pool.score(fn, texts, samples, name=label), a.repeats)
             print(f"MATH-500 ({label}): {len(texts)} answers through {a.workers} workers in {sec:.2f} s "
                   f"(median of {a.repeats}); correct: {sum(v == 1.0 for v in res.values)}, lost: {res.errors}")
+        humaneval(a, pool)
+
+
+def humaneval(a: argparse.Namespace, pool: RewardPool) -> None:
+    rows = read_jsonl(a.data / "humaneval" / "HumanEval.jsonl")
+    samples = [{"prompt": r["prompt"], "extra": {"test": r["test"], "entry_point": r["entry_point"]}} for r in rows]
+    reward = Code(timeout_s=10.0)
+    for label, texts in (("canonical solutions", [r["canonical_solution"] for r in rows]),
+                         ("prompts alone", [""] * len(rows))):
+        sec, res = timed(lambda: pool.score(reward, texts, samples, name="code"), a.repeats)
+        print(f"HumanEval ({label}): {len(texts)} programs in the sandbox through {a.workers} workers in "
+              f"{sec:.2f} s (median of {a.repeats}); passed: {sum(v == 1.0 for v in res.values)}, lost: {res.errors}")
 
 
 if __name__ == "__main__":

@@ -1,10 +1,11 @@
-"""Command line: ``rlft train``, ``rlft eval``, ``rlft prepare gsm8k``, ``rlft config``.
+"""Command line: ``rlft train``, ``rlft eval``, ``rlft prepare gsm8k|humaneval|mbpp``, ``rlft config``.
 
     rlft train                                    # the embedded demo (tiny model, synthetic arithmetic)
     rlft train recipes/grpo_gsm8k.yaml model.path=/models/qwen algo.group_size=4
     rlft train runs/<name>/config.yaml train.resume=true   # continue from the last checkpoint
     rlft eval runs/<name>/policy recipes/grpo_gsm8k.yaml    # held-out metrics of a saved policy
     rlft prepare gsm8k --input path/to/gsm8k --output data/gsm8k
+    rlft prepare mbpp --input path/to/mbpp.jsonl --output data/mbpp    # also: humaneval (HumanEval.jsonl)
     rlft config                                   # every key, its default and meaning
 """
 
@@ -54,9 +55,10 @@ def cmd_eval(ns: argparse.Namespace) -> int:
 
 
 def cmd_prepare(ns: argparse.Namespace) -> int:
-    from rlft.data import gsm8k
+    from rlft.data import code_tasks, gsm8k
 
-    written = gsm8k.prepare(ns.input, ns.output)
+    preparers = {"gsm8k": gsm8k.prepare, **code_tasks.PREPARERS}
+    written = preparers[ns.dataset](ns.input, ns.output)
     for split, path in written.items():
         print(f"{split}: {path}")
     return 0
@@ -79,9 +81,10 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("args", nargs="*", help="[recipe.yaml] [section.key=value ...]")
     e.set_defaults(fn=cmd_eval)
     pr = sub.add_parser("prepare", help="convert a dataset to verl-style parquet rows")
-    pr.add_argument("dataset", choices=["gsm8k"])
-    pr.add_argument("--input", required=True, help="directory with train.jsonl/test.jsonl, or one .jsonl file")
-    pr.add_argument("--output", required=True, help="directory to write train.parquet/test.parquet")
+    pr.add_argument("dataset", choices=["gsm8k", "humaneval", "mbpp"])
+    pr.add_argument("--input", required=True, help="gsm8k: directory with train.jsonl/test.jsonl, or one .jsonl "
+                    "file; humaneval: HumanEval.jsonl; mbpp: mbpp.jsonl or sanitized-mbpp.json (or their directory)")
+    pr.add_argument("--output", required=True, help="directory to write <split>.parquet into")
     pr.set_defaults(fn=cmd_prepare)
     c = sub.add_parser("config", help="list every configuration key with its default and meaning")
     c.set_defaults(fn=cmd_config)

@@ -66,7 +66,7 @@ def prepare(input_path: str, output_dir: str) -> dict[str, str]:
     tables = {split: _convert(path, split) for split, path in _inputs(Path(input_path)).items()}
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    return _write_atomically(tables, out)
+    return write_atomically(tables, out)
 
 
 def _inputs(path: Path) -> dict[str, Path]:
@@ -122,7 +122,7 @@ def _schema():
     )
 
 
-def _write_atomically(tables: dict, out: Path) -> dict[str, str]:
+def write_atomically(tables: dict, out: Path) -> dict[str, str]:
     import pyarrow.parquet as pq
 
     temps: dict[str, str] = {}

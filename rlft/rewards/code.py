@@ -1,1 +1,348 @@
-"""(being written in this session)"""
+"""The ``code`` reward: run the completion's program against the task's tests in a sandbox.
+
+The program is the last fenced block of the completion (```` ```python ... ``` ````,
+any language tag or none), else the raw completion. It runs in its own process
+(``rlft.rewards.sandbox``: namespaces, rlimits, an unprivileged user, a verdict
+only the harness can write) and is scored by the fraction of tests that
+returned normally (``mode="fraction"``) or 1.0 only when all did (``"pass"``).
+
+Two kinds of task, found in the sample (see :func:`task_fields`):
+
+- **HumanEval**: ``test`` defines ``check(candidate)``, called on ``entry_point``
+  (one test). The completion is either a full function (it defines
+  ``entry_point``: it runs after the task's prompt, which brings the imports and
+  helpers, and its own definition wins) or a body continuing the prompt (the
+  program is prompt + completion). The prompt is ``code_prompt`` in the fields,
+  else ``sample["prompt"]`` when it is plain text.
+- **MBPP**: ``test_list`` is a list of ``assert`` lines (one test each), run
+  after ``test_setup_code`` and the program, in the program's namespace.
+
+The fields are read from ``sample["extra"]["extra_info"]`` (verl layout, what
+``rlft prepare humaneval|mbpp`` writes), else ``sample["extra"]`` (a plain row:
+unconsumed fields land there), else the sample itself. A sample without tests
+is unscorable (``None``).
+
+``forbidden`` names modules and builtins a task bans. A program that imports or
+names one is not passing (status ``forbidden``): ``import x``, ``import x.y``,
+``from x import y``, a name ``x``, an attribute ``.x``, and a string ``'x'``
+(also built from literals: ``'ev' + 'al'``, ``''.join([...])``, ``'lave'[::-1]``)
+passed to a call or used as a subscript. Matching is on whole names, never
+substrings: ``osmosis`` is fine when ``os`` is banned. The sandbox refuses the
+same names at run time, which catches names computed in other ways.
+``INTROSPECTION`` is always refused: these names reach the harness's frames,
+where a program could read the verdict's nonce.
+
+Evaluation (``eval.correct_fn=code``) counts a value >= 1 as correct, which in
+either mode means every test passed; ``code_pass`` is the same reward with
+``mode="pass"`` (a binary training signal).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from rlft.rewards.base import REWARDS
+from rlft.rewards.pool import runs_in_pool
+from rlft.rewards.sandbox import Limits, RunResult, run
+
+MAX_PROGRAM_CHARS = 100_000
+INTROSPECTION = ("ctypes", "_ctypes", "gc", "inspect", "_getframe", "_current_frames", "f_back", "f_locals",
+                 "f_globals", "f_builtins", "tb_frame", "gi_frame", "cr_frame", "ag_frame", "__closure__",
+                 "__globals__", "settrace", "setprofile", "gettrace", "get_objects", "get_referrers",
+                 "get_referents", "_xxsubinterpreters", "mmap")
+_FENCE = re.compile(r"^[ \t]*```[^\n`]*\n(.*?)^[ \t]*```", re.DOTALL | re.MULTILINE)
+_OPEN = re.compile(r"^[ \t]*```[^\n`]*\n", re.MULTILINE)
+
+
+def extract_code(completion: str) -> str:
+    """The last fenced code block of ``completion``; else what follows an unclosed fence (a generation cut
+    short); else the whole completion.
+
+    >>> extract_code("Here:\\n```python\\ndef f():\\n    return 1\\n```\\nand\\n```\\nx = 2\\n```\\n")
+    'x = 2\\n'
+    >>> extract_code("    return a + b\\n"), extract_code("```python\\nx = 1\\ny =")
+    ('    return a + b\\n', 'x = 1\\ny =')
+    """
+    blocks = _FENCE.findall(completion)
+    if blocks:
+        return blocks[-1]
+    opening = None
+    for opening in _OPEN.finditer(completion):
+        pass
+    return completion[opening.end():] if opening else completion
+
+
+def referenced_names(tree: ast.AST) -> set[str]:
+    """Every name a program refers to: imported modules (dotted and each prefix), names, attributes, and
+    strings built from literals that are passed to a call or used as a subscript.
+
+    >>> sorted(referenced_names(ast.parse("import os.path as p\\nfrom a.b import c\\nx.y\\ngetattr(m, 'ev' + 'al')")))
+    ['a', 'a.b', 'a.b.c', 'c', 'eval', 'getattr', 'm', 'os', 'os.path', 'p', 'x', 'x.y', 'y']
+    """
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                names |= _prefixes(alias.name) | ({alias.asname} if alias.asname else set())
+        elif isinstance(node, ast.ImportFrom):
+            module = "." * node.level + (node.module or "")
+            names |= _prefixes(node.module or "")
+            for alias in node.names:
+                names |= {alias.name, f"{module}.{alias.name}".lstrip(".")}
+        elif isinstance(node, ast.Name):
+            names.add(node.id)
+        elif isinstance(node, ast.Attribute):
+            names |= {node.attr} | ({_dotted(node)} - {None})
+        elif isinstance(node, (ast.alias, ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.arg):
+            names.add(node.arg)
+        if isinstance(node, ast.Call):
+            names |= {s for s in map(fold_string, [*node.args, *(k.value for k in node.keywords)]) if s}
+        elif isinstance(node, ast.Subscript):
+            names |= {s for s in [fold_string(node.slice)] if s}
+    return {n for name in names for n in _prefixes(name) | {name}}
+
+
+def _dotted(node: ast.Attribute) -> str | None:
+    """``a.b.c`` for an attribute chain on a plain name, else None."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    return ".".join([node.id, *reversed(parts)]) if isinstance(node, ast.Name) else None
+
+
+def _prefixes(dotted: str) -> set[str]:
+    parts = dotted.split(".")
+    return {".".join(parts[:i]) for i in range(1, len(parts) + 1) if parts[i - 1]}
+
+
+def fold_string(node: ast.AST) -> str | None:
+    """The value of a string expression built from literals only (``+``, ``*``, f-strings, join, slices).
+
+    >>> [fold_string(ast.parse(s, mode="eval").body) for s in ["'ev' + 'al'", "''.join(['o', 's'])", "'so'[::-1]", "x"]]
+    ['eval', 'os', 'os', None]
+    """
+    try:
+        value = _fold(node, depth=0)
+    except (RecursionError, TypeError, ValueError, IndexError, MemoryError, OverflowError):
+        return None
+    return value if isinstance(value, str) and len(value) <= 200 else None
+
+
+def _fold(node: ast.AST, depth: int):
+    if depth > 50:
+        raise ValueError("too deep")
+    if isinstance(node, ast.Constant) and isinstance(node.value, (str, int)):
+        return node.value
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub) and isinstance(node.operand, ast.Constant):
+        return -int(node.operand.value)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mult)):
+        left, right = _fold(node.left, depth + 1), _fold(node.right, depth + 1)
+        if isinstance(node.op, ast.Mult) and (isinstance(left, int) and isinstance(right, int) or
+                                              max(abs(v) for v in (left, right) if isinstance(v, int)) > 200):
+            raise ValueError("not a short string")
+        return left + right if isinstance(node.op, ast.Add) else left * right
+    if isinstance(node, ast.JoinedStr):
+        return "".join(str(_fold(v.value if isinstance(v, ast.FormattedValue) else v, depth + 1))
+                       for v in node.values)
+    if isinstance(node, (ast.List, ast.Tuple)):
+        return [_fold(e, depth + 1) for e in node.elts]
+    if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Slice):
+        bounds = [None if b is None else _fold(b, depth + 1) for b in (node.slice.lower, node.slice.upper,
+                                                                       node.slice.step)]
+        return _fold(node.value, depth + 1)[slice(*bounds)]
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "join"
+            and len(node.args) == 1 and not node.keywords):
+        return _fold(node.func.value, depth + 1).join(_fold(node.args[0], depth + 1))
+    raise ValueError("not a literal")
+
+
+def forbidden_use(tree: ast.AST, forbidden: Iterable[str]) -> str | None:
+    """The first forbidden name (or one of ``INTROSPECTION``) the program refers to, else None.
+
+    >>> tree = ast.parse("osmosis = 1\\nimport importlib\\nm = importlib.import_module('o' + 's')")
+    >>> forbidden_use(tree, ["os"]), forbidden_use(tree, ["sys"]), forbidden_use(tree, ["importlib.import_module"])
+    ('os', None, 'importlib.import_module')
+    """
+    names = referenced_names(tree)
+    return next((f for f in [*forbidden, *INTROSPECTION] if f in names), None)
+
+
+def defines(tree: ast.Module, name: str) -> bool:
+    """Whether the module defines function or class ``name`` at top level."""
+    return any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.name == name
+               for n in tree.body)
+
+
+def humaneval_program(prompt: str, completion: str, entry_point: str) -> str:
+    """The program for a HumanEval task: the prompt, then a full function from the completion; else the
+    prompt continued by the completion (a body).
+
+    >>> humaneval_program("import math\\ndef f(x):\\n    '''doc'''\\n", "    return x\\n", "f")
+    "import math\\ndef f(x):\\n    '''doc'''\\n    return x\\n"
+    >>> humaneval_program("def f(x):\\n    '''doc'''\\n", "```python\\ndef f(x):\\n    return 2\\n```", "f")
+    "def f(x):\\n    '''doc'''\\n\\ndef f(x):\\n    return 2\\n"
+    """
+    code = extract_code(completion)
+    try:
+        full = defines(ast.parse(code), entry_point)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        full = False
+    if full:
+        return prompt.rstrip("\n") + "\n\n" + code if prompt else code
+    return prompt + code
+
+
+def score(prompt: str, completion: str, test: str, entry_point: str, timeout_s: float,
+          forbidden: list[str]) -> dict:
+    """Run a HumanEval-style completion against ``test`` (which defines ``check(candidate)``).
+
+    Returns ``passed`` (every test passed), ``fraction``, ``n_tests``, ``n_passed``, ``status`` (ok,
+    error, timeout, crashed, syntax_error, forbidden) and ``reason``.
+
+    >>> score("def add(a, b):\\n", "    return a + b\\n", "def check(f):\\n    assert f(2, 3) == 5\\n", "add", 5.0, [])
+    {'passed': True, 'fraction': 1.0, 'n_tests': 1, 'n_passed': 1, 'status': 'ok', 'reason': ''}
+    """
+    program = humaneval_program(prompt, completion, entry_point)
+    return run_tests(program, check_module=test, entry_point=entry_point, forbidden=forbidden,
+                     limits=Limits(timeout_s=timeout_s))
+
+
+def run_tests(program: str, *, check_module: str | None = None, entry_point: str | None = None,
+              asserts: tuple[str, ...] = (), setup: str = "", forbidden: Iterable[str] = (),
+              limits: Limits = Limits()) -> dict:
+    """Check ``program`` statically (syntax, forbidden names), then run it with its tests in the sandbox."""
+    n_tests = (1 if check_module else 0) + len(asserts)
+    forbidden = tuple(forbidden)
+    problem = _static_problem(program, forbidden)
+    if problem is not None:
+        return _verdict(RunResult(status=problem[0], n_tests=n_tests, reason=problem[1]))
+    return _verdict(run(program, check_module=check_module, entry_point=entry_point, asserts=tuple(asserts),
+                        setup=setup, forbidden=forbidden + INTROSPECTION, limits=limits))
+
+
+def _static_problem(program: str, forbidden: tuple[str, ...]) -> tuple[str, str] | None:
+    if len(program) > MAX_PROGRAM_CHARS:
+        return "syntax_error", f"program longer than {MAX_PROGRAM_CHARS} characters"
+    try:
+        tree = ast.parse(program)
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as e:
+        return "syntax_error", f"{type(e).__name__}: {e}"[:200]
+    name = forbidden_use(tree, forbidden)
+    return None if name is None else ("forbidden", f"refers to forbidden name {name!r}")
+
+
+def _verdict(result: RunResult) -> dict:
+    n_passed = len(result.passed)
+    fraction = n_passed / result.n_tests if result.n_tests else 0.0
+    return {"passed": result.n_tests > 0 and n_passed == result.n_tests, "fraction": fraction,
+            "n_tests": result.n_tests, "n_passed": n_passed, "status": result.status, "reason": result.reason}
+
+
+def task_fields(sample: Mapping) -> dict:
+    """The task's fields, looked up in ``extra.extra_info`` (verl layout), then ``extra``, then the sample.
+
+    >>> task_fields({"prompt": "q", "extra": {"extra_info": {"test_list": ["assert f() == 1"]}}})["test_list"]
+    ['assert f() == 1']
+    """
+    extra = sample.get("extra") if isinstance(sample.get("extra"), Mapping) else {}
+    info = extra.get("extra_info") if isinstance(extra.get("extra_info"), Mapping) else {}
+    keys = ("test", "entry_point", "test_list", "test_setup_code", "code_prompt")
+    out = {}
+    for key in keys:
+        for place in (info, extra, sample):
+            if place.get(key) is not None:
+                out[key] = place[key]
+                break
+    if "code_prompt" not in out and isinstance(sample.get("prompt"), str):
+        out["code_prompt"] = sample["prompt"]
+    return out
+
+
+@REWARDS.register("code")
+@runs_in_pool
+@dataclass(frozen=True)
+class Code:
+    """Fraction of the task's tests the completion's program passes (or 1.0/0.0 with ``mode="pass"``).
+
+    >>> Code()("```python\\ndef sq(x):\\n    return x * x\\n```", {"extra": {"test_list": ["assert sq(3) == 9"]}})
+    1.0
+    >>> Code()("anything", {"extra": {}}) is None
+    True
+    """
+
+    timeout_s: float = 5.0
+    """Wall-clock limit of one run (interpreter start, program and all tests); past it the sample scores 0."""
+    mode: Literal["fraction", "pass"] = "fraction"
+    """'fraction': share of tests passed; 'pass': 1.0 only when all pass."""
+    forbidden: tuple[str, ...] = ()
+    """Modules and builtins the task bans (matched as whole names); a program using one scores 0."""
+    memory_mb: int = 512
+    """Address-space limit of each sandbox process, in MiB."""
+    max_procs: int = 16
+    """Processes (and threads) the sandbox user may have."""
+    file_mb: int = 16
+    """Largest file the program may write, in MiB."""
+
+    def __post_init__(self) -> None:
+        if not 0 < self.timeout_s <= 600:
+            raise ValueError(f"timeout_s: must be in (0, 600], got {self.timeout_s}")
+        if self.mode not in ("fraction", "pass"):
+            raise ValueError(f"mode: must be 'fraction' or 'pass', got {self.mode!r}")
+        for name in ("memory_mb", "max_procs", "file_mb"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
+        if not all(isinstance(f, str) and f for f in self.forbidden):
+            raise ValueError(f"forbidden: must be non-empty names, got {self.forbidden!r}")
+
+    @property
+    def deadline_s(self) -> float:
+        """The pool's deadline: well past the sandbox's own timeout, so a hang scores 0.0 rather than None."""
+        return 2 * self.timeout_s + 10.0
+
+    def __call__(self, completion: str, sample: Mapping) -> float | None:
+        result = self.check(completion, sample)
+        if result is None:
+            return None
+        return result["fraction"] if self.mode == "fraction" else float(result["passed"])
+
+    def check(self, completion: str, sample: Mapping) -> dict | None:
+        """The full verdict (see :func:`score`), or None when the sample has no tests."""
+        fields = task_fields(sample)
+        limits = Limits(timeout_s=self.timeout_s, memory_mb=self.memory_mb, file_mb=self.file_mb,
+                        max_procs=self.max_procs)
+        asserts = tuple(_as_list(fields.get("test_list")))
+        if fields.get("test") and fields.get("entry_point"):
+            program = humaneval_program(fields.get("code_prompt") or "", completion, fields["entry_point"])
+            return run_tests(program, check_module=fields["test"], entry_point=fields["entry_point"],
+                             asserts=asserts, forbidden=self.forbidden, limits=limits)
+        if asserts:
+            return run_tests(extract_code(completion), asserts=asserts, setup=fields.get("test_setup_code") or "",
+                             forbidden=self.forbidden, limits=limits)
+        return None
+
+
+def _as_list(value) -> list[str]:
+    if value is None:
+        return []
+    if hasattr(value, "tolist"):  # numpy arrays from pandas
+        value = value.tolist()
+    if isinstance(value, str):
+        return [value] if value.strip() else []
+    return [v for v in value if isinstance(v, str) and v.strip()]
+
+
+@REWARDS.register("code_pass")
+@runs_in_pool
+@dataclass(frozen=True)
+class CodePass(Code):
+    """1.0 when the completion's program passes every test of the task, else 0.0 (``code`` in pass mode)."""
+
+    mode: Literal["fraction", "pass"] = "pass"
+    """'fraction': share of tests passed; 'pass': 1.0 only when all pass."""

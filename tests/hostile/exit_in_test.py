@@ -1,0 +1,6 @@
+# attack: exit with status 0 from inside the function under test
+import os
+
+
+def f(x):
+    os._exit(0)

@@ -1,0 +1,7 @@
+# forbidden: os
+# attack: import os
+import os
+
+
+def f(x):
+    return x + 1

@@ -1,0 +1,9 @@
+# forbidden: os
+# attack: importlib.import_module with a string-built name
+import importlib
+
+m = importlib.import_module("o" + "s")
+
+
+def f(x):
+    return x + 1

@@ -1,0 +1,9 @@
+# forbidden: os
+# attack: fetch a forbidden module from sys.modules by a computed name
+import sys
+
+m = sys.modules[chr(111) + chr(115)]
+
+
+def f(x):
+    return x + 1

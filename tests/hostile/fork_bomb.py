@@ -1,0 +1,8 @@
+# attack: fork bomb (bounded by RLIMIT_NPROC as nobody, killed with the PID namespace)
+import os
+
+while True:
+    try:
+        os.fork()
+    except OSError:
+        pass

@@ -1,0 +1,9 @@
+# forbidden: eval
+# attack: reach a forbidden builtin through a string-built name
+import builtins
+
+ev = getattr(builtins, "ev" + "al")
+
+
+def f(x):
+    return ev("x + 1", {"x": x})

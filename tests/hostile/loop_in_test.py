@@ -1,0 +1,4 @@
+# attack: the function under test hangs
+def f(x):
+    while True:
+        pass

@@ -1,0 +1,9 @@
+# attack: exit with status 0 before any test runs
+import os
+
+
+def f(x):
+    return x + 1 if False else 0
+
+
+os._exit(0)

@@ -1,0 +1,2 @@
+# attack: raise SystemExit(0) at import time
+raise SystemExit(0)

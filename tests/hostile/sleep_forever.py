@@ -1,0 +1,6 @@
+# attack: sleeps past every deadline, ignoring SIGTERM
+import signal
+import time
+
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+time.sleep(10**6)

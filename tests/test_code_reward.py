@@ -1,0 +1,211 @@
+"""The ``code`` reward: extraction, forbidden names, HumanEval/MBPP reference solutions, scoring paths, an RL run."""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from rlft.rewards import REWARDS, score_batch
+from rlft.rewards.code import Code, extract_code, forbidden_use, humaneval_program, score, task_fields
+from rlft.rewards.pool import RewardPool, active_pool
+from test_sandbox import needs_full, no_sandbox_process_left
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+HUMANEVAL = DATA / "humaneval" / "HumanEval.jsonl"
+MBPP = DATA / "mbpp" / "mbpp.jsonl"
+MBPP_BROKEN: dict[int, str] = {}  # task id -> why its reference code fails its own tests (none in this revision)
+
+
+def _jsonl(path: Path) -> list[dict]:
+    if not path.is_file():
+        pytest.skip(f"{path} not found (the shared data folder is only in the dev checkout)")
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+@pytest.mark.parametrize("completion, code", [
+    ("def f():\n    return 1\n", "def f():\n    return 1\n"),  # no fence: the raw text
+    ("Sure:\n```python\nx = 1\n```\nDone.", "x = 1\n"),
+    ("```\nx = 1\n```", "x = 1\n"),  # no language tag
+    ("```py\na = 1\n```\ntext\n```python\nb = 2\n```\n", "b = 2\n"),  # the last block
+    ("  ```python\n  x = 1\n  ```", "  x = 1\n"),  # an indented fence
+    ("```python\nx = 1\ny = ", "x = 1\ny = "),  # cut short: what follows the unclosed fence
+    ("inline ```x``` is not a block", "inline ```x``` is not a block"),
+    ("```python\n```", ""),
+])
+def test_extract_code(completion, code):
+    assert extract_code(completion) == code
+
+
+@pytest.mark.parametrize("program, forbidden, hit", [
+    ("import os", ["os"], "os"),
+    ("import os.path", ["os"], "os"),
+    ("import os as o", ["os"], "os"),
+    ("from os import path", ["os"], "os"),
+    ("from os.path import join", ["os"], "os"),
+    ("__import__('os')", ["os"], "os"),
+    ("import importlib\nimportlib.import_module('o' + 's')", ["os"], "os"),
+    ("__import__(''.join(['o', 's']))", ["os"], "os"),
+    ("__import__('so'[::-1])", ["os"], "os"),
+    ("import pathlib\npathlib.os.getcwd()", ["os"], "os"),
+    ("eval('1 + 1')", ["eval"], "eval"),
+    ("import builtins\nbuiltins.eval('1')", ["eval"], "eval"),
+    ("getattr(__builtins__, 'ev' + 'al')", ["eval"], "eval"),
+    ("__builtins__.__dict__['ex' 'ec']", ["exec"], "exec"),
+    ("import os\nos.system('ls')", ["os.system"], "os.system"),
+    ("import sys\nsys._getframe(1)", [], "_getframe"),  # INTROSPECTION is always refused
+    ("import gc", [], "gc"),
+    # whole names, never substrings
+    ("osmosis = 1\ncosine = 2", ["os"], None),
+    ("import math\nmath.cos(1)", ["os"], None),
+    ("def evaluate(x):\n    return x", ["eval"], None),
+    ("record.os_name = 1", ["os"], None),
+    ("words = ['os', 'eval']", ["os", "eval"], None),  # data, not passed to a call
+    ("import os\nos.path.join('a')", ["os.system"], None),
+    ("import ossify", ["os"], None),
+])
+def test_forbidden_names(program, forbidden, hit):
+    assert forbidden_use(ast.parse(program), forbidden) == hit
+
+
+def test_score_returns_the_verdict():
+    prompt, test = "def add(a, b):\n", "def check(f):\n    assert f(2, 3) == 5\n"
+    assert score(prompt, "    return a + b\n", test, "add", 5.0, [])["passed"] is True
+    wrong = score(prompt, "    return a - b\n", test, "add", 5.0, [])
+    assert (wrong["passed"], wrong["fraction"], wrong["status"], wrong["n_tests"]) == (False, 0.0, "ok", 1)
+    assert score(prompt, "    return (a +\n", test, "add", 5.0, [])["status"] == "syntax_error"
+    banned = score(prompt, "    import os\n    return a + b\n", test, "add", 5.0, ["os"])
+    assert (banned["passed"], banned["status"]) == (False, "forbidden")
+
+
+def test_humaneval_program_accepts_a_body_or_a_full_function():
+    prompt = "import math\n\ndef helper(x):\n    return x\n\ndef f(x):\n    \"\"\"Square root.\"\"\"\n"
+    body = humaneval_program(prompt, "    return math.sqrt(helper(x))\n", "f")
+    assert body == prompt + "    return math.sqrt(helper(x))\n"
+    full = humaneval_program(prompt, "```python\ndef f(x):\n    return math.sqrt(helper(x))\n```", "f")
+    assert full.startswith(prompt.rstrip()) and full.endswith("def f(x):\n    return math.sqrt(helper(x))\n")
+    test = "def check(c):\n    assert c(4) == 2.0\n"
+    for completion in ("    return math.sqrt(helper(x))\n", "```python\ndef f(x):\n    return math.sqrt(x)\n```"):
+        assert score(prompt, completion, test, "f", 5.0, [])["passed"]
+
+
+@pytest.mark.parametrize("sample", [
+    {"prompt": "q", "extra": {"test_list": ["assert sq(3) == 9", "assert sq(2) == 5"]}},  # plain row
+    {"prompt": [{"role": "user", "content": "q"}], "extra": {"extra_info": {"test_list": ["assert sq(3) == 9",
+                                                                                        "assert sq(2) == 5"]}}},
+])
+def test_fields_plain_or_verl_and_modes(sample):
+    completion = "```python\ndef sq(x):\n    return x * x\n```"
+    assert Code()(completion, sample) == 0.5
+    assert Code(mode="pass")(completion, sample) == 0.0
+    assert REWARDS.get("code_pass")(completion, sample) == 0.0
+    assert task_fields(sample)["test_list"][0] == "assert sq(3) == 9"
+
+
+def test_no_tests_is_unscorable():
+    for sample in ({"prompt": "q", "extra": {}}, {"prompt": "q", "extra": {"extra_info": {"test_list": []}}},
+                   {"prompt": "q", "extra": {"test": "def check(c): pass"}}):  # a check without entry point
+        assert Code()("def f(): pass", sample) is None
+
+
+def test_parameters_are_validated():
+    assert REWARDS.build("code", {"timeout_s": 2.0, "forbidden": ("os",)}).deadline_s > 2.0
+    for bad in ({"timeout_s": 0}, {"mode": "half"}, {"memory_mb": 0}, {"forbidden": ("",)}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            Code(**bad)
+
+
+def test_humaneval_canonical_solutions_pass_and_prompts_alone_fail():
+    rows = _jsonl(HUMANEVAL)
+    assert len(rows) == 164
+    samples = [{"prompt": r["prompt"], "extra": {"test": r["test"], "entry_point": r["entry_point"]}} for r in rows]
+    reward = Code(timeout_s=10.0)
+    with RewardPool(workers=4, deadline_s=30.0) as pool:
+        canonical = pool.score(reward, [r["canonical_solution"] for r in rows], samples, name="code")
+        prompt_only = pool.score(reward, [""] * len(rows), samples, name="code")
+    assert canonical.values.count(1.0) == 164 and canonical.errors == 0
+    assert prompt_only.values.count(0.0) == 164 and prompt_only.errors == 0
+
+
+@pytest.mark.slow
+def test_mbpp_reference_code_passes_its_tests():
+    rows = _jsonl(MBPP)
+    assert len(rows) == 974
+    samples = [{"prompt": r["text"], "extra": r} for r in rows]
+    completions = [f"```python\n{r['code']}\n```" for r in rows]
+    with RewardPool(workers=4, deadline_s=30.0) as pool:
+        got = pool.score(Code(timeout_s=10.0), completions, samples, name="code")
+    failing = {r["task_id"] for r, v in zip(rows, got.values) if v != 1.0}
+    assert failing == set(MBPP_BROKEN)  # 974/974 pass (tasks 367 and 927 need test_setup_code after the program)
+
+
+HANG = "```python\nimport time\ntime.sleep(600)\n```"
+SQUARE = "```python\ndef sq(x):\n    return x * x\n```"
+SQUARE_TASK = {"prompt": "q", "extra": {"test_list": ["assert sq(3) == 9"]}}
+
+
+def test_score_batch_in_process_and_in_the_pool():
+    completions, samples = [SQUARE, HANG, "no code"], [SQUARE_TASK, SQUARE_TASK, {"prompt": "q", "extra": {}}]
+    fns = [("code", Code(timeout_s=1.0))]
+    t0 = time.monotonic()
+    direct = score_batch(completions, samples, fns, [1.0], timeout_s=5.0)
+    assert direct.per_fn["code"] == [1.0, 0.0, None] and direct.errors["code"] == 0
+    with RewardPool(workers=2, deadline_s=1.0).activated():  # the reward's deadline_s overrides the pool's 1 s
+        pooled = score_batch(completions, samples, fns, [1.0], timeout_s=5.0)
+    assert pooled.per_fn["code"] == [1.0, 0.0, None] and pooled.errors["code"] == 0  # a hang is 0.0, not lost
+    assert time.monotonic() - t0 < 15
+    assert no_sandbox_process_left()
+
+
+@dataclass(frozen=True)
+class Impatient(Code):
+    """A code reward whose pool deadline is shorter than its own timeout: the pool kills the worker mid-run."""
+
+    @property
+    def deadline_s(self) -> float:
+        return 1.0
+
+
+@needs_full
+def test_the_pool_killing_a_stuck_worker_leaves_no_sandbox_process():
+    with RewardPool(workers=1, deadline_s=1.0) as pool:
+        got = pool.score(Impatient(timeout_s=60.0), [HANG, SQUARE], [SQUARE_TASK, SQUARE_TASK], name="code")
+        assert got.values == [None, 1.0] and got.errors == 1
+        assert no_sandbox_process_left()
+    assert not list(Path(tempfile.gettempdir()).glob("rlft-sandbox-*"))  # nothing on disk either
+
+
+def _mbpp_rows(n: int, first_id: int) -> list[dict]:
+    return [{"task_id": first_id + i, "text": f"Write a function to add {i} to a number.",
+             "code": f"def add_{i}(x):\r\n    return x + {i}", "test_setup_code": "",
+             "test_list": [f"assert add_{i}(1) == {1 + i}", f"assert add_{i}(0) == {i}"],
+             "challenge_test_list": []} for i in range(n)]
+
+
+def test_a_run_trains_on_mbpp_rows_with_the_code_reward(tmp_path, tiny_size_overrides):
+    from rlft.config import load_config
+    from rlft.data.code_tasks import prepare_mbpp
+    from rlft.run import train
+
+    raw = tmp_path / "mbpp.jsonl"
+    raw.write_text("\n".join(json.dumps(r) for r in _mbpp_rows(8, 11) + _mbpp_rows(8, 601)) + "\n")
+    prepare_mbpp(str(raw), str(tmp_path / "data"))
+    cfg = load_config(None, tiny_size_overrides(
+        tmp_path, "log.name=c", f"data.source={tmp_path / 'data'}", "data.template=raw",
+        "data.max_prompt_tokens=1024", "data.num_eval=4", "reward.fns=[code]", "reward.weights=[1.0]",
+        "reward.workers=1", "eval.correct_fn=code", "eval.format_fn=code", "eval.ks=[1]", "sft.steps=0",
+        "train.steps=2"))
+    run_dir = train(cfg, echo=lambda *a, **k: None).run_dir
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2]
+    for rec in records:
+        assert rec["reward/code/errors"] == 0.0 and 0.0 <= rec["reward/code/mean"] <= 1.0
+        assert all(isinstance(v, (int, float)) and math.isfinite(v) for v in rec.values())
+    assert active_pool() is None
+    assert no_sandbox_process_left()
