@@ -283,9 +283,12 @@ def test_demo_recipe_changes_only_the_algo_and_critic(name):
     assert "Departures from the paper" in " ".join(_head(path)[:3])
 
 
-def test_every_recipe_is_a_preset_recipe():
+TASK_RECIPES = ["grpo_math.yaml", "grpo_mbpp.yaml"]  # tests/test_task_recipes.py runs them
+
+
+def test_every_recipe_is_a_preset_recipe_or_a_task_recipe():
     assert sorted(p.name for p in RECIPES.glob("*.yaml")) == sorted(
-        f"{name}_{task}.yaml" for name in NAMES for task in ("gsm8k", "demo"))
+        [f"{name}_{task}.yaml" for name in NAMES for task in ("gsm8k", "demo")] + TASK_RECIPES)
 
 
 # ----------------------------------------------------------------------------- general consistency checks
