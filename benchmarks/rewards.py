@@ -3,8 +3,8 @@
     python benchmarks/rewards.py --data ../shared/data --repeats 3 --workers 2
 
 - GSM8K: the 1319 reference solutions of the test split, each scored against its
-  own final answer with ``gsm8k_strict`` and ``gsm8k_flexible`` (``score_batch``,
-  in-process, SIGALRM deadline).
+  own final answer with ``gsm8k_strict`` and ``gsm8k_flexible`` in each mode
+  (numeric, verl, verl-0.5; ``score_batch``, in-process, SIGALRM deadline).
 - MATH: the 500 reference answers of MATH-500, each written as a completion that
   ends in ``\\boxed{...}`` and judged against its own answer by ``math`` in a
   ``RewardPool`` of ``--workers`` processes (started once, outside the timing);
@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from rlft.data.gsm8k import extract_solution
-from rlft.rewards import score_batch
+from rlft.rewards import REWARDS, score_batch
 from rlft.rewards.code import Code
 from rlft.rewards.pool import RewardPool
 from rlft.rewards.symbolic import extract_math_answer, math_reward, symbolic_equal
@@ -60,9 +60,12 @@ def main() -> None:
     gsm = read_jsonl(a.data / "gsm8k" / "test.jsonl")
     texts = [r["answer"] for r in gsm]
     samples = [{"ground_truth": extract_solution(r["answer"])} for r in gsm]
-    sec, res = timed(lambda: score_batch(texts, samples, ["gsm8k_strict", "gsm8k_flexible"], [1.0, 1.0]), a.repeats)
-    hits = {name: sum(v == 1.0 for v in vals) for name, vals in res.per_fn.items()}
-    print(f"GSM8K: {len(texts)} completions x 2 checkers in {sec:.3f} s (median of {a.repeats}); correct: {hits}")
+    for mode in ("numeric", "verl", "verl-0.5"):
+        fns = [(m, REWARDS.build(m, {"mode": mode})) for m in ("gsm8k_strict", "gsm8k_flexible")]
+        sec, res = timed(lambda: score_batch(texts, samples, fns, [1.0, 1.0]), a.repeats)
+        hits = {name: sum(v == 1.0 for v in vals) for name, vals in res.per_fn.items()}
+        print(f"GSM8K ({mode}): {len(texts)} completions x 2 checkers in {sec:.3f} s (median of {a.repeats}); "
+              f"correct: {hits}")
 
     rows = read_jsonl(a.data / "math500" / "test.jsonl")
     texts = [f"Putting it together, the answer is \\boxed{{{r['answer']}}}." for r in rows]
