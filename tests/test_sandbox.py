@@ -200,3 +200,62 @@ def test_hostile_programs_fail_for_the_right_reason(name, status, host):
     forbidden = tuple(n.strip() for n in _header(path.read_text(), "forbidden").split(",") if n.strip())
     result = Code(timeout_s=1.0, forbidden=forbidden).check(_program(path, host), _sample(path))
     assert result["status"] == status and not result["passed"], result
+
+
+@needs_full
+def test_the_tests_builtins_and_the_harness_loop_are_bound_before_the_program():
+    """Shadowing or patching builtins that ``check`` or the harness's loop use does not make a test pass."""
+    program = ("import builtins, sys\ndef abs(x):\n    return 0\nbuiltins.len = lambda x: 3\n"
+               "builtins.enumerate = lambda t: [(i, lambda ns: None) for i in range(4)]\n"
+               "sys.modules['__main__'].enumerate = builtins.enumerate\ndef f(x):\n    return [0]\n")
+    check = "def check(candidate):\n    assert abs(candidate(1)[0] - 2) < 1e-9\n    assert len(candidate(1)) == 3\n"
+    r = run(program, check_module=check, entry_point="f", asserts=("assert f(1) == [2]",))
+    assert r.status == "ok" and r.passed == frozenset(), r
+
+
+KNOWN_HOLES = {  # documented in rlft.rewards.sandbox ("does not protect against"); strict: a fix must update it
+    "signal_handler_frame": (
+        "import os, signal\n"
+        "def h(signum, frame):\n"
+        "    while frame is not None:\n"
+        "        names = getattr(frame, 'f_' + chr(108) + 'ocals')\n"
+        "        if 'report' in names:\n"
+        "            names['report']('pass 0')\n"
+        "        frame = getattr(frame, 'f_' + chr(98) + 'ack')\n"
+        "signal.signal(signal.SIGALRM, h)\n"
+        "def f(x):\n"
+        "    signal.setitimer(signal.ITIMER_REAL, 0.001)\n"
+        "    for _ in range(10 ** 6):\n"
+        "        pass\n"
+        "    return 0\n"),
+    "ctypes_memmove": (
+        "import os, re, sys\n"
+        "def walk(c, seen):\n"
+        "    for s in type.__subclasses__(c):\n"
+        "        if s.__name__ not in seen:\n"
+        "            seen[s.__name__] = s\n"
+        "            walk(s, seen)\n"
+        "    return seen\n"
+        "copy = getattr(walk(object, {})['CDLL'].__init__, '__glob' + chr(97) + 'ls__')['memmove']\n"
+        "found, buf = set(), bytes(1 << 20)\n"
+        "for line in open('/proc/self/maps').read().splitlines():\n"
+        "    addr, perms = line.split()[:2]\n"
+        "    if perms.startswith('rw'):\n"
+        "        lo, hi = (int(a, 16) for a in addr.split('-'))\n"
+        "        for pos in range(lo, hi, len(buf)):\n"
+        "            n = min(len(buf), hi - pos)\n"
+        "            copy(id(buf) + 32, pos, n)\n"
+        "            found |= set(re.findall(rb'(?<![0-9a-f])[0-9a-f]{32}(?![0-9a-f])', buf[:n]))\n"
+        "for nonce in found:\n"
+        "    os.write(int(sys.argv[1]), nonce + b' pass 0\\n')\n"
+        "def f(x):\n"
+        "    return 0\n"),
+}
+
+
+@needs_full
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="a known hole, documented in the sandbox")
+@pytest.mark.parametrize("name", sorted(KNOWN_HOLES))
+def test_known_holes_still_forge_a_pass(name):
+    result = Code(timeout_s=3.0).check(f"```python\n{KNOWN_HOLES[name]}```", {"extra": dict(MBPP_TASK)})
+    assert not result["n_passed"], result

@@ -37,9 +37,22 @@ What this protects against (each is in ``tests/hostile/``):
   visible in the PID namespace, and ``nobody`` may not signal root's);
 - forged verdicts: ``os._exit(0)``, ``SystemExit``, ``sys.exit``, redefining
   ``exit`` or ``AssertionError``, printing a success marker, killing the parent,
-  patching the harness's module globals (the harness runs on locals bound before
-  the program), tracers (``sys.settrace``/``sys.setprofile`` are reset before each
+  patching the harness's module globals or the builtins its loop uses
+  (``builtins.enumerate``, ``BaseException``: the harness runs on locals bound
+  before the program), patching or shadowing builtins that HumanEval's ``check``
+  uses (it gets a copy of builtins taken before the program, and the program's
+  names that shadow a builtin are not copied into its module), exceptions whose
+  ``__str__``/``__del__`` run code while reported, invalid UTF-8 or floods on the
+  report pipe, tracers (``sys.settrace``/``sys.setprofile`` are reset before each
   test and removed from ``sys``);
+- reaching the harness's frames or memory by names computed at run time, where
+  Python audits it: an audit hook (which the program cannot remove) refuses
+  ``ctypes`` calls that load libraries or wrap addresses (``CDLL``,
+  ``from_address``, ``string_at``: ctypes stays loaded in the harness and its
+  classes are reachable through ``object.__subclasses__()``), ``gc``'s object
+  walks, ``tb_frame``/``gi_frame``/``cr_frame``/``ag_frame``, ``sys._getframe``,
+  ``sys._current_frames``, new code objects (``CodeType``, ``code.replace``) and
+  further audit hooks;
 - forbidden modules and builtins named in the job, at run time: a meta-path
   finder refuses them (``import``, ``__import__``, ``importlib.import_module``),
   they are dropped from ``sys.modules``, and forbidden builtins are deleted from
@@ -48,15 +61,25 @@ What this protects against (each is in ``tests/hostile/``):
 
 What it does **not** protect against:
 
-- a program that reads the nonce from its own process (``/proc/self/mem``, the
-  harness's frames via string-built attribute names such as
-  ``getattr(tb, 'tb_' + 'frame')``, ``gc`` reached without naming it) can forge
-  pass lines. The code reward refuses the names that lead there
-  (``INTROSPECTION`` in ``rlft.rewards.code``); what is computed at run time
-  past that is not caught;
+- a program that reads the nonce (or calls the harness's ``report``) from its own
+  process by routes Python does not audit can forge pass lines: a signal handler
+  receives the running frame (``signal.signal`` + ``setitimer``, then
+  ``f_back``/``f_locals`` named at run time); ctypes' unaudited parts, reached
+  through ``object.__subclasses__()`` and names computed at run time
+  (``memmove`` from ``CDLL.__init__`` 's globals, a ``_SimpleCData`` subclass
+  built on an address) read the whole address space (``/proc/self/maps`` is
+  readable); crafted bytecode from ``marshal.loads`` (imports need it, so it is
+  not refused); ``/proc/self/mem`` where the program keeps its uid (it is
+  non-dumpable after the drop to ``nobody``). The code reward refuses the names
+  that lead there (``INTROSPECTION`` in ``rlft.rewards.code``); what is computed
+  at run time past that and the audit hook is not caught (the known holes are
+  ``KNOWN_HOLES`` in ``tests/test_sandbox.py``);
 - objects that compare equal to everything (``__eq__`` returning True) pass
-  ``assert f(x) == y`` tests; a tracer installed *inside* the candidate function
-  can still alter the test's frame while it runs;
+  ``assert f(x) == y`` tests; MBPP's asserts run in the program's namespace, so
+  the program may redefine or patch any name they use (``def sorted``,
+  ``builtins.set``), and any test may be fooled by patched modules it uses
+  (``math.isclose = lambda *a, **k: True``); a tracer installed *inside* the
+  candidate function can still alter the test's frame while it runs;
 - CPU or memory pressure on the host: limits are per process (total memory is
   bounded by ``max_procs * memory_mb``), not a cgroup; reading world-readable
   host files (the filesystem is not hidden, only made unwritable);
@@ -186,11 +209,15 @@ def _load_tests(job: dict, run):
     """Test callables ``test(namespace)``, defined before the program runs."""
     tests = []
     if job.get("check_module"):
-        module = {"__name__": "checker"}
-        run(compile(job["check_module"], "<tests>", "exec"), module)
-        check, entry, own = module["check"], job["entry_point"], set(module)
+        import builtins
 
-        def call_check(ns: dict) -> None:  # the test's own names win; helpers (HumanEval/32's poly) come from ns
+        # A copy of builtins, taken before the program runs: patching ``builtins.abs`` does not reach ``check``.
+        module = {"__name__": "checker", "__builtins__": dict(builtins.__dict__)}
+        run(compile(job["check_module"], "<tests>", "exec"), module)
+        check, entry, own = module["check"], job["entry_point"], set(module) | set(module["__builtins__"])
+
+        def call_check(ns: dict) -> None:  # the test's own names and builtins win; helpers (HumanEval/32's
+            # poly) come from ns
             module.update((k, v) for k, v in ns.items() if k not in own)
             check(ns[entry])
 
@@ -201,16 +228,35 @@ def _load_tests(job: dict, run):
     return tests
 
 
-def _describe(e: BaseException) -> str:
+def _describe(e: BaseException, type=type, BaseException=BaseException) -> str:  # bound before the program
     try:
         return f"{type(e).__name__}: {e}"[:200].replace("\n", " ")
     except BaseException:
-        return type(e).__name__
+        return "an exception"
+
+
+def _audit_guard(refused_events=("ctypes.", "gc.", "sys._getframe", "sys._current_", "code.__new__",
+                                 "sys.addaudithook"),
+                 refused_attributes=frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame"}),
+                 error=RuntimeError) -> None:
+    """Refuse, by audit hook (which the program cannot remove), what reaches the harness's frames or memory
+    under any name: ctypes (its classes stay loaded, reachable through ``object.__subclasses__()``), gc,
+    frames from tracebacks and generators, new code objects (crafted bytecode), other audit hooks.
+    The hook uses only its default arguments: the program may patch builtins and the harness's globals."""
+
+    def hook(event: str, args: tuple, refused_events=refused_events, refused_attributes=refused_attributes,
+             error=error) -> None:
+        if event.startswith(refused_events) or (event == "object.__getattr__" and args[1] in refused_attributes):
+            raise error(f"{event} is refused in the sandbox")
+
+    sys.addaudithook(hook)
 
 
 def _child(job: dict, fd: int, lifeline: int, libc) -> None:
     """C: contain, load the tests, run the program, report each test that returned normally."""
-    run, write, exit_, describe = exec, os.write, os._exit, _describe  # the program may patch the globals
+    # The program may patch the harness's globals and builtins: what runs after it is bound here.
+    run, write, exit_, describe, enumerate_, base_exception = exec, os.write, os._exit, _describe, enumerate, \
+        BaseException
     settrace, setprofile = sys.settrace, sys.setprofile
     nonce = job.pop("nonce").encode()
 
@@ -255,18 +301,19 @@ def _child(job: dict, fd: int, lifeline: int, libc) -> None:
     _guard_imports(job["forbidden"])
     for attr in ("_getframe", "_current_frames", "settrace", "setprofile", "_current_exceptions"):
         sys.__dict__.pop(attr, None)
+    _audit_guard()
     try:
         run(program, ns)
         run(setup, ns)
-    except BaseException as e:
+    except base_exception as e:
         report(f"error {describe(e)}")
         exit_(0)
-    for i, test in enumerate(tests):
+    for i, test in enumerate_(tests):
         settrace(None)
         setprofile(None)
         try:
             test(ns)
-        except BaseException as e:
+        except base_exception as e:
             report(f"fail {i} {describe(e)}")
             continue
         report(f"pass {i}")

@@ -1,0 +1,10 @@
+# attack: build code objects at run time (crafted bytecode reads arbitrary memory)
+def g():
+    return 0
+
+
+g.__code__ = g.__code__.replace(co_consts=(None, 0))
+
+
+def f(x):
+    return g()
