@@ -1,0 +1,106 @@
+"""Preference data: (prompt, chosen, rejected) pairs from three row layouts.
+
+- **pairs**: ``{"prompt": ..., "chosen": ..., "rejected": ...}``; the prompt may
+  be text or chat messages, the responses text.
+- **K-way rankings**: ``{"prompt": ..., "ranking": [best, ..., worst]}``, split
+  into all C(K, 2) pairs (InstructGPT §3.5); :class:`Ranking` keeps the K
+  responses together so a trainer can score each once and use every pair as
+  one batch element.
+- **HH-RLHF text**: ``{"chosen": "\\n\\nHuman: ... \\n\\nAssistant: ...",
+  "rejected": "..."}``: the two transcripts share every turn but the last
+  assistant turn; their common part, cut back to its last
+  ``"\\n\\nAssistant:"``, is the prompt, and the rest of each the response (a
+  few rows have a "Human: ... Assistant:" written inside the last turn, so the
+  last marker of one transcript alone is not the split).
+
+A malformed row is a ``DataError`` naming the source, the row (0-based) and the field.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from itertools import combinations
+
+from rlft.data.schema import DataError, Prompt, _message
+
+ASSISTANT = "\n\nAssistant:"
+
+
+@dataclass(frozen=True)
+class Ranking:
+    """One prompt and its responses, best first (a pair is a ranking of two)."""
+
+    prompt: Prompt
+    responses: tuple[str, ...]
+
+    def pairs(self) -> list[tuple[str, str]]:
+        """Every (chosen, rejected) pair: C(K, 2) of them, the better response first."""
+        return [(self.responses[i], self.responses[j]) for i, j in combinations(range(len(self.responses)), 2)]
+
+
+def split_hh(chosen: str, rejected: str) -> tuple[str, str, str]:
+    """An HH-RLHF pair of transcripts -> (shared prompt ending in "Assistant:", chosen turn, rejected turn).
+
+    >>> split_hh("\\n\\nHuman: hi\\n\\nAssistant: hello", "\\n\\nHuman: hi\\n\\nAssistant: go away")
+    ('\\n\\nHuman: hi\\n\\nAssistant:', ' hello', ' go away')
+    """
+    if ASSISTANT not in chosen:
+        raise ValueError(f"no {ASSISTANT.strip()!r} turn in 'chosen'")
+    shared = len(os.path.commonprefix([chosen, rejected]))
+    k = chosen.rfind(ASSISTANT, 0, shared)  # the last assistant turn both transcripts open
+    if k < 0:
+        raise ValueError("'chosen' and 'rejected' share no assistant turn")
+    prompt = chosen[:k + len(ASSISTANT)]
+    return prompt, chosen[len(prompt):], rejected[len(prompt):]
+
+
+def rows_to_rankings(rows: Iterable[Mapping], *, source: str) -> list[Ranking]:
+    """Rows of any of the three layouts (mixed is fine) -> rankings; errors name source, row and field."""
+    out = []
+    for i, row in enumerate(rows):
+        try:
+            out.append(_row_to_ranking(row))
+        except (KeyError, TypeError, ValueError) as e:
+            field, problem = e.args if len(e.args) == 2 else ("<row>", str(e))
+            raise DataError(f"{source}: row {i}: field {field!r}: {problem}") from None
+    return out
+
+
+def _row_to_ranking(row: Mapping) -> Ranking:
+    if not isinstance(row, Mapping):
+        raise TypeError("<row>", f"expected an object, got {type(row).__name__}")
+    if "ranking" in row:
+        responses = row["ranking"]
+        if not isinstance(responses, (list, tuple)) or len(responses) < 2:
+            raise ValueError("ranking", "expected a list of at least 2 responses, best first")
+        return Ranking(_prompt(row), tuple(_text(r, f"ranking[{j}]") for j, r in enumerate(responses)))
+    chosen, rejected = _text(row.get("chosen"), "chosen"), _text(row.get("rejected"), "rejected")
+    if "prompt" in row:
+        return Ranking(_prompt(row), (chosen, rejected))
+    try:
+        prompt, chosen, rejected = split_hh(chosen, rejected)
+    except ValueError as e:
+        raise ValueError("chosen", f"{e} (no 'prompt' field, so the HH-RLHF text layout was assumed)") from None
+    return Ranking(prompt, (chosen, rejected))
+
+
+def _prompt(row: Mapping) -> Prompt:
+    value = row.get("prompt")
+    if isinstance(value, str) and value:
+        return value
+    if isinstance(value, (list, tuple)) and value:
+        try:
+            return tuple(_message(m, f"prompt[{j}]") for j, m in enumerate(value))
+        except Exception as e:  # schema's _RowError carries the field
+            raise ValueError(getattr(e, "field_name", "prompt"), getattr(e, "problem", str(e))) from None
+    raise ValueError("prompt", f"expected a non-empty string or list of messages, got {type(value).__name__}")
+
+
+def _text(value, field: str) -> str:
+    if not isinstance(value, str):
+        raise TypeError(field, f"expected a string, got {type(value).__name__}")
+    if not value.strip():
+        raise ValueError(field, "empty response")
+    return value
