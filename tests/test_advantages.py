@@ -25,6 +25,7 @@ NAN = float("nan")
 INF = float("inf")
 PURE = {"group_norm": group_norm, "group_mean": group_mean, "rloo": rloo}
 TOKEN_LEVEL = ["gae", "reinforce", "reinforce_pp"]
+RPPB = "reinforce_pp_baseline"
 
 
 def cfg(**kw):
@@ -105,7 +106,8 @@ def _naive(scores, G, kind, eps=1e-6):
 
 
 def test_registry_names_and_contract():
-    assert set(ADVANTAGES.names()) == {"group_norm", "group_mean", "rloo", "gae", "reinforce", "reinforce_pp"}
+    assert set(ADVANTAGES.names()) == {"group_norm", "group_mean", "rloo", "gae", "reinforce", "reinforce_pp",
+                                       "reinforce_pp_baseline"}
     scores, mask, tr, values = ragged(B=4, T=5, seed=3)
     inp = AdvantageInputs(scores, mask, 2, token_rewards=tr, values=values, baseline=0.1)
     for name in ADVANTAGES.names():
@@ -433,6 +435,140 @@ def test_reinforce_pp_is_global_not_per_group():
     assert adv[1, :2].sum().item() < -0.5  # not centred per sequence: row 1's returns are below the batch mean
 
 
+# ---------------------------------------------------------------- REINFORCE++-baseline
+
+
+def naive_rpp_baseline(scores, mask, tr, G):
+    """Loop reference: R_i = score + sum of valid token rewards, minus the mean R of its group's scorable samples,
+    one value per valid token, whitened with the mean and the unbiased variance of those tokens (+ 1e-8)."""
+    B, T = mask.shape
+    R = [float(scores[b]) + sum(float(tr[b, t]) for t in range(T) if mask[b, t]) for b in range(B)]
+    centred = []
+    for b in range(B):
+        group = [R[j] for j in range(b - b % G, b - b % G + G) if not math.isnan(R[j])]
+        centred.append(0.0 if math.isnan(R[b]) or len(group) < 2 else R[b] - sum(group) / len(group))
+    cells = [(b, t) for b in range(B) for t in range(T) if mask[b, t] and not math.isnan(R[b])]
+    xs = [centred[b] for b, _ in cells]
+    mu = sum(xs) / len(xs)
+    sd = math.sqrt(sum((x - mu) ** 2 for x in xs) / (len(xs) - 1) + 1e-8)
+    adv = torch.zeros(B, T, dtype=torch.float64)
+    ret = torch.zeros(B, T, dtype=torch.float64)
+    for b, t in cells:
+        adv[b, t] = (centred[b] - mu) / sd
+        ret[b, t] = R[b]
+    return adv, ret
+
+
+def rppb_hand_batch():
+    """P = 2 groups of G = 3; row 2 is unscorable.  Outcome rewards R = score + sum of valid token rewards:
+    group 0: R = [1 - 0.25 - 0.25, 0, NaN] = [0.5, 0, NaN] -> mean 0.25 (NaN excluded) -> centred [0.25, -0.25, 0]
+    group 1: R = [3, 1, 2]                                 -> mean 2                    -> centred [1, -1, 0]
+    """
+    scores = torch.tensor([1.0, 0.0, NAN, 3.0, 1.0, 2.0], dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1], [1, 0, 0], [1, 1, 0], [1, 1, 1]])
+    tr = torch.zeros(6, 3, dtype=torch.float64)
+    tr[0] = torch.tensor([-0.25, -0.25, 7.0])  # 7.0 under the mask
+    tr[2] = torch.tensor([5.0, 5.0, 5.0])  # rewards of the unscorable row
+    return AdvantageInputs(scores, mask, 3, token_rewards=tr)
+
+
+def test_reinforce_pp_baseline_hand():
+    inp = rppb_hand_batch()
+    adv, ret = ADVANTAGES.get(RPPB)(inp, cfg())
+    # the centred rewards, one per valid token of the scorable rows (0, 1, 3, 4, 5): 9 tokens, sum -0.75
+    xs = [0.25, 0.25, -0.25, 1.0, -1.0, -1.0, 0.0, 0.0, 0.0]
+    mu = -1.0 / 12.0  # token-weighted: rows with more tokens weigh more
+    var = (sum(x * x for x in xs) - 9 * mu**2) / 8  # unbiased: (sum x^2 - n mu^2) / (n - 1)
+    assert mu == pytest.approx(statistics.mean(xs), abs=1e-15) and var == pytest.approx(statistics.variance(xs))
+    sd = math.sqrt(var + 1e-8)
+    a = [(x - mu) / sd for x in (0.25, -0.25, 1.0, -1.0, 0.0)]
+    want = torch.tensor([[a[0], a[0], 0.0], [a[1], 0.0, 0.0], [0.0, 0.0, 0.0],
+                         [a[2], 0.0, 0.0], [a[3], a[3], 0.0], [a[4], a[4], a[4]]], dtype=torch.float64)
+    torch.testing.assert_close(adv, want)  # float64: rounding ~1e-16
+    assert adv[5, 0] > 0  # centred to 0, then shifted by the whitening mean, as verl
+    want_ret = torch.tensor([[0.5, 0.5, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0],
+                             [3.0, 0.0, 0.0], [1.0, 1.0, 0.0], [2.0, 2.0, 2.0]], dtype=torch.float64)
+    torch.testing.assert_close(ret, want_ret)  # ret = R_i, before centring and whitening
+    kept = adv[(inp.mask != 0) & ~torch.isnan(inp.scores)[:, None]].tolist()
+    assert statistics.mean(kept) == pytest.approx(0.0, abs=1e-12)
+    assert statistics.variance(kept) == pytest.approx(var / (var + 1e-8), rel=1e-12)
+
+
+@pytest.mark.parametrize("G", [1, 2, 3, 6])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_reinforce_pp_baseline_vs_naive_loop(G, seed):
+    scores, mask, tr, _ = ragged(B=12, T=6, seed=20 + seed, holes=True)
+    scores[[1, 7]] = NAN
+    scores[8:10] = scores[8].item()  # equal scores (their token rewards still differ)
+    adv, ret = ADVANTAGES.get(RPPB)(AdvantageInputs(scores, mask, G, token_rewards=tr), cfg())
+    want_adv, want_ret = naive_rpp_baseline(scores, mask, tr, G)
+    torch.testing.assert_close(adv, want_adv)
+    torch.testing.assert_close(ret, want_ret)
+    if G == 1:  # a group of one is its own baseline: every sequence is centred to 0, so all of adv is 0
+        assert (adv == 0).all()
+
+
+def test_reinforce_pp_baseline_degenerate_groups_and_whole_batch():
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1], [1, 1, 1]])
+    scores = torch.tensor([0.3, 0.3, 0.7, NAN], dtype=torch.float64)  # group 0 all equal, group 1 one valid sample
+    adv, ret = ADVANTAGES.get(RPPB)(AdvantageInputs(scores, mask, 2), cfg())
+    assert (adv == 0).all()  # every centred value is exactly 0, so the batch mean and variance are 0 as well
+    torch.testing.assert_close(ret, torch.tensor([[0.3, 0.3, 0.0], [0.3, 0.0, 0.0], [0.7, 0.7, 0.7], [0.0] * 3],
+                                                 dtype=torch.float64))
+    one = AdvantageInputs(torch.tensor([1.0, 0.0]), torch.tensor([[1, 0], [0, 0]]), 2)  # one valid token in all
+    adv, ret = ADVANTAGES.get(RPPB)(one, cfg())
+    assert adv.tolist() == [[0.0, 0.0], [0.0, 0.0]]  # variance of one token is 0 here (verl's masked_var raises)
+    assert ret.tolist() == [[1.0, 0.0], [0.0, 0.0]]
+
+
+def test_reinforce_pp_baseline_unscorable_sample_changes_nothing_else():
+    inp = rppb_hand_batch()
+    adv, ret = ADVANTAGES.get(RPPB)(inp, cfg())
+    assert (adv[2] == 0).all() and (ret[2] == 0).all()
+    mask, tr = inp.mask.clone(), inp.token_rewards.clone()
+    mask[2] = torch.tensor([1, 0, 0])  # another length and other rewards for the unscorable row
+    tr[2] = torch.tensor([-INF, NAN, 1e30], dtype=torch.float64)
+    adv2, ret2 = ADVANTAGES.get(RPPB)(AdvantageInputs(inp.scores, mask, 3, token_rewards=tr), cfg())
+    torch.testing.assert_close(adv2, adv)
+    torch.testing.assert_close(ret2, ret)
+    # a NaN sample weighs like a sample scoring its group's mean with no token: neither moves a mean nor a token
+    scores, mask = inp.scores.clone(), inp.mask.clone()
+    scores[2], mask[2] = 0.25, 0
+    adv3, ret3 = ADVANTAGES.get(RPPB)(AdvantageInputs(scores, mask, 3, token_rewards=inp.token_rewards), cfg())
+    torch.testing.assert_close(adv3, adv)
+    torch.testing.assert_close(ret3, ret)
+
+
+def test_reinforce_pp_baseline_permutation_equivariance():
+    scores, mask, tr, _ = ragged(B=12, T=5, seed=30, holes=True)
+    scores[4] = NAN
+    G = 4
+    base = ADVANTAGES.get(RPPB)(AdvantageInputs(scores, mask, G, token_rewards=tr), cfg())
+    within = torch.cat([torch.randperm(G, generator=torch.Generator().manual_seed(p)) + p * G for p in range(3)])
+    groups = torch.tensor([8, 9, 10, 11, 0, 1, 2, 3, 4, 5, 6, 7])  # whole groups moved, each still contiguous
+    for perm in (within, groups, within[groups]):
+        got = ADVANTAGES.get(RPPB)(AdvantageInputs(scores[perm], mask[perm], G, token_rewards=tr[perm]), cfg())
+        for x, y in zip(got, base):  # rows follow their sequence; float64 sums in another order: rounding ~1e-16
+            torch.testing.assert_close(x, y[perm])
+    split = ADVANTAGES.get(RPPB)(AdvantageInputs(scores, mask, 2, token_rewards=tr), cfg())[0]
+    assert not torch.allclose(split, base[0])  # but regrouping changes the baselines
+
+
+def test_reinforce_pp_baseline_relations_to_other_estimators():
+    scores, mask, tr, _ = ragged(B=8, T=6, seed=40)
+    scores[5] = NAN
+    inp = AdvantageInputs(scores, mask, 4, token_rewards=tr)
+    adv, ret = ADVANTAGES.get(RPPB)(inp, cfg())
+    centred, _ = ADVANTAGES.get("group_mean")(inp, cfg())  # the same centring, not whitened
+    keep = (mask != 0) & ~torch.isnan(scores)[:, None]
+    xs = centred[keep].tolist()
+    mu, sd = statistics.mean(xs), math.sqrt(statistics.variance(xs) + 1e-8)
+    torch.testing.assert_close(adv[keep], (centred[keep] - mu) / sd)
+    plain = AdvantageInputs(scores, mask, 4)  # no token rewards: ret is the score, as reinforce_pp's with gamma = 1
+    torch.testing.assert_close(ADVANTAGES.get(RPPB)(plain, cfg())[1], ADVANTAGES.get("reinforce_pp")(plain, cfg())[1])
+    assert not torch.allclose(ADVANTAGES.get(RPPB)(plain, cfg())[0], adv)  # the KL-in-reward term moves R
+
+
 # ---------------------------------------------------------------- NaN handling and invariance (token level)
 
 
@@ -458,7 +594,7 @@ def test_unscorable_and_empty_sequences(name):
     torch.testing.assert_close(ret[:2], ret2)
 
 
-@pytest.mark.parametrize("name", ["group_norm", "group_mean", "rloo", *TOKEN_LEVEL])
+@pytest.mark.parametrize("name", ["group_norm", "group_mean", "rloo", *TOKEN_LEVEL, RPPB])
 def test_junk_under_mask_changes_nothing(name):
     scores, mask, tr, values = ragged(B=6, T=5, seed=12, holes=True)
     c = cfg(gamma=0.9, lam=0.7, lam_critic=0.9, whiten_adv=True, baseline="batch_mean")

@@ -278,6 +278,44 @@ def test_kl_in_reward_shifts_group_outcomes(ds_state, monkeypatch):
     assert batch.adv[0, 2] == 0
 
 
+def test_reinforce_pp_baseline_config_and_training(run):
+    from rlft.config import ConfigError
+    from rlft.config import load_config as lc
+
+    a = lc(None, ["algo.advantage=reinforce_pp_baseline", "algo.group_size=4"]).algo
+    assert a.uses_groups and a.sequence_constant_adv and not a.needs_critic
+    assert lc(None, ["algo.advantage=reinforce_pp_baseline", "algo.policy_loss=gspo"]).algo.policy_loss == "gspo"
+    with pytest.raises(ConfigError, match="algo.group_size: must be >= 2 with advantage 'reinforce_pp_baseline'"):
+        lc(None, ["algo.advantage=reinforce_pp_baseline", "algo.group_size=1"])
+    # the paper's setting: KL (k2) in the reward, group sampling, clipped ratio (REINFORCE++ w/ baseline)
+    _, records, cfg = run("algo.advantage=reinforce_pp_baseline", "algo.kl_in=reward", "algo.kl_coef=0.01",
+                          "algo.kl_estimator=k2")
+    assert cfg.algo.group_size == 2
+    finite_keys(records, ["actor/pg_loss", "actor/reward_kl_penalty", "actor/reward_kl_penalty_coeff"])
+
+
+def test_reinforce_pp_baseline_through_the_trainer(ds_state):
+    from rlft.config import load_config as lc
+    from rlft.core.kl import make_kl_controller
+
+    state, _ = ds_state([], max_rounds=0)
+    cfg = lc(None, ["algo.advantage=reinforce_pp_baseline", "algo.group_size=2", "algo.kl_in=reward",
+                    "algo.kl_coef=0.5", "algo.kl_estimator=k1"])
+    state.kl_ctl = make_kl_controller(0.5, 0.0, 1)
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    batch = Batch(prompt_ids=torch.zeros(2, 1, dtype=torch.long), prompt_mask=torch.ones(2, 1, dtype=torch.long),
+                  response_ids=torch.zeros(2, 3, dtype=torch.long), response_mask=mask,
+                  truncated=torch.tensor([False, False]), group_size=2, scores=torch.tensor([1.0, 1.0]))
+    batch.old_logp = torch.tensor([[-1.0, -1.0, 9.0], [-1.0, -1.0, -1.0]])
+    batch.ref_logp = torch.tensor([[-1.5, -1.0, 0.0], [-2.0, -2.0, -2.0]])
+    rl.compute_advantages(state, batch, cfg)
+    # k1 per token: row 0 [0.5, 0], row 1 [1, 1, 1]; R = 1 - 0.5 * sum -> [0.75, -0.5]; group mean 0.125 ->
+    # centred [0.625, -0.625] on 2 + 3 tokens: token mean -0.125, unbiased variance (2 * 0.75^2 + 3 * 0.5^2) / 4
+    sd = math.sqrt((2 * 0.75**2 + 3 * 0.5**2) / 4 + 1e-8)
+    torch.testing.assert_close(batch.adv, torch.tensor([[0.75 / sd, 0.75 / sd, 0.0], [-0.5 / sd] * 3]))
+    torch.testing.assert_close(batch.ret, torch.tensor([[0.75, 0.75, 0.0], [-0.5] * 3]))
+
+
 def test_time_budget_stops_rl(tmp_path, tiny_size_overrides):
     lines: list[str] = []
     cfg = load_config(None, tiny_size_overrides(tmp_path, "log.name=b", "train.steps=50", "train.time_budget_s=1e-9",

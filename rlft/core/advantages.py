@@ -25,13 +25,18 @@ Conventions (fixed here, tested in ``tests/test_advantages.py``):
 * **Outcome reward of the group estimators** is ``score + sum_t token_rewards_t``
   over valid tokens (KL-in-reward, as OpenRLHF's RLOO).  The sequence advantage
   is broadcast over valid tokens and ``ret = adv`` (verl's outcome convention).
+* **reinforce_pp_baseline** is ``group_mean`` of that outcome reward, broadcast
+  over valid tokens, then whitened over all valid tokens of the scorable
+  sequences (see :func:`reinforce_pp_baseline` for where it differs from verl).
+  Its ``ret`` is the outcome reward itself (before centring and whitening) at
+  every valid token, 0 for an unscorable sequence.
 * **Token reward of the token-level estimators** is ``token_rewards_t``, plus
   the score at the last valid token (PPO-RLHF, Ziegler et al. 2019 eq. 2).
 * **Invalid positions are skipped, as if removed.**  Rewards and values there are
   never read (junk, NaN or inf change nothing); the backward recursion carries
   over them (verl's convention for masked observation tokens); V = 0 after the
   last valid token.  ``adv`` and ``ret`` are 0 there.
-* **Whitening** (``gae`` with ``whiten_adv``, ``reinforce_pp``) is
+* **Whitening** (``gae`` with ``whiten_adv``, ``reinforce_pp``, ``reinforce_pp_baseline``) is
   ``ops.masked_whiten`` over all valid tokens of the scorable sequences of the
   batch: ``(x - mean) / sqrt(var + 1e-8)``, unbiased var.
 * **batch_mean baseline** is the mean of the sequence returns G_0 (at the first
@@ -301,4 +306,36 @@ def reinforce_pp(inp: AdvantageInputs, cfg: Any) -> tuple[Tensor, Tensor]:
     r, keep = _token_inputs(inp)  # (B, T)
     ret = discounted_returns(r, keep, cfg.gamma)  # (B, T) REINFORCE++ (Hu et al. 2025): r(x,y) - beta sum_{i>=t} KL_i
     adv = masked_whiten(ret, keep)  # (B, T) REINFORCE++ global advantage normalization
+    return adv, ret
+
+
+@ADVANTAGES.register("reinforce_pp_baseline")
+def reinforce_pp_baseline(inp: AdvantageInputs, cfg: Any) -> tuple[Tensor, Tensor]:
+    """REINFORCE++ w/ baseline: outcome reward minus its group mean, whitened over all valid tokens of the batch.
+
+    A_i = R_i - mean_{j in group(i)} R_j with R = ``outcome_rewards(inp)`` (score
+    plus the sum of valid token rewards, e.g. KL-in-reward); broadcast over the
+    valid tokens; then ``masked_whiten`` over the valid tokens of the scorable
+    sequences, so long sequences weigh more in the batch mean and std.  ``cfg``
+    is not read (``adv_eps`` unused: whitening has its own 1e-8 inside the sqrt).
+    Returns ``(adv, ret)`` with ``ret`` = R_i at every valid token (the
+    undiscounted sequence return, before centring and whitening; 0 if unscorable).
+
+    Conventions that differ from verl's ``compute_reinforce_plus_plus_baseline_outcome_advantage``:
+    NaN scores are excluded from the group mean and get advantage 0 (verl has no
+    unscorable samples); a group with fewer than 2 valid samples, or with all
+    valid rewards equal, is centred to exactly 0 (verl gives a size-1 group the
+    baseline 0, so its raw reward enters the whitening); ``ret`` is R, not the
+    whitened advantage; fewer than 2 valid tokens whiten to 0 (verl's
+    ``masked_var`` raises).  Same as verl: unbiased token variance, 1e-8 inside
+    the sqrt, the mean shift of whitening (a centred-to-0 sequence can end
+    non-zero).
+    """
+    valid = inp.mask != 0  # (B, T)
+    keep = valid & ~torch.isnan(inp.scores)[:, None]  # (B, T) valid tokens of scorable sequences
+    r = outcome_rewards(inp)  # (B,) R_i, NaN if unscorable
+    seq_adv = group_mean(r, inp.group_size)  # (B,) R_i - group mean; Hu et al. 2025 (arXiv:2501.03262) w/ baseline
+    zero = seq_adv.new_zeros(())
+    adv = masked_whiten(torch.where(keep, seq_adv[:, None], zero), keep)  # (B, T) REINFORCE++ global normalization
+    ret = torch.where(keep, r[:, None], zero)  # (B, T) R_i broadcast; NaN rows masked to 0
     return adv, ret
