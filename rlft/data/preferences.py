@@ -104,3 +104,23 @@ def _text(value, field: str) -> str:
     if not value.strip():
         raise ValueError(field, "empty response")
     return value
+
+
+def synthetic_preferences(examples, seed: int = 0, max_offset: int = 9) -> list[Ranking]:
+    """Pairs for a task with numeric ground truths: the right ``#### <answer>`` over a wrong one.
+
+    The wrong answer is the truth moved by a random non-zero offset of at most
+    ``max_offset``, so the model must read the question to rank the pair.
+
+    >>> from rlft.data.schema import Example
+    >>> [r.responses for r in synthetic_preferences([Example(prompt="max(1,7,3)=?", ground_truth="7")])]
+    [('#### 7', '#### 11')]
+    """
+    import random
+
+    rng = random.Random(seed)
+    out = []
+    for ex in examples:
+        offset = rng.choice([d for d in range(-max_offset, max_offset + 1) if d])
+        out.append(Ranking(ex.prompt, (f"#### {ex.ground_truth}", f"#### {int(ex.ground_truth) + offset}")))
+    return out

@@ -192,16 +192,8 @@ def encode(tok, prompt, completion: str, max_length: int, side: str) -> list[int
 
 def forward(model, ids: list[list[int]], pad_id: int, side: str, takes_positions: bool) -> torch.Tensor:
     """Pooled scores (B,) of unpadded token-id lists, padded on ``side`` into one forward pass."""
-    T = max(len(x) for x in ids)
-    input_ids = torch.full((len(ids), T), pad_id, dtype=torch.long)  # (B, T)
-    mask = torch.zeros((len(ids), T), dtype=torch.long)  # (B, T)
-    for b, x in enumerate(ids):
-        cols = slice(0, len(x)) if side == "right" else slice(T - len(x), T)
-        input_ids[b, cols] = torch.tensor(x, dtype=torch.long)
-        mask[b, cols] = 1
-    kwargs = {"input_ids": input_ids.to(model.device), "attention_mask": mask.to(model.device)}
-    if takes_positions:  # count positions from the first real token, whatever the padding side
-        kwargs["position_ids"] = (mask.cumsum(-1) - 1).clamp(min=0).to(model.device)  # (B, T)
-    with torch.inference_mode():
-        logits = model(**kwargs).logits  # (B, 1)
-    return logits[:, 0].float().cpu()
+    from rlft.models.reward_head import pad_batch, pooled_scores
+
+    input_ids, mask, positions = pad_batch(ids, pad_id, side)  # (B, T) each
+    with torch.inference_mode():  # positions count from the first real token, whatever the padding side
+        return pooled_scores(model, input_ids, mask, positions if takes_positions else None).cpu()
