@@ -41,7 +41,7 @@ from rlft.rewards import REWARDS
 from rlft.rewards.pool import RewardPool
 from rlft.tracking import MetricsLog, truncate_jsonl
 from rlft.trainers.optim import make_optimizer, make_scheduler
-from rlft.trainers.rl import PromptSampler, RLState, rl_step
+from rlft.trainers.rl import PromptSampler, RLState, penalty_controller, rl_step
 from rlft.trainers.sft import train_sft
 
 
@@ -215,6 +215,7 @@ def _rl_state(policy, tokenizer, train_ex, train_prompts, cfg: Config) -> RLStat
     scheduler = make_scheduler(optimizer, warmup=o.warmup_steps, total=total_opt_steps, schedule=o.schedule)
     state = RLState(policy=policy, tokenizer=tokenizer, optimizer=optimizer, scheduler=scheduler,
                     sampler=PromptSampler(len(train_ex), cfg.train.seed), examples=train_ex, prompts=train_prompts)
+    state.penalty_ctl = penalty_controller(state, cfg)  # PPO-penalty's adaptive beta, when the loss reads one
     if a.needs_ref:  # the frozen policy as it enters RL
         state.ref = copy.deepcopy(policy).eval().requires_grad_(False)
         state.kl_ctl = make_kl_controller(a.kl_coef, a.kl_target, a.kl_horizon)

@@ -7,10 +7,14 @@ from rlft.core.kl import (
     KL_ESTIMATORS,
     AdaptiveKLController,
     FixedKLController,
+    PenaltyCoefController,
     abs_kl,
     k1,
+    k1_plus,
     k2,
+    k2_plus,
     k3,
+    k3_plus,
     kl_penalty_rewards,
     make_kl_controller,
 )
@@ -18,7 +22,7 @@ from rlft.core.ops import masked_mean
 
 
 def test_registry():
-    assert KL_ESTIMATORS.names() == ["abs", "k1", "k2", "k3"]
+    assert KL_ESTIMATORS.names() == ["abs", "k1", "k1+", "k2", "k2+", "k3", "k3+"]
 
 
 def test_hand_values():
@@ -92,8 +96,81 @@ def test_values_under_mask_change_nothing():
     mask = torch.tensor([[1, 1, 0]])
     logp2, ref2 = logp.clone(), ref.clone()
     logp2[0, 2], ref2[0, 2] = -1e4, 50.0
-    for fn in (k1, k2, k3, abs_kl):
+    for fn in (k1, k2, k3, abs_kl, k1_plus, k2_plus, k3_plus):
         assert masked_mean(fn(logp2, ref2), mask).item() == pytest.approx(masked_mean(fn(logp, ref), mask).item())
+
+
+# ---------------------------------------------------------------- straight-through "+" estimators
+
+
+def _value_and_grad(fn, logp, ref):
+    x = logp.clone().requires_grad_(True)
+    out = fn(x, ref)
+    (grad,) = torch.autograd.grad(out.sum(), x)
+    return out.detach(), grad
+
+
+def test_plus_estimators_hand():
+    # pi = 0.5, ref = 0.25: log pi - log ref = log 2; value of the base, gradient d k2 / d logp = log 2
+    logp = torch.tensor([[math.log(0.5)]], dtype=torch.float64)
+    ref = torch.tensor([[math.log(0.25)]], dtype=torch.float64)
+    d = math.log(2)
+    want_value = {"k1+": d, "k2+": 0.5 * d * d, "k3+": 0.5 + d - 1}
+    for name, value in want_value.items():
+        out, grad = _value_and_grad(KL_ESTIMATORS.get(name), logp, ref)
+        assert out.item() == pytest.approx(value, abs=1e-15)
+        assert grad.item() == pytest.approx(d, abs=1e-15)  # the gradient of k2 for all three
+    # the bases differ in gradient: k1 -> 1, k3 -> 1 - ref/pi = 1 - 0.5
+    assert _value_and_grad(k1, logp, ref)[1].item() == 1.0
+    assert _value_and_grad(k3, logp, ref)[1].item() == pytest.approx(0.5)
+
+
+def test_plus_estimators_vs_naive_loop():
+    g = torch.Generator().manual_seed(4)
+    logp = torch.randn(3, 4, generator=g, dtype=torch.float64)
+    ref = torch.randn(3, 4, generator=g, dtype=torch.float64)
+    for name, base in (("k1+", k1), ("k2+", k2), ("k3+", k3)):
+        out, grad = _value_and_grad(KL_ESTIMATORS.get(name), logp, ref)
+        assert torch.equal(out, base(logp, ref))  # exactly the base's value: g - sg[g] is exactly 0
+        for i in range(3):
+            for t in range(4):
+                assert grad[i, t].item() == pytest.approx(logp[i, t].item() - ref[i, t].item())  # d k2 / d logp
+    assert k2_plus is not k2 and torch.equal(_value_and_grad(k2_plus, logp, ref)[1], _value_and_grad(k2, logp, ref)[1])
+
+
+def test_plus_gradient_is_unbiased_where_base_is_not():
+    # exact expectations under pi (no sampling) of the per-sample gradient w.r.t. the logits of pi:
+    # k2's (hence k3+'s) equals grad KL(pi || ref); k3's does not (Schulman 2020; verl kl_penalty "k3+")
+    logits = torch.tensor([0.3, -0.2, 1.0, 0.0], dtype=torch.float64, requires_grad=True)
+    ref = torch.log_softmax(torch.tensor([0.0, 0.5, -0.5, 0.2], dtype=torch.float64), -1)
+    logp = torch.log_softmax(logits, -1)
+    (exact,) = torch.autograd.grad((logp.exp() * (logp - ref)).sum(), logits, retain_graph=True)
+
+    def expected_grad(fn):  # sum_x pi(x) grad_theta fn(log pi(x), log ref(x)), pi(x) held fixed (sampling weight)
+        return torch.autograd.grad((logp.exp().detach() * fn(logp[None], ref[None])[0]).sum(), logits,
+                                   retain_graph=True)[0]
+
+    torch.testing.assert_close(expected_grad(k3_plus), exact)
+    torch.testing.assert_close(expected_grad(k1_plus), exact)
+    assert (expected_grad(k3) - exact).abs().max() > 1e-2
+    assert expected_grad(k1).abs().max() < 1e-12  # E_pi[grad log pi] = 0: k1 in the loss pulls nowhere
+
+
+def test_plus_values_under_mask_change_nothing_in_gradient():
+    logp = torch.tensor([[-1.0, -2.0, -3.0]], dtype=torch.float64)
+    ref = torch.tensor([[-1.5, -1.0, -3.0]], dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 0]])
+    logp2, ref2 = logp.clone(), ref.clone()
+    logp2[0, 2], ref2[0, 2] = -50.0, 40.0
+    for name in ("k1+", "k2+", "k3+"):
+        fn = KL_ESTIMATORS.get(name)
+        grads = []
+        for lp, rf in ((logp, ref), (logp2, ref2)):
+            x = lp.clone().requires_grad_(True)
+            masked_mean(fn(x, rf), mask).backward()
+            grads.append(x.grad)
+        torch.testing.assert_close(grads[0], grads[1])
+        assert grads[1][0, 2].item() == 0.0
 
 
 # ---------------------------------------------------------------- KL reward penalty
@@ -196,3 +273,52 @@ def test_adaptive_controller_validation(args, match):
 def test_make_kl_controller_rejects_negative_target():
     with pytest.raises(ValueError, match="target"):
         make_kl_controller(0.1, -1.0, 10)
+
+
+# ---------------------------------------------------------------- PPO-penalty coefficient
+
+
+def test_penalty_controller_doubling_halving_hand():
+    # d_targ = 0.01: band (0.01 / 1.5, 0.015) = (0.00667, 0.015) (PPO §4)
+    c = PenaltyCoefController(1.0, 0.01)
+    c.update(0.001, 1)  # below d_targ / 1.5: halve
+    assert c.value == 0.5
+    c.update(0.006, 1)
+    assert c.value == 0.25
+    c.update(0.0067, 1)  # inside the band: unchanged
+    c.update(0.01, 1)
+    c.update(0.015, 1)  # the bound itself: unchanged
+    assert c.value == 0.25
+    c.update(0.0151, 1)  # above 1.5 d_targ: double
+    assert c.value == 0.5
+    c.update(10.0, 1000)  # one step per update, whatever n_steps
+    assert c.value == 1.0
+
+
+def test_penalty_controller_vs_naive_and_fixed():
+    c, beta = PenaltyCoefController(0.3, 0.02), 0.3
+    for d in [0.0, 0.013, 0.0134, 0.02, 0.03, 0.031, 1.0, 0.005]:
+        c.update(d, 1)
+        beta = beta / 2 if d < 0.02 / 1.5 else (beta * 2 if d > 0.02 * 1.5 else beta)
+        assert c.value == pytest.approx(beta)
+    f = PenaltyCoefController(0.3, 0.0)  # target 0: fixed beta
+    for d in (0.0, 100.0):
+        f.update(d, 1)
+    assert f.value == 0.3
+
+
+def test_penalty_controller_state_round_trip_and_validation():
+    a = PenaltyCoefController(1.0, 0.01)
+    for d in (0.0, 0.0, 0.5):
+        a.update(d, 1)
+    assert a.state_dict() == {"value": 0.5, "target": 0.01}
+    b = PenaltyCoefController(0.0, 0.0)
+    b.load_state_dict(a.state_dict())
+    assert b.state_dict() == a.state_dict()
+    a.update(0.0, 1)
+    b.update(0.0, 1)
+    assert b.value == a.value == 0.25
+    with pytest.raises(ValueError, match="coefficient"):
+        PenaltyCoefController(-1.0, 0.01)
+    with pytest.raises(ValueError, match="target"):
+        PenaltyCoefController(1.0, -0.01)

@@ -12,8 +12,10 @@ from rlft.core.losses import (
     aggregation_weight,
     clip_loss,
     gspo_loss,
+    kimi_omd_loss,
     positive_lm_loss,
     positive_lm_parts,
+    ppo_penalty_loss,
     reinforce_loss,
     sft_loss,
 )
@@ -41,6 +43,8 @@ def test_registry():
     assert POLICY_LOSSES.get("clip") is clip_loss
     assert POLICY_LOSSES.get("gspo") is gspo_loss
     assert POLICY_LOSSES.get("reinforce") is reinforce_loss
+    assert POLICY_LOSSES.get("ppo_penalty") is ppo_penalty_loss
+    assert POLICY_LOSSES.get("kimi_omd") is kimi_omd_loss
     assert set(LOSSES) <= set(POLICY_LOSSES.names())
     assert set(MODES) <= set(AGGREGATIONS.names())
 
@@ -351,6 +355,122 @@ def test_reinforce_gradient_equals_on_policy_clip_gradient():
     torch.testing.assert_close(grads[0], torch.where(mask != 0, -adv, torch.zeros_like(adv)))
     # gspo at s = 1: gradient -A as well (per token, before aggregation)
     torch.testing.assert_close(grads[2], grads[0])
+
+
+# ---------------------------------------------------------------- PPO-penalty (PPO §4, eq. 8)
+
+PENALTY = SimpleNamespace(penalty_coef=0.5, omd_tau=0.4)
+
+
+def test_ppo_penalty_hand():
+    # r = 2, A = 1, beta = 0.5: -2 + 0.5 (2 - 1 - log 2); r = 0.5, A = -1: 0.5 + 0.5 (0.5 - 1 + log 2); r = 1: -A
+    logp, old, _, mask = _ratio_inputs([2.0, 0.5, 1.0], 0.0)
+    adv = torch.tensor([[1.0, -1.0, 3.0]], dtype=torch.float64)
+    loss, m = ppo_penalty_loss(logp, old, adv, mask, PENALTY)
+    kl = [1 - math.log(2), -0.5 + math.log(2), 0.0]
+    want = [-2 + 0.5 * kl[0], 0.5 + 0.5 * kl[1], -3.0]
+    torch.testing.assert_close(loss.detach(), torch.tensor([want], dtype=torch.float64))
+    assert m["ppo_penalty_kl"].item() == pytest.approx(sum(kl) / 3)
+    assert set(m) == METRIC_KEYS | {"ppo_penalty_kl"} and all(m[k].item() == 0 for k in METRIC_KEYS - {"ppo_kl"})
+    # d/dlog r of -A r + beta (r - 1 - log r) = -A r + beta (r - 1)
+    loss.sum().backward()
+    torch.testing.assert_close(logp.grad, torch.tensor([[-2 + 0.5, 0.5 - 0.25, -3.0]], dtype=torch.float64))
+
+
+def test_ppo_penalty_vs_naive_loop():
+    logp, old, adv, mask = _random_inputs(11, B=4, T=6, spread=1.0)
+    loss, m = ppo_penalty_loss(logp, old, adv, mask, PENALTY)
+    kls = []
+    for i in range(4):
+        for t in range(6):
+            lr = logp[i, t].item() - old[i, t].item()
+            kl = math.exp(lr) - 1 - lr
+            want = -adv[i, t].item() * math.exp(lr) + 0.5 * kl if mask[i, t] else 0.0
+            kls += [kl] if mask[i, t] else []
+            assert loss[i, t].item() == pytest.approx(want)
+    assert m["ppo_penalty_kl"].item() == pytest.approx(sum(kls) / len(kls))
+
+
+def test_ppo_penalty_kl_estimates_kl_old_new():
+    # tokens drawn from pi_old: the mean k3 term is KL(pi_old || pi) exactly in expectation (no sampling here)
+    old = torch.log(torch.tensor([[0.5, 0.2, 0.2, 0.1]], dtype=torch.float64))
+    new = torch.log(torch.tensor([[0.3, 0.3, 0.3, 0.1]], dtype=torch.float64))
+    zero_adv = torch.zeros_like(old)
+    loss, _ = ppo_penalty_loss(new, old, zero_adv, torch.ones_like(old), SimpleNamespace(penalty_coef=1.0))
+    exact = (old.exp() * (old - new)).sum().item()
+    assert (old.exp() * loss).sum().item() == pytest.approx(exact)
+
+
+# ---------------------------------------------------------------- Kimi k1.5 online mirror descent (§2.3.2)
+
+
+def test_kimi_omd_hand():
+    # one sequence, 2 valid tokens: logp (-1, -2), old (-1.5, -2.5) -> L = 1; A = 2; tau = 0.4
+    logp = torch.tensor([[-1.0, -2.0, 5.0]], dtype=torch.float64, requires_grad=True)
+    old = torch.tensor([[-1.5, -2.5, 0.0]], dtype=torch.float64)
+    adv = torch.full((1, 3), 2.0, dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 0]])
+    loss, m = kimi_omd_loss(logp, old, adv, mask, PENALTY)
+    # per token -A logp + (tau/2) L^2 / 2 = (2 + 0.1, 4 + 0.1, 0)
+    torch.testing.assert_close(loss.detach(), torch.tensor([[2.1, 4.1, 0.0]], dtype=torch.float64))
+    assert aggregate(loss, mask, "seq-mean-token-sum").item() == pytest.approx(-2 * -3.0 + 0.2 * 1.0)
+    loss.sum().backward()  # d/dlogp_t = -A + tau L = -2 + 0.4
+    torch.testing.assert_close(logp.grad, torch.tensor([[-1.6, -1.6, 0.0]], dtype=torch.float64))
+    assert set(m) == METRIC_KEYS and m["ppo_kl"].item() == pytest.approx(-0.5)
+
+
+def test_kimi_omd_gradient_vs_naive_per_sequence():
+    # (1/k) sum_j [-(r_j - rbar) log pi(y_j) + (tau/2) (log pi(y_j) - log pi_old(y_j))^2], sequence by sequence
+    logp, old, _, mask = _random_inputs(12, B=5, T=6, spread=0.5)
+    mask[2] = 0.0  # an empty sequence: excluded from the mean
+    r = torch.tensor([1.0, 0.0, 1.0, 0.0, 0.0], dtype=torch.float64)
+    adv = (r - r.mean())[:, None].expand(5, 6).clone()  # group_mean: A_t = r_j - rbar
+    x = logp.clone().requires_grad_(True)
+    loss = aggregate(kimi_omd_loss(x, old, adv, mask, PENALTY)[0], mask, "seq-mean-token-sum")
+    (grad,) = torch.autograd.grad(loss, x)
+    y = logp.clone().requires_grad_(True)
+    terms = []
+    for j in range(5):
+        if mask[j].sum() == 0:
+            continue
+        seq_logp = sum(y[j, t] for t in range(6) if mask[j, t])
+        seq_old = sum(old[j, t].item() for t in range(6) if mask[j, t])
+        terms.append(-adv[j, 0] * seq_logp + 0.5 * 0.4 * (seq_logp - seq_old) ** 2)
+    naive = sum(terms) / len(terms)
+    (naive_grad,) = torch.autograd.grad(naive, y)
+    assert loss.item() == pytest.approx(naive.item())
+    torch.testing.assert_close(grad, naive_grad)
+
+
+@pytest.mark.parametrize("name", ["ppo_penalty", "kimi_omd"])
+@pytest.mark.parametrize("junk", JUNK)
+def test_penalty_losses_values_under_mask_change_nothing(name, junk):
+    fn = POLICY_LOSSES.get(name)
+    logp, old, adv, mask = _random_inputs(13, spread=1.0)
+    logp.requires_grad_(True)
+    loss, m = fn(logp, old, adv, mask, PENALTY)
+    (grad,) = torch.autograd.grad(loss.sum(), logp)
+    bad = mask == 0
+    logp2, old2, adv2 = logp.detach().clone(), old.clone(), adv.clone()
+    logp2[bad], old2[bad], adv2[bad] = junk
+    logp2.requires_grad_(True)
+    loss2, m2 = fn(logp2, old2, adv2, mask, PENALTY)
+    torch.testing.assert_close(loss2, loss)
+    for k in m:
+        torch.testing.assert_close(m2[k], m[k])
+    loss2.sum().backward()
+    torch.testing.assert_close(logp2.grad, grad)
+    assert (logp2.grad[bad] == 0).all()
+
+
+def test_penalty_losses_on_policy_gradient_is_reinforce():
+    # at pi = pi_old both penalties vanish with their gradients: -A, the policy gradient
+    logp, _, adv, mask = _random_inputs(14)
+    want = torch.where(mask != 0, -adv, torch.zeros_like(adv))
+    for name in ("ppo_penalty", "kimi_omd"):
+        x = logp.clone().requires_grad_(True)
+        POLICY_LOSSES.get(name)(x, logp, adv, mask, PENALTY)[0].sum().backward()
+        torch.testing.assert_close(x.grad, want)
 
 
 # ---------------------------------------------------------------- aggregation

@@ -124,6 +124,8 @@ class RolloutConfig:
 
 TOKEN_LEVEL_ADVANTAGES = ("gae", "reinforce", "reinforce_pp")
 """Advantage estimators that use no group statistic (per-token returns; batch-level baselines and whitening)."""
+UNCLIPPED_LOSSES = ("reinforce", "ppo_penalty", "kimi_omd")
+"""Policy losses without a clipped surrogate: algo.clip_c (dual-clip) cannot apply to them."""
 
 
 @dataclass(frozen=True)
@@ -155,6 +157,15 @@ class AlgoConfig:
     """Adaptive KL: target KL per sequence of the proportional controller (0: fixed kl_coef)."""
     kl_horizon: int = 10000
     """Adaptive KL: horizon (in samples) of the proportional controller (Ziegler et al. 2019)."""
+    penalty_coef: float = 1.0
+    """policy_loss=ppo_penalty: initial beta of the KL(pi_old || pi) penalty (PPO eq. 8); adapted when
+    penalty_target > 0."""
+    penalty_target: float = 0.01
+    """policy_loss=ppo_penalty: d_targ, target mean per-token KL(pi_old || pi); after each update beta halves below
+    d_targ / 1.5 and doubles above 1.5 d_targ (PPO §4). 0: fixed beta."""
+    omd_tau: float = 0.1
+    """policy_loss=kimi_omd: tau of the (tau/2) (log pi(y)/pi_old(y))^2 regulariser (Kimi k1.5 §2.3.2); pair it with
+    advantage=group_mean and loss_agg=seq-mean-token-sum."""
     entropy_coef: float = 0.0
     """Entropy bonus coefficient."""
     adv_eps: float = 1e-6
@@ -220,6 +231,11 @@ class AlgoConfig:
         _check(self.kl_target >= 0, "algo.kl_target", "must be >= 0 (0: fixed coefficient)")
         _check(self.kl_horizon >= 1, "algo.kl_horizon", "must be >= 1")
         _check(self.kl_target == 0 or self.kl_coef > 0, "algo.kl_target", "needs an initial algo.kl_coef > 0")
+        _check(self.penalty_coef >= 0, "algo.penalty_coef", "must be >= 0")
+        _check(self.penalty_target >= 0, "algo.penalty_target", "must be >= 0 (0: fixed coefficient)")
+        _check(self.penalty_target == 0 or self.penalty_coef > 0, "algo.penalty_target",
+               "needs an initial algo.penalty_coef > 0 (halving or doubling 0 stays 0)")
+        _check(self.omd_tau > 0, "algo.omd_tau", "must be > 0")
         _check(self.lm_coef >= 0, "algo.lm_coef", "must be >= 0")
         _check(self.ptx_coef >= 0, "algo.ptx_coef", "must be >= 0")
         _check(self.max_sample_rounds >= 0, "algo.max_sample_rounds", "must be >= 0")
@@ -246,11 +262,14 @@ class AlgoConfig:
         _check(self.kl_in != "reward" or self.kl_coef > 0, "algo.kl_in",
                "'reward' needs algo.kl_coef > 0 (with 0 the penalty is 0 and no reference model is loaded); "
                "set algo.kl_coef or algo.kl_in=loss")
-        _check(self.policy_loss != "reinforce" or self.clip_c == 0, "algo.clip_c",
-               "dual-clip needs a ratio; policy_loss 'reinforce' has none")
+        _check(self.policy_loss not in UNCLIPPED_LOSSES or self.clip_c == 0, "algo.clip_c",
+               f"dual-clip caps a clipped surrogate; policy_loss {self.policy_loss!r} has none")
         _check(self.policy_loss != "reinforce" or (self.epochs == 1 and self.minibatches == 1), "algo.policy_loss",
                "'reinforce' has no importance ratio, so only the first update of a batch is on-policy; "
                "needs algo.epochs=1 and algo.minibatches=1 (or policy_loss clip)")
+        _check(self.policy_loss != "ppo_penalty" or self.epochs * self.minibatches > 1, "algo.policy_loss",
+               "'ppo_penalty' penalises KL(pi_old || pi), which is 0 (and so is its gradient) at the first optimizer "
+               "step of a batch; needs algo.epochs * algo.minibatches > 1")
 
     @property
     def uses_groups(self) -> bool:

@@ -7,6 +7,16 @@ Every estimator: ``fn(logp, ref_logp) -> (B, T)`` where ``logp = log pi(x)`` and
 * ``k2 = (log r)^2 / 2``          biased, low variance, >= 0
 * ``k3 = (r - 1) - log r``        unbiased, low variance, >= 0
 * ``abs = |log r|``               biased, >= 0
+* ``k1+``, ``k2+``, ``k3+``       straight-through: the value of k1 / k2 / k3 with the gradient of k2
+
+Straight-through "+" estimators (verl's ``kl_penalty`` with a ``+`` suffix):
+the value of the named estimator, the gradient of k2.  Used as a loss term,
+k1 and k3 have an unbiased *value* but a biased *gradient* of KL(pi || ref)
+(E_pi[grad k1] = E_pi[grad log pi] = 0); k2's gradient (log pi - log ref) grad log pi
+is the score-function gradient of KL(pi || ref) at a sample of pi.  So ``k3+`` logs
+and adds k3's low-variance value but trains with the unbiased gradient;
+``k2+`` is k2 itself.  The "+" matters only when the KL is back-propagated
+(``algo.kl_in=loss``); as a reward penalty (detached) it equals its base.
 
 Reference: J. Schulman, "Approximating KL Divergence" (2020),
 http://joschu.net/blog/kl-approx.html.  k3 is the estimator GRPO puts in its
@@ -18,6 +28,11 @@ The KL can also enter as a per-token reward penalty instead of a loss term
 ``make_kl_controller``) supplies ``coef``.  Controllers share one interface:
 ``.value`` (the current coefficient), ``.update(current_kl, n_steps)``,
 ``state_dict()`` / ``load_state_dict()`` (``{"value": float}``).
+
+``PenaltyCoefController`` is the adaptive beta of PPO's KL-penalty objective
+(Schulman et al. 2017, §4): halve beta when the measured KL(pi_old || pi) is below
+d_targ / 1.5, double it above 1.5 d_targ.  It shares the interface (its state
+also records the target).
 """
 
 from __future__ import annotations
@@ -52,6 +67,29 @@ def k3(logp: Tensor, ref_logp: Tensor) -> Tensor:
     """exp(log r) - log r - 1 with log r = log ref - log pi (Schulman 2020, k3; DeepSeekMath eq. 4)."""
     log_r = (ref_logp - logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)  # (B, T)
     return torch.exp(log_r) - log_r - 1.0  # (B, T)  >= 0 since e^x >= 1 + x
+
+
+def _straight_through(value: Tensor, grad_of: Tensor) -> Tensor:
+    """Forward: ``value``; backward: the gradient of ``grad_of`` (g - sg[g] is exactly 0 in value)."""
+    return grad_of - grad_of.detach() + value.detach()  # (B, T)
+
+
+@KL_ESTIMATORS.register("k1+")
+def k1_plus(logp: Tensor, ref_logp: Tensor) -> Tensor:
+    """Value of k1, gradient of k2: (log pi - log ref) * grad log pi (verl kl_penalty 'k1+')."""
+    return _straight_through(k1(logp, ref_logp), k2(logp, ref_logp))  # (B, T)
+
+
+@KL_ESTIMATORS.register("k2+")
+def k2_plus(logp: Tensor, ref_logp: Tensor) -> Tensor:
+    """k2 already has the gradient of k2: ``k2+`` is k2 (verl kl_penalty 'k2+')."""
+    return k2(logp, ref_logp)  # (B, T)
+
+
+@KL_ESTIMATORS.register("k3+")
+def k3_plus(logp: Tensor, ref_logp: Tensor) -> Tensor:
+    """Value of k3, gradient of k2 (verl kl_penalty 'k3+', straight-through)."""
+    return _straight_through(k3(logp, ref_logp), k2(logp, ref_logp))  # (B, T)
 
 
 @KL_ESTIMATORS.register("abs")
@@ -136,3 +174,37 @@ def make_kl_controller(coef: float, target: float, horizon: int) -> KLController
     if target < 0:
         raise ValueError(f"KL target must be >= 0 (0: fixed coefficient), got {target}")
     return AdaptiveKLController(coef, target, horizon) if target > 0 else FixedKLController(coef)
+
+
+class PenaltyCoefController(_ValueState):
+    """Adaptive beta of PPO's KL-penalty objective (Schulman et al. 2017, §4, after eq. 8).
+
+    After each policy update, with d the measured KL(pi_old || pi):
+    d < d_targ / 1.5: beta <- beta / 2;  d > d_targ * 1.5: beta <- beta * 2.
+    ``target`` 0 keeps beta fixed.  ``n_steps`` is ignored (one rule per update).
+    """
+
+    BAND = 1.5  # PPO §4: the heuristic tolerance around d_targ
+    FACTOR = 2.0  # PPO §4: the multiplicative step of beta
+
+    def __init__(self, init_coef: float, target: float):
+        if init_coef < 0:
+            raise ValueError(f"penalty coefficient must be >= 0, got {init_coef}")
+        if target < 0:
+            raise ValueError(f"penalty target must be >= 0 (0: fixed coefficient), got {target}")
+        self.value = float(init_coef)
+        self.target = float(target)
+
+    def update(self, current_kl: float, n_steps: int) -> None:
+        if self.target == 0:
+            return
+        if current_kl < self.target / self.BAND:
+            self.value /= self.FACTOR
+        elif current_kl > self.target * self.BAND:
+            self.value *= self.FACTOR
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"value": self.value, "target": self.target}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.value, self.target = float(state["value"]), float(state["target"])

@@ -11,7 +11,12 @@ Two registries:
   ``pg_clipfrac`` (the PPO clip is active, gradient 0), ``pg_clipfrac_high``
   (A > 0 and r > 1 + clip_high), ``pg_clipfrac_low`` (A < 0 and
   r < 1 - clip_low), ``pg_clipfrac_dual`` (the dual-clip cap is active), and
-  ``ppo_kl`` (mean of old_logp - logp, k1 of KL(pi_old || pi)).
+  ``ppo_kl`` (mean of old_logp - logp, k1 of KL(pi_old || pi)); a loss may add
+  its own keys (``ppo_penalty`` adds ``ppo_penalty_kl``).
+  ``ppo_penalty`` (PPO's KL-penalty objective, reads ``cfg.penalty_coef``) and
+  ``kimi_omd`` (Kimi k1.5 online mirror descent, reads ``cfg.omd_tau``) complete
+  the table; ``cfg`` is the algo config *as it holds at this step* (the trainer
+  passes a ``dataclasses.replace`` copy carrying the adaptive beta).
 * ``AGGREGATIONS``: ``fn(loss_mat, mask, max_len=None) -> scalar``, how per-token
   losses become one number.
 
@@ -157,6 +162,11 @@ def gspo_loss(logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, cfg: An
     return loss, _metrics(logp, old_logp, valid, **flags)
 
 
+def _no_clip_flags(valid: Tensor) -> dict[str, Tensor]:
+    never = torch.zeros_like(valid)  # (B, T) bool
+    return {"clipfrac": never, "clipfrac_high": never, "clipfrac_low": never, "clipfrac_dual": never}
+
+
 @POLICY_LOSSES.register("reinforce")
 def reinforce_loss(logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor,
                    cfg: Any) -> tuple[Tensor, dict[str, Tensor]]:
@@ -168,9 +178,59 @@ def reinforce_loss(logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor,
     zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
     adv = torch.where(valid, adv, zero)  # (B, T)
     loss = -adv * torch.where(valid, logp, zero)  # (B, T)  0 at invalid
-    never = torch.zeros_like(valid)  # (B, T) bool
-    flags = {"clipfrac": never, "clipfrac_high": never, "clipfrac_low": never, "clipfrac_dual": never}
-    return loss, _metrics(logp, old_logp, valid, **flags)
+    return loss, _metrics(logp, old_logp, valid, **_no_clip_flags(valid))
+
+
+@POLICY_LOSSES.register("ppo_penalty")
+def ppo_penalty_loss(logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor,
+                     cfg: Any) -> tuple[Tensor, dict[str, Tensor]]:
+    """PPO with a KL penalty instead of clipping (Schulman et al. 2017, §4, eq. 8).
+
+    loss_t = -r_t A_t + beta * kl_t, r_t = pi / pi_old, beta = cfg.penalty_coef, and
+    kl_t = (r_t - 1) - log r_t: Schulman's k3 estimate of KL(pi_old || pi) from the
+    tokens, which were sampled from pi_old (``rlft.core.kl.k3(old_logp, logp)``).
+    It is unbiased in value (E_old[r] = 1) and in gradient
+    (E_old[(r - 1) grad log pi] = -E_old[grad log pi] = grad KL(pi_old || pi)),
+    >= 0, and its gradient vanishes at r = 1, so the penalty acts only once pi moved.
+    Extra metric ``ppo_penalty_kl``: the mean kl_t at this step's forward pass (the
+    d of PPO §4 that ``PenaltyCoefController`` steers is the same estimate taken after
+    the update, ``rlft.trainers.rl.penalty_kl``).  No clipping: clip fractions are 0.
+    """
+    valid, adv, log_ratio = _masked_inputs(logp, old_logp, adv, mask)
+    log_ratio = log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)  # (B, T)  0 at invalid
+    ratio = torch.exp(log_ratio)  # (B, T)
+    kl = ratio - 1.0 - log_ratio  # (B, T)  k3 of KL(pi_old || pi); 0 at invalid
+    loss = -adv * ratio + cfg.penalty_coef * kl  # (B, T)  PPO eq. 8
+    loss = torch.where(valid, loss, torch.zeros_like(loss))  # (B, T)
+    metrics = _metrics(logp, old_logp, valid, **_no_clip_flags(valid))
+    metrics["ppo_penalty_kl"] = masked_mean(kl.detach(), valid)
+    return loss, metrics
+
+
+@POLICY_LOSSES.register("kimi_omd")
+def kimi_omd_loss(logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor,
+                  cfg: Any) -> tuple[Tensor, dict[str, Tensor]]:
+    """Online mirror descent of Kimi k1.5 (Kimi Team 2025, §2.3.2).
+
+    Per sequence j with log pi(y_j) = sum_t logp_t and L_j = sum_t (logp_t - old_logp_t)
+    over its valid tokens, the objective's gradient is
+    (1/k) sum_j [grad log pi(y_j) (r_j - rbar) - (tau/2) grad L_j^2], i.e. the loss
+    -(r_j - rbar) log pi(y_j) + (tau/2) L_j^2 per sequence, tau = cfg.omd_tau.
+    Per token: -A_t logp_t + (tau/2) L_j^2 / n_j with n_j the valid tokens of j, so
+    a sequence's token sum is exactly its loss.  Intended pairing: advantage
+    ``group_mean`` (A_t = r_j - rbar, the mean of the k samples) and aggregation
+    ``seq-mean-token-sum`` (the 1/k mean over sequences).  With a single update per
+    batch L_j = 0 and this is REINFORCE with the group-mean baseline; tau acts once
+    several steps share a batch (algo.epochs or algo.minibatches > 1).
+    """
+    valid, adv, log_ratio = _masked_inputs(logp, old_logp, adv, mask)
+    zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
+    seq_log_ratio = log_ratio.sum(-1)  # (B,)  L_j = log pi(y_j) / pi_old(y_j)
+    n_tok = valid.sum(-1).clamp(min=1).to(logp.dtype)  # (B,)
+    penalty = 0.5 * cfg.omd_tau * seq_log_ratio ** 2 / n_tok  # (B,)  (tau/2) L_j^2 spread over n_j tokens
+    loss = -adv * torch.where(valid, logp, zero) + penalty[:, None]  # (B, T)
+    loss = torch.where(valid, loss, torch.zeros_like(loss))  # (B, T)
+    return loss, _metrics(logp, old_logp, valid, **_no_clip_flags(valid))
 
 
 # --------------------------------------------------------------------------- aggregation

@@ -20,8 +20,8 @@ import torch
 
 from rlft.config import Config
 from rlft.core.advantages import ADVANTAGES, AdvantageInputs, ema_update, group_stats, mean_return
-from rlft.core.kl import KLController, kl_penalty_rewards
-from rlft.core.ops import masked_mean
+from rlft.core.kl import KLController, PenaltyCoefController, k3, kl_penalty_rewards
+from rlft.core.ops import masked_mean, masked_sum
 from rlft.core.shaping import informative_groups, overlong_filter, soft_overlong_penalty
 from rlft.core.value import explained_variance
 from rlft.data.schema import Example
@@ -78,6 +78,7 @@ class RLState:
     critic_optimizer: torch.optim.Optimizer | None = None
     critic_scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
     kl_ctl: KLController | None = None  # coefficient of the KL term (fixed or adaptive)
+    penalty_ctl: PenaltyCoefController | None = None  # beta of policy_loss ppo_penalty (PPO §4)
     ptx: object | None = None  # rlft.trainers.ptx.PtxData
     baseline: float | None = None  # moving-average REINFORCE baseline (algo.baseline='ema')
     step: int = 0
@@ -87,6 +88,7 @@ class RLState:
         out = {"step": self.step, "sampler": self.sampler.state_dict(), "baseline": self.baseline,
                "ref": self.ref.state_dict() if self.ref is not None else None,
                "kl_ctl": self.kl_ctl.state_dict() if self.kl_ctl is not None else None,
+               "penalty_ctl": self.penalty_ctl.state_dict() if self.penalty_ctl is not None else None,
                "ptx": self.ptx.state_dict() if self.ptx is not None else None, "critic": None}
         if self.critic is not None:
             out["critic"] = {"model": self.critic.state_dict(), "optimizer": self.critic_optimizer.state_dict(),
@@ -100,6 +102,9 @@ class RLState:
             obj = getattr(self, name)
             if obj is not None and saved.get(name) is not None:
                 obj.load_state_dict(saved[name])
+        if saved.get("penalty_ctl") is not None:  # restored before the first step builds it (its state is complete)
+            self.penalty_ctl = PenaltyCoefController(0.0, 0.0)
+            self.penalty_ctl.load_state_dict(saved["penalty_ctl"])
         if self.critic is not None and saved.get("critic") is not None:
             self.critic.load_state_dict(saved["critic"]["model"])
             self.critic_optimizer.load_state_dict(saved["critic"]["optimizer"])
@@ -128,6 +133,9 @@ def rl_step(state: RLState, cfg: Config, *, train_policy: bool = True) -> dict[s
         metrics.update(compute_advantages(state, batch, cfg))
     with _timed(t, "update"):
         metrics.update(update(state, batch, cfg, train_policy=train_policy))
+        if state.penalty_ctl is not None and train_policy:  # PPO §4: d = KL(pi_old || pi) after the update
+            metrics["actor/ppo_penalty_kl_post"] = penalty_kl(state, batch, cfg)
+            state.penalty_ctl.update(metrics["actor/ppo_penalty_kl_post"], n_steps=1)
     if state.kl_ctl is not None and train_policy:
         state.kl_ctl.update(metrics["actor/kl_seq"], n_steps=len(batch))  # Ziegler et al. 2019 §2.2: KL per sequence
     metrics.update(t)
@@ -136,6 +144,35 @@ def rl_step(state: RLState, cfg: Config, *, train_policy: bool = True) -> dict[s
     if train_policy:
         state.step += 1
     return metrics
+
+
+def penalty_controller(state: RLState, cfg: Config) -> PenaltyCoefController | None:
+    """The PPO-penalty beta of this run: the state's own (built earlier or restored from a checkpoint), else a new
+    one from ``algo.penalty_coef`` / ``algo.penalty_target`` when the policy loss reads it; None otherwise."""
+    a = cfg.algo
+    if state.penalty_ctl is not None or a.policy_loss not in PENALTY_LOSSES:
+        return state.penalty_ctl
+    return PenaltyCoefController(a.penalty_coef, a.penalty_target)
+
+
+PENALTY_LOSSES = ("ppo_penalty",)  # policy losses that read the adaptive beta (cfg.penalty_coef)
+
+
+@torch.no_grad()
+def penalty_kl(state: RLState, batch: Batch, cfg: Config) -> float:
+    """d of PPO §4: the mean over the batch's loss tokens of k3 of KL(pi_old || pi), pi the policy after the update.
+
+    One extra forward pass: the in-update ``actor/ppo_penalty_kl`` averages steps measured *before* each step
+    (the first is 0), which would bias d low by the number of optimizer steps.
+    """
+    num, den = 0.0, 0.0
+    for mb in micro_batches(batch, cfg.train.micro_batch_size):
+        logp = response_logprobs(state.policy, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask,
+                                 temperature=cfg.rollout.temperature)[0].cpu()  # (b, T)
+        kl = k3(mb.old_logp, logp)  # (b, T)  r = pi / pi_old, samples of pi_old: (r - 1) - log r
+        num += masked_sum(kl, mb.loss_mask).item()
+        den += (mb.loss_mask != 0).sum().item()
+    return num / max(den, 1.0)
 
 
 # --------------------------------------------------------------------------- rollout and reward

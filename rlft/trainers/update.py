@@ -7,6 +7,7 @@ micro-batch back-propagates its numerator over that total (see ``rlft.core.losse
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Iterator
 
 import torch
@@ -64,6 +65,9 @@ def _policy_step(state: "RLState", mb: Batch, cfg: Config) -> dict[str, float]:
     positive = _positive(mb, a.lm_threshold)
     lm_den = (full_mask * positive[:, None]).sum().clamp(min=1.0)
     kl_coef = state.kl_ctl.value if state.kl_ctl is not None else 0.0
+    # the policy loss sees the algo config as it holds at this step: a copy carrying the adaptive PPO-penalty beta
+    # (PPO §4), which is trainer state (RLState.penalty_ctl); cfg itself is never mutated
+    loss_cfg = replace(a, penalty_coef=state.penalty_ctl.value) if state.penalty_ctl is not None else a
     totals: dict[str, float] = {}
     n_tok = full_mask.sum().item()
     for micro in micro_batches(mb, cfg.train.micro_batch_size):
@@ -72,7 +76,8 @@ def _policy_step(state: "RLState", mb: Batch, cfg: Config) -> dict[str, float]:
                                       micro.response_mask, temperature=cfg.rollout.temperature,
                                       with_entropy=True, entropy_grad=a.entropy_coef > 0)
         old_logp = logp.detach() if a.single_pass else micro.old_logp.to(device)
-        pg_mat, pg_metrics = POLICY_LOSSES.get(a.policy_loss)(logp, old_logp, micro.adv.to(device), mask, a)
+        pg_mat, pg_metrics = POLICY_LOSSES.get(a.policy_loss)(logp, old_logp, micro.adv.to(device), mask,
+                                                          loss_cfg)
         loss_mat = pg_mat
         terms = {"actor/pg_loss": pg_mat}
         if a.needs_ref and a.kl_in == "loss":  # GRPO: beta * KL(pi || ref) in the loss (DeepSeekMath eq. 3-4)
@@ -104,6 +109,8 @@ def _policy_step(state: "RLState", mb: Batch, cfg: Config) -> dict[str, float]:
         totals["actor/ptx_loss"] = ptx.item()
     if a.needs_ref and a.kl_in == "loss":
         totals["actor/kl_coef"] = kl_coef
+    if state.penalty_ctl is not None:
+        totals["actor/ppo_penalty_coef"] = loss_cfg.penalty_coef
     totals["actor/positive_frac"] = positive.float().mean().item()
     totals.update(_optimizer_step(policy, state.optimizer, state.scheduler, cfg.optim.grad_clip, "actor"))
     return totals
