@@ -1,9 +1,10 @@
-"""Command line: ``rlft train``, ``rlft eval``, ``rlft prepare gsm8k|humaneval|mbpp``, ``rlft config``.
+"""Command line: ``rlft train``, ``rlft eval``, ``rlft rm``, ``rlft prepare gsm8k|humaneval|mbpp``, ``rlft config``.
 
     rlft train                                    # the embedded demo (tiny model, synthetic arithmetic)
     rlft train recipes/grpo_gsm8k.yaml model.path=/models/qwen algo.group_size=4
     rlft train runs/<name>/config.yaml train.resume=true   # continue from the last checkpoint
     rlft eval runs/<name>/policy recipes/grpo_gsm8k.yaml    # held-out metrics of a saved policy
+    rlft rm model.path=runs/<name>/policy rm.source=data/prefs   # a reward model (empty rm.source: task pairs)
     rlft prepare gsm8k --input path/to/gsm8k --output data/gsm8k
     rlft prepare mbpp --input path/to/mbpp.jsonl --output data/mbpp    # also: humaneval (HumanEval.jsonl)
     rlft config                                   # every key, its default and meaning
@@ -54,6 +55,20 @@ def cmd_eval(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_rm(ns: argparse.Namespace) -> int:
+    from rlft.models.loading import quiet_transformers
+    from rlft.run import base_model_dir, prepare_run_dir, seed_everything
+    from rlft.stages import STAGES
+
+    recipe, overrides = _split_recipe(ns.args)
+    cfg = prepare_run_dir(load_config(recipe, overrides))
+    quiet_transformers()
+    seed_everything(cfg.train.seed)
+    result = STAGES.get("rm")(cfg, base_model_dir(cfg, cfg.log.path), cfg.log.path, echo=print)
+    print(f"rlft {result.summary}")
+    return 0
+
+
 def cmd_prepare(ns: argparse.Namespace) -> int:
     from rlft.data import code_tasks, gsm8k
 
@@ -80,6 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("model", help="directory written by save_pretrained (e.g. runs/<name>/policy)")
     e.add_argument("args", nargs="*", help="[recipe.yaml] [section.key=value ...]")
     e.set_defaults(fn=cmd_eval)
+    r = sub.add_parser("rm", help="train a Bradley-Terry reward model (rm.* keys) on model.path's backbone")
+    r.add_argument("args", nargs="*", help="[recipe.yaml] [section.key=value ...]")
+    r.set_defaults(fn=cmd_rm)
     pr = sub.add_parser("prepare", help="convert a dataset to verl-style parquet rows")
     pr.add_argument("dataset", choices=["gsm8k", "humaneval", "mbpp"])
     pr.add_argument("--input", required=True, help="gsm8k: directory with train.jsonl/test.jsonl, or one .jsonl "

@@ -86,6 +86,18 @@ def prepare_run_dir(cfg: Config) -> Config:
     return cfg
 
 
+def base_model_dir(cfg: Config, run_dir: Path) -> str:
+    """``model.path``, or the embedded tiny model built once in ``run_dir/base_model`` when it is empty."""
+    if cfg.model.path:
+        return cfg.model.path
+    path = run_dir / "base_model"
+    if not (path / "config.json").exists():
+        m = cfg.model
+        build_tiny_model(str(path), hidden_size=m.tiny_hidden_size, layers=m.tiny_layers, heads=m.tiny_heads,
+                         seed=cfg.train.seed)
+    return str(path)
+
+
 def _write_json(path: Path, obj: dict) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(obj, indent=2))
@@ -106,13 +118,7 @@ def train(cfg: Config, *, echo=print) -> RunResult:
     seed_everything(cfg.train.seed)
     device = resolve_device(cfg.model.device)
 
-    model_path = cfg.model.path
-    if not model_path:
-        model_path = str(run_dir / "base_model")
-        if not (run_dir / "base_model" / "config.json").exists():
-            m = cfg.model
-            build_tiny_model(model_path, hidden_size=m.tiny_hidden_size, layers=m.tiny_layers, heads=m.tiny_heads,
-                             seed=cfg.train.seed)
+    model_path = base_model_dir(cfg, run_dir)
     load_from = str(ckpt / "policy") if ckpt else model_path
     tokenizer = load_tokenizer(load_from, cfg.model.trust_remote_code)
     policy = load_model(load_from, dtype=cfg.model.dtype, device=device,

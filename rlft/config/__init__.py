@@ -12,8 +12,9 @@ what is allowed; nothing is adjusted silently.
 
 from rlft.config.parse import help_text, load_config, parse_override, with_name
 from rlft.config.sections import (AlgoConfig, Config, ConfigError, CriticConfig, DataConfig, EvalConfig, LogConfig,
-                                  ModelConfig, OptimConfig, RewardConfig, RolloutConfig, SFTConfig, TrainConfig)
+                                  ModelConfig, OptimConfig, RewardConfig, RMConfig, RolloutConfig, SFTConfig,
+                                  TrainConfig)
 
 __all__ = ["AlgoConfig", "Config", "ConfigError", "CriticConfig", "DataConfig", "EvalConfig", "LogConfig",
-           "ModelConfig", "OptimConfig", "RewardConfig", "RolloutConfig", "SFTConfig", "TrainConfig", "help_text",
+           "ModelConfig", "OptimConfig", "RewardConfig", "RMConfig", "RolloutConfig", "SFTConfig", "TrainConfig", "help_text",
            "load_config", "parse_override", "with_name"]

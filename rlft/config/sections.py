@@ -273,7 +273,7 @@ class AlgoConfig:
 
     @property
     def uses_groups(self) -> bool:
-        """The advantage is a statistic of each prompt's group of G samples (group_norm, group_mean, rloo)."""
+        """The advantage is a statistic of each prompt's group of G samples (every estimator but the token-level ones)."""
         return self.advantage not in TOKEN_LEVEL_ADVANTAGES
 
     @property
@@ -426,6 +426,37 @@ class OptimConfig:
 
 
 @dataclass(frozen=True)
+class RMConfig:
+    source: str = ""
+    """Preference rows (pairs, K-way rankings or HH-RLHF transcripts): a file, a directory of splits or hf:<name>; empty: pairs made from data.source's numeric answers (right over wrong)."""
+    train_split: str = "train"
+    eval_split: str = "test"
+    num_eval: int = 200
+    """Held-out rankings for rm/accuracy (0: all)."""
+    steps: int = 100
+    """Optimizer steps."""
+    batch_size: int = 16
+    """Prompts (rankings) per step; each prompt's C(K,2) pairs are one batch element."""
+    lr: float = 1e-4
+    pooling: Literal["last", "mean"] = "last"
+    """What the scalar head reads: the last real token, or the mean of the last hidden states."""
+    margin: float = 0.0
+    """Bradley-Terry margin: the loss is -log sigma(r_better - r_worse - margin)."""
+    center_coef: float = 0.0
+    """Reward-centring term coef * (r_better + r_worse)^2 (0: off)."""
+    max_tokens: int = 1024
+    """Longest prompt + response in tokens; longer texts are cut on the left."""
+
+    def __post_init__(self) -> None:
+        _check(self.num_eval >= 0, "rm.num_eval", "must be >= 0 (0: all)")
+        _check(self.steps >= 0, "rm.steps", "must be >= 0")
+        _check(self.batch_size >= 1, "rm.batch_size", "must be >= 1")
+        _check(self.lr > 0, "rm.lr", "must be > 0")
+        _check(self.center_coef >= 0, "rm.center_coef", "must be >= 0")
+        _check(self.max_tokens >= 2, "rm.max_tokens", "must be >= 2")
+
+
+@dataclass(frozen=True)
 class SFTConfig:
     steps: int = 200
     """Supervised warm-up steps before RL (0: skip)."""
@@ -528,6 +559,7 @@ class Config:
     reward: RewardConfig = field(default_factory=RewardConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
+    rm: RMConfig = field(default_factory=RMConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     log: LogConfig = field(default_factory=LogConfig)
