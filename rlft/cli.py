@@ -1,10 +1,11 @@
-"""Command line: ``rlft train``, ``rlft eval``, ``rlft rm``, ``rlft prepare gsm8k|humaneval|mbpp``, ``rlft config``.
+"""Command line: ``rlft train``, ``rlft eval``, ``rlft rm``, ``rlft dpo``, ``rlft prepare gsm8k|humaneval|mbpp``, ``rlft config``.
 
     rlft train                                    # the embedded demo (tiny model, synthetic arithmetic)
     rlft train recipes/grpo_gsm8k.yaml model.path=/models/qwen algo.group_size=4
     rlft train runs/<name>/config.yaml train.resume=true   # continue from the last checkpoint
     rlft eval runs/<name>/policy recipes/grpo_gsm8k.yaml    # held-out metrics of a saved policy
     rlft rm model.path=runs/<name>/policy rm.source=data/prefs   # a reward model (empty rm.source: task pairs)
+    rlft dpo model.path=runs/<name>/policy dpo.beta=0.1          # DPO (dpo.loss=ipo: IPO) on preference pairs
     rlft prepare gsm8k --input path/to/gsm8k --output data/gsm8k
     rlft prepare mbpp --input path/to/mbpp.jsonl --output data/mbpp    # also: humaneval (HumanEval.jsonl)
     rlft config                                   # every key, its default and meaning
@@ -55,7 +56,8 @@ def cmd_eval(ns: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_rm(ns: argparse.Namespace) -> int:
+def cmd_stage(ns: argparse.Namespace) -> int:
+    """``rlft rm`` / ``rlft dpo``: one stage on ``model.path`` (or the embedded tiny model), in its own run directory."""
     from rlft.models.loading import quiet_transformers
     from rlft.run import base_model_dir, prepare_run_dir, seed_everything
     from rlft.stages import STAGES
@@ -64,7 +66,7 @@ def cmd_rm(ns: argparse.Namespace) -> int:
     cfg = prepare_run_dir(load_config(recipe, overrides))
     quiet_transformers()
     seed_everything(cfg.train.seed)
-    result = STAGES.get("rm")(cfg, base_model_dir(cfg, cfg.log.path), cfg.log.path, echo=print)
+    result = STAGES.get(ns.command)(cfg, base_model_dir(cfg, cfg.log.path), cfg.log.path, echo=print)
     print(f"rlft {result.summary}")
     return 0
 
@@ -95,9 +97,11 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("model", help="directory written by save_pretrained (e.g. runs/<name>/policy)")
     e.add_argument("args", nargs="*", help="[recipe.yaml] [section.key=value ...]")
     e.set_defaults(fn=cmd_eval)
-    r = sub.add_parser("rm", help="train a Bradley-Terry reward model (rm.* keys) on model.path's backbone")
-    r.add_argument("args", nargs="*", help="[recipe.yaml] [section.key=value ...]")
-    r.set_defaults(fn=cmd_rm)
+    for name, text in (("rm", "train a Bradley-Terry reward model (rm.* keys) on model.path's backbone"),
+                       ("dpo", "DPO / IPO (dpo.* keys) on preference pairs, model.path as the frozen reference")):
+        st = sub.add_parser(name, help=text)
+        st.add_argument("args", nargs="*", help="[recipe.yaml] [section.key=value ...]")
+        st.set_defaults(fn=cmd_stage)
     pr = sub.add_parser("prepare", help="convert a dataset to verl-style parquet rows")
     pr.add_argument("dataset", choices=["gsm8k", "humaneval", "mbpp"])
     pr.add_argument("--input", required=True, help="gsm8k: directory with train.jsonl/test.jsonl, or one .jsonl "

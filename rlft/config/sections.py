@@ -457,6 +457,31 @@ class RMConfig:
 
 
 @dataclass(frozen=True)
+class DPOConfig:
+    source: str = ""
+    """Preference rows as for rm.source; empty: pairs made from data.source's numeric answers (right over wrong)."""
+    train_split: str = "train"
+    eval_split: str = "test"
+    num_eval: int = 200
+    """Held-out rankings for the dpo/* metrics (0: all)."""
+    steps: int = 100
+    batch_size: int = 16
+    """Pairs per optimizer step."""
+    lr: float = 1e-5
+    beta: float = 0.1
+    """DPO's beta (IPO's tau): strength of the pull towards the reference."""
+    loss: Literal["sigmoid", "ipo"] = "sigmoid"
+    """sigmoid: DPO (Rafailov et al. 2023, eq. 7); ipo: IPO (Azar et al. 2023, eq. 17)."""
+
+    def __post_init__(self) -> None:
+        _check(self.num_eval >= 0, "dpo.num_eval", "must be >= 0 (0: all)")
+        _check(self.steps >= 0, "dpo.steps", "must be >= 0")
+        _check(self.batch_size >= 1, "dpo.batch_size", "must be >= 1")
+        _check(self.lr > 0, "dpo.lr", "must be > 0")
+        _check(self.beta > 0, "dpo.beta", "must be > 0")
+
+
+@dataclass(frozen=True)
 class SFTConfig:
     steps: int = 200
     """Supervised warm-up steps before RL (0: skip)."""
@@ -560,6 +585,7 @@ class Config:
     optim: OptimConfig = field(default_factory=OptimConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
     rm: RMConfig = field(default_factory=RMConfig)
+    dpo: DPOConfig = field(default_factory=DPOConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     log: LogConfig = field(default_factory=LogConfig)

@@ -16,36 +16,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from rlft.config import Config, ConfigError
-from rlft.data.loaders import load_rows, resolve_path
-from rlft.data.preferences import Ranking, rows_to_rankings, synthetic_preferences
+from rlft.config import Config
 from rlft.models.loading import DTYPES, resolve_device
 from rlft.models.reward_head import build_reward_model
 from rlft.stages.base import STAGES, StageResult
+from rlft.stages.data import load_rankings
 from rlft.tracking import MetricsLog
 from rlft.trainers.rm import RMSettings, encode_ranking, evaluate_rm, train_rm
-
-
-def load_rankings(cfg: Config) -> tuple[list[Ranking], list[Ranking]]:
-    """(training, held-out) rankings from ``rm.source``, or pairs made from ``data.source``'s task."""
-    r = cfg.rm
-    if r.source:
-        splits = []
-        for split in (r.train_split, r.eval_split):
-            splits.append(rows_to_rankings(load_rows(r.source, split), source=str(resolve_path(r.source, split))
-                                           if not r.source.startswith("hf:") else r.source))
-        train, held_out = splits
-    else:
-        from rlft.run import load_task
-
-        train_ex, eval_ex = load_task(cfg)
-        try:
-            train = synthetic_preferences(train_ex, seed=cfg.train.seed)
-            held_out = synthetic_preferences(eval_ex, seed=cfg.train.seed + 1)
-        except ValueError:
-            raise ConfigError("rm.source: empty, so pairs are made from data.source's answers, but they are not "
-                              "integers; set rm.source to preference data") from None
-    return train, held_out[: r.num_eval or None]
 
 
 @STAGES.register("rm")
@@ -55,7 +32,7 @@ def rm_stage(cfg: Config, model_dir: str, out_dir: Path, echo=print) -> StageRes
     model, tok = build_reward_model(model_dir, pooling=r.pooling, dtype=DTYPES[cfg.model.dtype],
                                     device=resolve_device(cfg.model.device),
                                     trust_remote_code=cfg.model.trust_remote_code)
-    train, held_out = load_rankings(cfg)
+    train, held_out = load_rankings(cfg, r, "rm")
     enc_train = [encode_ranking(x, tok, r.max_tokens) for x in train]
     enc_eval = [encode_ranking(x, tok, r.max_tokens) for x in held_out]
     n_pairs = sum(len(x.pairs()) for x in held_out)
