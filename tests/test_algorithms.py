@@ -33,8 +33,8 @@ def finite_keys(records: list[dict], keys: list[str]) -> None:
 def run(tmp_path, tiny_size_overrides, digit_reward):
     """run(*overrides) -> (run_dir, metrics records, cfg) of a 3-step demo run on the tiny model."""
 
-    def go(*extra: str):
-        cfg = load_config(None, tiny_size_overrides(tmp_path, "log.name=r", "data.synth_train_size=20",
+    def go(*extra: str, name: str = "r"):
+        cfg = load_config(None, tiny_size_overrides(tmp_path, f"log.name={name}", "data.synth_train_size=20",
                                                     "eval.ks=[1]", "eval.before_rl=false", "optim.warmup_steps=0",
                                                     *digit_reward, *extra))
         run_dir = train(cfg, echo=quiet).run_dir
@@ -256,6 +256,17 @@ def test_new_critic_starts_at_zero_and_shares_no_weights(tiny_model_dir, tmp_pat
     assert not policy_ptrs & {p.data_ptr() for p in critic.parameters()}
 
 
+def kl_in_reward_batch() -> Batch:
+    """One group of 2 with scores 1, 1, a masked token holding junk, and old/ref log-probs whose k1 per token is
+    row 0 [0.5, 0] and row 1 [1, 1, 1]."""
+    batch = Batch(prompt_ids=torch.zeros(2, 1, dtype=torch.long), prompt_mask=torch.ones(2, 1, dtype=torch.long),
+                  response_ids=torch.zeros(2, 3, dtype=torch.long), response_mask=torch.tensor([[1, 1, 0], [1, 1, 1]]),
+                  truncated=torch.tensor([False, False]), group_size=2, scores=torch.tensor([1.0, 1.0]))
+    batch.old_logp = torch.tensor([[-1.0, -1.0, 9.0], [-1.0, -1.0, -1.0]])
+    batch.ref_logp = torch.tensor([[-1.5, -1.0, 0.0], [-2.0, -2.0, -2.0]])
+    return batch
+
+
 def test_kl_in_reward_shifts_group_outcomes(ds_state, monkeypatch):
     from rlft.config import load_config as lc
 
@@ -264,12 +275,7 @@ def test_kl_in_reward_shifts_group_outcomes(ds_state, monkeypatch):
     from rlft.core.kl import make_kl_controller
 
     state.kl_ctl = make_kl_controller(0.5, 0.0, 1)
-    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
-    batch = Batch(prompt_ids=torch.zeros(2, 1, dtype=torch.long), prompt_mask=torch.ones(2, 1, dtype=torch.long),
-                  response_ids=torch.zeros(2, 3, dtype=torch.long), response_mask=mask,
-                  truncated=torch.tensor([False, False]), group_size=2, scores=torch.tensor([1.0, 1.0]))
-    batch.old_logp = torch.tensor([[-1.0, -1.0, 9.0], [-1.0, -1.0, -1.0]])
-    batch.ref_logp = torch.tensor([[-1.5, -1.0, 0.0], [-2.0, -2.0, -2.0]])
+    batch = kl_in_reward_batch()
     m = rl.compute_advantages(state, batch, cfg)
     # k1 per token: row 0 [0.5, 0], row 1 [1, 1, 1]; outcome = 1 - 0.5 * sum -> [0.75, -0.5]; RLOO -> +-1.25
     assert m["actor/reward_kl_penalty"] == pytest.approx(3.5 / 5)
@@ -302,12 +308,7 @@ def test_reinforce_pp_baseline_through_the_trainer(ds_state):
     cfg = lc(None, ["algo.advantage=reinforce_pp_baseline", "algo.group_size=2", "algo.kl_in=reward",
                     "algo.kl_coef=0.5", "algo.kl_estimator=k1"])
     state.kl_ctl = make_kl_controller(0.5, 0.0, 1)
-    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
-    batch = Batch(prompt_ids=torch.zeros(2, 1, dtype=torch.long), prompt_mask=torch.ones(2, 1, dtype=torch.long),
-                  response_ids=torch.zeros(2, 3, dtype=torch.long), response_mask=mask,
-                  truncated=torch.tensor([False, False]), group_size=2, scores=torch.tensor([1.0, 1.0]))
-    batch.old_logp = torch.tensor([[-1.0, -1.0, 9.0], [-1.0, -1.0, -1.0]])
-    batch.ref_logp = torch.tensor([[-1.5, -1.0, 0.0], [-2.0, -2.0, -2.0]])
+    batch = kl_in_reward_batch()
     rl.compute_advantages(state, batch, cfg)
     # k1 per token: row 0 [0.5, 0], row 1 [1, 1, 1]; R = 1 - 0.5 * sum -> [0.75, -0.5]; group mean 0.125 ->
     # centred [0.625, -0.625] on 2 + 3 tokens: token mean -0.125, unbiased variance (2 * 0.75^2 + 3 * 0.5^2) / 4

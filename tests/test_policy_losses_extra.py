@@ -14,24 +14,7 @@ from rlft.config import AlgoConfig, ConfigError, load_config
 from rlft.core.kl import PenaltyCoefController
 from rlft.run import train
 from rlft.trainers import rl
-from test_pipeline import check_metrics, quiet, read_jsonl
-
-
-@pytest.fixture
-def run(tmp_path, tiny_size_overrides, digit_reward):
-    """run(*overrides) -> (run_dir, metrics records, cfg) of a 3-step demo run on the tiny model."""
-
-    def go(*extra: str, name: str = "r"):
-        cfg = load_config(None, tiny_size_overrides(tmp_path, f"log.name={name}", "data.synth_train_size=20",
-                                                    "eval.ks=[1]", "eval.before_rl=false", "optim.warmup_steps=0",
-                                                    *digit_reward, *extra))
-        run_dir = train(cfg, echo=quiet).run_dir
-        records = read_jsonl(run_dir / "metrics.jsonl")
-        assert [r["step"] for r in records] == list(range(1, cfg.train.steps + 1))
-        check_metrics(records, cfg)
-        return run_dir, records, cfg
-
-    return go
+from test_algorithms import run  # noqa: F401  (the fixture: a 3-step demo run on the tiny model)
 
 
 PPO_PENALTY = ["algo.policy_loss=ppo_penalty", "algo.epochs=2", "algo.penalty_coef=1.0", "algo.penalty_target=0.01",

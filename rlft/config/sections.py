@@ -11,7 +11,7 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import yaml
 
@@ -426,13 +426,29 @@ class OptimConfig:
 
 
 @dataclass(frozen=True)
-class RMConfig:
+class _PreferenceData:
+    """Where a stage that learns from preferences (rm, dpo) reads its rankings; each subclass adds ``steps``,
+    ``batch_size`` and ``lr`` (checked here) and its own keys."""
+
     source: str = ""
     """Preference rows (pairs, K-way rankings or HH-RLHF transcripts): a file, a directory of splits or hf:<name>; empty: pairs made from data.source's numeric answers (right over wrong)."""
     train_split: str = "train"
     eval_split: str = "test"
     num_eval: int = 200
-    """Held-out rankings for rm/accuracy (0: all)."""
+    """Held-out rankings for the stage's metrics (0: all)."""
+    section: ClassVar[str] = ""
+
+    def __post_init__(self) -> None:
+        _check(self.num_eval >= 0, f"{self.section}.num_eval", "must be >= 0 (0: all)")
+        _check(self.steps >= 0, f"{self.section}.steps", "must be >= 0")
+        _check(self.batch_size >= 1, f"{self.section}.batch_size", "must be >= 1")
+        _check(self.lr > 0, f"{self.section}.lr", "must be > 0")
+
+
+@dataclass(frozen=True)
+class RMConfig(_PreferenceData):
+    section: ClassVar[str] = "rm"
+
     steps: int = 100
     """Optimizer steps."""
     batch_size: int = 16
@@ -448,22 +464,15 @@ class RMConfig:
     """Longest prompt + response in tokens; longer texts are cut on the left."""
 
     def __post_init__(self) -> None:
-        _check(self.num_eval >= 0, "rm.num_eval", "must be >= 0 (0: all)")
-        _check(self.steps >= 0, "rm.steps", "must be >= 0")
-        _check(self.batch_size >= 1, "rm.batch_size", "must be >= 1")
-        _check(self.lr > 0, "rm.lr", "must be > 0")
+        super().__post_init__()
         _check(self.center_coef >= 0, "rm.center_coef", "must be >= 0")
         _check(self.max_tokens >= 2, "rm.max_tokens", "must be >= 2")
 
 
 @dataclass(frozen=True)
-class DPOConfig:
-    source: str = ""
-    """Preference rows as for rm.source; empty: pairs made from data.source's numeric answers (right over wrong)."""
-    train_split: str = "train"
-    eval_split: str = "test"
-    num_eval: int = 200
-    """Held-out rankings for the dpo/* metrics (0: all)."""
+class DPOConfig(_PreferenceData):
+    section: ClassVar[str] = "dpo"
+
     steps: int = 100
     batch_size: int = 16
     """Pairs per optimizer step."""
@@ -474,10 +483,7 @@ class DPOConfig:
     """sigmoid: DPO (Rafailov et al. 2023, eq. 7); ipo: IPO (Azar et al. 2023, eq. 17)."""
 
     def __post_init__(self) -> None:
-        _check(self.num_eval >= 0, "dpo.num_eval", "must be >= 0 (0: all)")
-        _check(self.steps >= 0, "dpo.steps", "must be >= 0")
-        _check(self.batch_size >= 1, "dpo.batch_size", "must be >= 1")
-        _check(self.lr > 0, "dpo.lr", "must be > 0")
+        super().__post_init__()
         _check(self.beta > 0, "dpo.beta", "must be > 0")
 
 
