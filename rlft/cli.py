@@ -1,9 +1,10 @@
-"""Command line: ``rlft train``, ``rlft eval``, ``rlft rm``, ``rlft dpo``, ``rlft prepare gsm8k|humaneval|mbpp``, ``rlft config``.
+"""Command line: ``rlft train``, ``rlft eval``, ``rlft sft``, ``rlft rm``, ``rlft dpo``, ``rlft prepare gsm8k|humaneval|mbpp``, ``rlft config``.
 
     rlft train                                    # the embedded demo (tiny model, synthetic arithmetic)
     rlft train recipes/grpo_gsm8k.yaml model.path=/models/qwen algo.group_size=4
     rlft train runs/<name>/config.yaml train.resume=true   # continue from the last checkpoint
     rlft eval runs/<name>/policy recipes/grpo_gsm8k.yaml    # held-out metrics of a saved policy
+    rlft sft sft.loss_on=answer sft.steps=200                    # SFT alone (loss on: all, response, answer)
     rlft rm model.path=runs/<name>/policy rm.source=data/prefs   # a reward model (empty rm.source: task pairs)
     rlft dpo model.path=runs/<name>/policy dpo.beta=0.1          # DPO (dpo.loss=ipo: IPO) on preference pairs
     rlft prepare gsm8k --input path/to/gsm8k --output data/gsm8k
@@ -57,7 +58,7 @@ def cmd_eval(ns: argparse.Namespace) -> int:
 
 
 def cmd_stage(ns: argparse.Namespace) -> int:
-    """``rlft rm`` / ``rlft dpo``: one stage on ``model.path`` (or the embedded tiny model), in its own run directory."""
+    """``rlft sft`` / ``rlft rm`` / ``rlft dpo``: one stage on ``model.path`` (or the embedded tiny model), in its own run directory."""
     from rlft.models.loading import quiet_transformers
     from rlft.run import base_model_dir, prepare_run_dir, seed_everything
     from rlft.stages import STAGES
@@ -97,7 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("model", help="directory written by save_pretrained (e.g. runs/<name>/policy)")
     e.add_argument("args", nargs="*", help="[recipe.yaml] [section.key=value ...]")
     e.set_defaults(fn=cmd_eval)
-    for name, text in (("rm", "train a Bradley-Terry reward model (rm.* keys) on model.path's backbone"),
+    for name, text in (("sft", "supervised fine-tuning (sft.* keys) of model.path, evaluated before and after"),
+                       ("rm", "train a Bradley-Terry reward model (rm.* keys) on model.path's backbone"),
                        ("dpo", "DPO / IPO (dpo.* keys) on preference pairs, model.path as the frozen reference")):
         st = sub.add_parser(name, help=text)
         st.add_argument("args", nargs="*", help="[recipe.yaml] [section.key=value ...]")

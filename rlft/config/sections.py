@@ -494,8 +494,14 @@ class SFTConfig:
     batch_size: int = 64
     lr: float = 1e-3
     warmup_steps: int = 10
-    loss_on: Literal["response", "all"] = "response"
-    """Which tokens carry the SFT loss: the response only, or prompt and response."""
+    loss_on: Literal["response", "all", "answer"] = "response"
+    """Which tokens carry the SFT loss: the response (and its eos), prompt and response, or only the final answer (the #### line, last \\boxed{} or <answer> tag) and the eos."""
+    source: str = ""
+    """SFT rows ({prompt, completion} or {messages}): a file, a directory of splits or hf:<name>; empty: the RL rows' reference responses."""
+    train_split: str = "train"
+    """Split of sft.source to train on."""
+    system_prompt: str = ""
+    """A system message put in front of every SFT prompt (empty: none)."""
 
     def __post_init__(self) -> None:
         _check(self.steps >= 0, "sft.steps", "must be >= 0")

@@ -16,15 +16,12 @@ def _accepts_logits_to_keep(cls: type) -> bool:
     return "logits_to_keep" in inspect.signature(cls.forward).parameters
 
 
-def response_logprobs(model, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor, response_mask: Tensor,
-                      *, temperature: float = 1.0, with_entropy: bool = False,
-                      entropy_grad: bool = False) -> tuple[Tensor, Tensor | None]:
-    """Log-probs (B, T) of ``response_ids`` under ``model``, and the token entropy (B, T) if asked.
+def response_logits(model, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor, response_mask: Tensor,
+                    *, temperature: float = 1.0) -> Tensor:
+    """Logits (B, T, V) at the positions that predict each response token, divided by ``temperature``.
 
     Prompts are left-padded, so position ids come from the attention mask. Only the
     last T + 1 positions go through the LM head when the model supports it.
-    Logits are divided by the sampling temperature, so the log-probs are those of
-    the distribution that generated the responses.
     """
     device = next(model.parameters()).device
     input_ids = torch.cat([prompt_ids, response_ids], dim=1).to(device)  # (B, Tp + T)
@@ -35,9 +32,19 @@ def response_logprobs(model, prompt_ids: Tensor, prompt_mask: Tensor, response_i
     logits = model(input_ids=input_ids, attention_mask=attn, position_ids=position_ids, use_cache=False,
                    **kwargs).logits
     logits = logits[:, -(T + 1):-1]  # (B, T, V): position t predicts response token t
-    if temperature != 1.0:
-        logits = logits / temperature
-    logp = logprobs_from_logits(logits, response_ids.to(device))  # (B, T)
+    return logits / temperature if temperature != 1.0 else logits
+
+
+def response_logprobs(model, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor, response_mask: Tensor,
+                      *, temperature: float = 1.0, with_entropy: bool = False,
+                      entropy_grad: bool = False) -> tuple[Tensor, Tensor | None]:
+    """Log-probs (B, T) of ``response_ids`` under ``model``, and the token entropy (B, T) if asked.
+
+    Logits are divided by the sampling temperature, so the log-probs are those of
+    the distribution that generated the responses.
+    """
+    logits = response_logits(model, prompt_ids, prompt_mask, response_ids, response_mask, temperature=temperature)
+    logp = logprobs_from_logits(logits, response_ids.to(logits.device))  # (B, T)
     ent = None
     if with_entropy:  # a metric unless an entropy bonus needs its gradient
         ent = entropy_from_logits(logits if entropy_grad else logits.detach())  # (B, T)

@@ -14,14 +14,11 @@ The task metrics are the rule-checked held-out evaluation of ``rlft eval``
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from rlft.config import Config
-from rlft.data.templates import encode_prompts
-from rlft.eval import evaluate
 from rlft.models.loading import load_model, load_tokenizer, resolve_device
-from rlft.stages.base import STAGES, StageResult
+from rlft.stages.base import STAGES, StageResult, task_metrics, write_json
 from rlft.stages.data import load_rankings
 from rlft.tracking import MetricsLog
 from rlft.trainers.dpo import DPOSettings, encode_pairs, evaluate_dpo, reference_logps, train_dpo
@@ -40,7 +37,7 @@ def dpo_stage(cfg: Config, model_dir: str, out_dir: Path, echo=print) -> StageRe
     echo(f"rlft dpo: {len(pairs)} training pairs, {len(held_pairs)} held-out")
     policy.eval()
     ref, held_ref = (reference_logps(policy, x, tok.pad_token_id) for x in (pairs, held_pairs))  # computed once
-    task_before = _task_metrics(policy, tok, cfg)
+    task_before = task_metrics(policy, tok, cfg)
     settings = DPOSettings(steps=d.steps, batch_size=d.batch_size, lr=d.lr, beta=d.beta, loss=d.loss,
                            weight_decay=cfg.optim.weight_decay, grad_clip=cfg.optim.grad_clip, seed=cfg.train.seed)
     log = MetricsLog(out_dir, tensorboard=False, filename="dpo_metrics.jsonl")
@@ -49,27 +46,12 @@ def dpo_stage(cfg: Config, model_dir: str, out_dir: Path, echo=print) -> StageRe
     finally:
         log.close()
     prefs = evaluate_dpo(policy, held_pairs, held_ref, tok.pad_token_id, settings)
-    task_after = _task_metrics(policy, tok, cfg)
+    task_after = task_metrics(policy, tok, cfg)
     save_to = Path(out_dir) / "policy"
     policy.save_pretrained(save_to)
     tok.save_pretrained(save_to)
-    _write_json(Path(out_dir) / "dpo_eval.json", {"preferences": prefs, "task_before": task_before,
+    write_json(Path(out_dir) / "dpo_eval.json", {"preferences": prefs, "task_before": task_before,
                                                  "task_after": task_after})
     line = (f"dpo: held-out preference accuracy {prefs['dpo/rewards/accuracies']:.3f}; exact match "
             f"{task_before['exact_match']:.3f} -> {task_after['exact_match']:.3f}; policy in {save_to}")
     return StageResult(model_dir=save_to, metrics={**prefs, **task_after}, summary=line)
-
-
-def _task_metrics(policy, tok, cfg: Config) -> dict:
-    from rlft.run import load_task
-
-    _, eval_ex = load_task(cfg)
-    prompts = encode_prompts(eval_ex, cfg.data.template, tok, cfg.data.max_prompt_tokens, "eval data")
-    out = evaluate(policy, tok, prompts, eval_ex, cfg)
-    return {k: v for k, v in out.items() if k != "examples"}
-
-
-def _write_json(path: Path, obj: dict) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(obj, indent=2))
-    tmp.replace(path)

@@ -13,13 +13,12 @@ over a wrong one). Writes to ``out_dir``::
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from rlft.config import Config
 from rlft.models.loading import DTYPES, resolve_device
 from rlft.models.reward_head import build_reward_model
-from rlft.stages.base import STAGES, StageResult
+from rlft.stages.base import STAGES, StageResult, write_json
 from rlft.stages.data import load_rankings
 from rlft.tracking import MetricsLog
 from rlft.trainers.rm import RMSettings, encode_ranking, evaluate_rm, train_rm
@@ -50,9 +49,7 @@ def rm_stage(cfg: Config, model_dir: str, out_dir: Path, echo=print) -> StageRes
     save_to = Path(out_dir) / "reward_model"
     model.save_pretrained(save_to)
     tok.save_pretrained(save_to)
-    tmp = Path(out_dir) / "rm_eval.json.tmp"
-    tmp.write_text(json.dumps({"before": before, "after": after, "pairs": n_pairs}, indent=2))
-    tmp.replace(Path(out_dir) / "rm_eval.json")
+    write_json(Path(out_dir) / "rm_eval.json", {"before": before, "after": after, "pairs": n_pairs})
     line = (f"rm: held-out ranking accuracy {before['rm/accuracy']:.3f} -> {after['rm/accuracy']:.3f} "
             f"on {n_pairs} pairs; reward model in {save_to}")
     return StageResult(model_dir=save_to, metrics=after, summary=line)

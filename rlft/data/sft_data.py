@@ -1,0 +1,138 @@
+"""What SFT learns from, and which of its tokens carry the loss.
+
+Sources (``sft.source``): empty takes the RL rows' reference responses; else a
+file or directory of rows, each either
+
+- ``{"prompt": ..., "completion": "..."}`` (the prompt text or chat messages), or
+- ``{"messages": [...]}``: a chat whose last message is the assistant's; the
+  messages before it are the prompt.
+
+``sft.system_prompt`` is put in front of every prompt as a system message.
+
+Loss masking (``sft.loss_on``), the three schemes the tutorials compare:
+``all`` (prompt and completion), ``response`` (the completion and its eos) and
+``answer`` (only the final answer and the eos: the ``#### ...`` line, the last
+``\\boxed{...}`` or the last ``<answer>...</answer>``; reasoning tokens carry
+no loss).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from rlft.data.loaders import load_rows, resolve_path
+from rlft.data.schema import DataError, Example, _message
+
+LOSS_ON = ("all", "response", "answer")
+
+
+def answer_span(text: str) -> tuple[int, int] | None:
+    """Character span of the final answer: whichever of the last ``####`` line, ``\\boxed{...}`` or
+    ``<answer>...</answer>`` ends last (on a tie, the one that starts later); None when there is none.
+
+    >>> t = "2 + 3 = 5\\n#### 5"
+    >>> t[slice(*answer_span(t))]
+    '#### 5'
+    >>> t = r"so \\boxed{\\frac{1}{2}} done"
+    >>> t[slice(*answer_span(t))]
+    '\\\\boxed{\\\\frac{1}{2}}'
+    >>> answer_span("no answer here") is None
+    True
+    """
+    spans = [s for s in (_hash_line(text), _boxed(text), _answer_tag(text)) if s is not None]
+    return max(spans, key=lambda s: (s[1], s[0])) if spans else None  # latest end; on a tie the narrower
+
+
+def _hash_line(text: str) -> tuple[int, int] | None:
+    start = text.rfind("####")
+    if start < 0:
+        return None
+    end = text.find("\n", start)
+    end = len(text) if end < 0 else end
+    return start, start + len(text[start:end].rstrip())
+
+
+def _boxed(text: str) -> tuple[int, int] | None:
+    start = text.rfind("\\boxed{")
+    if start < 0:
+        return None
+    depth = 0
+    for j in range(start + len("\\boxed"), len(text)):
+        depth += {"{": 1, "}": -1}.get(text[j], 0)
+        if depth == 0:
+            return start, j + 1
+    return None  # unbalanced: not an answer
+
+
+def _answer_tag(text: str) -> tuple[int, int] | None:
+    start = text.rfind("<answer>")
+    end = text.find("</answer>", start) if start >= 0 else -1
+    return (start, end + len("</answer>")) if end >= 0 else None
+
+
+def response_weights(text: str, tokenizer, loss_on: str) -> tuple[list[int], list[int]]:
+    """(response ids ending in eos, 0/1 loss weight per id) for ``loss_on`` ``response`` or ``answer``."""
+    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    ids = list(enc["input_ids"]) + [tokenizer.eos_token_id]
+    if loss_on != "answer":
+        return ids, [1] * len(ids)
+    span = answer_span(text)
+    if span is None:
+        raise ValueError("no final answer (#### line, \\boxed{} or <answer> tag) in the response")
+    a, b = span
+    weights = [int(s < b and e > a) for s, e in enc["offset_mapping"]]  # tokens that overlap the answer
+    return ids, weights + [1]  # the eos: the model must learn to stop after its answer
+
+
+def load_sft_examples(source: str, split: str, system_prompt: str = "") -> list[Example]:
+    """SFT examples from prompt/completion or messages rows; a bad row names the file, row and field."""
+    rows = load_rows(source, split)
+    where = source if source.startswith("hf:") else str(resolve_path(source, split))
+    out = []
+    for i, row in enumerate(rows):
+        try:
+            prompt, completion = _row(row)
+        except (KeyError, TypeError, ValueError) as e:
+            field, problem = e.args if len(e.args) == 2 else ("<row>", str(e))
+            raise DataError(f"{where}: row {i}: field {field!r}: {problem}") from None
+        out.append(Example(prompt=prompt, ground_truth="", response=completion))
+    return with_system_prompt(out, system_prompt)
+
+
+def _row(row: Mapping) -> tuple:
+    if not isinstance(row, Mapping):
+        raise TypeError("<row>", f"expected an object, got {type(row).__name__}")
+    if "messages" in row:
+        messages = row["messages"]
+        if not isinstance(messages, (list, tuple)) or len(messages) < 2:
+            raise ValueError("messages", "expected a list of at least two messages (a prompt and the answer)")
+        chat = [_checked_message(m, f"messages[{j}]") for j, m in enumerate(messages)]
+        if chat[-1]["role"] != "assistant":
+            raise ValueError(f"messages[{len(chat) - 1}].role", "the last message must be the assistant's")
+        return tuple(chat[:-1]), chat[-1]["content"]
+    prompt, completion = row.get("prompt"), row.get("completion")
+    if isinstance(prompt, (list, tuple)) and prompt:
+        prompt = tuple(_checked_message(m, f"prompt[{j}]") for j, m in enumerate(prompt))
+    elif not (isinstance(prompt, str) and prompt):
+        raise ValueError("prompt", "expected a non-empty string or list of messages (or a 'messages' field)")
+    if not isinstance(completion, str) or not completion.strip():
+        raise ValueError("completion", "expected a non-empty string")
+    return prompt, completion
+
+
+def _checked_message(m, where: str) -> dict:
+    try:
+        return _message(m, where)
+    except Exception as e:  # schema's _RowError carries the field
+        raise ValueError(getattr(e, "field_name", where), getattr(e, "problem", str(e))) from None
+
+
+def with_system_prompt(examples: list[Example], system_prompt: str) -> list[Example]:
+    """The examples with ``system_prompt`` as a first system message (unchanged when it is empty)."""
+    if not system_prompt:
+        return examples
+    system = {"role": "system", "content": system_prompt}
+    return [Example(prompt=(system, *(ex.prompt if isinstance(ex.prompt, tuple) else
+                                      ({"role": "user", "content": ex.prompt},))),
+                    ground_truth=ex.ground_truth, data_source=ex.data_source, response=ex.response, extra=ex.extra)
+            for ex in examples]
