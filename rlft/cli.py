@@ -34,7 +34,12 @@ def cmd_train(ns: argparse.Namespace) -> int:
 
     recipe, overrides = _split_recipe(ns.args)
     cfg = load_config(recipe, overrides)
-    train(cfg)
+    if cfg.stages:  # a pipeline: `stages: [sft, rm, ppo]`
+        from rlft.stages.pipeline import run_pipeline
+
+        run_pipeline(cfg)
+    else:
+        train(cfg)
     return 0
 
 

@@ -148,6 +148,7 @@ def load_config(recipe: str | Path | None = None, overrides: list[str] | tuple[s
         if parts == ["algo"] and isinstance(value, str):  # `algo=dapo` selects a preset, keeping other algo keys
             parts = ["algo", "preset"]
         _set(tree, parts, value, text)
+    _preset_from_stages(tree)
     reward = tree.get("reward")
     if isinstance(reward, dict) and "fns" in reward and "weights" not in reward:
         reward["weights"] = []  # the default weights belong to the default fns: each new entry's own, else 1.0
@@ -159,6 +160,20 @@ def load_config(recipe: str | Path | None = None, overrides: list[str] | tuple[s
         raise
     except (KeyError, ValueError) as e:  # registry lookups and range checks inside sections
         raise ConfigError(str(e)) from None
+
+
+def _preset_from_stages(tree: dict) -> None:
+    """A preset named in ``stages`` (``[sft, grpo]``) selects ``algo.preset``; a different explicit one is an error."""
+    from rlft.presets import PRESETS
+
+    stages = tree.get("stages")
+    named = [s for s in stages if isinstance(s, str) and s in PRESETS] if isinstance(stages, (list, tuple)) else []
+    if not named:
+        return
+    algo = tree.get("algo") if isinstance(tree.get("algo"), dict) else {}
+    _check(algo.get("preset", named[0]) == named[0], "algo.preset",
+           f"{algo.get('preset')!r} conflicts with the stage {named[0]!r} in `stages`; name the algorithm once")
+    tree["algo"] = {**algo, "preset": named[0]}
 
 
 def _apply_preset(section: Any) -> Any:

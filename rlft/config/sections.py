@@ -588,6 +588,8 @@ class LogConfig:
 
 @dataclass(frozen=True)
 class Config:
+    stages: tuple[str, ...] = ()
+    """A pipeline run by `rlft train`, in order (e.g. [sft, grpo], [sft, rm, ppo], [sft, dpo]); each stage starts from the previous stage's model. Names: sft, rm, dpo, rl, or an algorithm preset (which also selects algo.preset). Empty: SFT warm-up (sft.steps) then RL, in one directory."""
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
@@ -609,6 +611,22 @@ class Config:
                "needs data.ptx_source (the pretraining texts)")
         _check(self.critic.pretrain_steps == 0 or self.algo.needs_critic, "critic.pretrain_steps",
                f"needs a critic, but algo.advantage={self.algo.advantage!r} uses none (gae does)")
+        self._check_stages()
+
+    def _check_stages(self) -> None:
+        from rlft.presets import PRESETS
+        from rlft.rewards.model import PIPELINE_RM
+        from rlft.stages import STAGES
+
+        for i, name in enumerate(self.stages):
+            _check(name in STAGES or name in PRESETS, f"stages[{i}]",
+                   f"unknown stage {name!r}; allowed: {', '.join(STAGES.names())} or a preset ({', '.join(PRESETS.names())})")
+        rl = [i for i, name in enumerate(self.stages) if name == "rl" or name in PRESETS]
+        _check(len(rl) <= 1, "stages", f"has {len(rl)} RL stages; a pipeline holds at most one")
+        needs_rm = any(dict(t.params).get("path") == PIPELINE_RM for t in self.reward.fns)
+        rm_first = "rm" in self.stages[: rl[0]] if rl else False
+        _check(not needs_rm or rm_first, "reward.fns",
+               f"a reward_model with path {PIPELINE_RM!r} needs an rm stage before the RL stage in `stages`")
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)

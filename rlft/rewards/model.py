@@ -53,6 +53,7 @@ import torch
 from rlft.models.loading import DTYPES, resolve_device
 from rlft.rewards.base import REWARDS, batched
 
+PIPELINE_RM = "@rm"  # path of the reward model a pipeline's rm stage trains (resolved before its RL stage)
 _LOADED: dict[tuple, tuple] = {}  # (path, device, dtype, trust_remote_code) -> (model, tokenizer, takes_positions)
 _LOCK = threading.Lock()
 
@@ -64,7 +65,7 @@ class RewardModel:
     """A one-label sequence-classification model's score of prompt + completion, per sample (batched)."""
 
     path: str
-    """Directory of a sequence-classification checkpoint with one label (save_pretrained layout)."""
+    """Directory of a sequence-classification checkpoint with one label (save_pretrained layout); '@rm' in a pipeline: its rm stage's model."""
     device: str = "auto"
     """'auto' (cuda if available, else cpu), 'cpu', 'cuda' or 'cuda:N'."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
@@ -99,7 +100,8 @@ class RewardModel:
         for name in ("scale", "shift"):
             if not math.isfinite(getattr(self, name)):
                 raise ValueError(f"{name}: must be a finite number, got {getattr(self, name)!r}")
-        _check_checkpoint(self.path, self.trust_remote_code)
+        if self.path != PIPELINE_RM:  # a pipeline puts its rm stage's output here before RL starts
+            _check_checkpoint(self.path, self.trust_remote_code)
 
     @property
     def deadline_s(self) -> float:
@@ -108,6 +110,9 @@ class RewardModel:
 
     def __call__(self, completions: Sequence[str], samples: Sequence[Mapping]) -> list[float | None]:
         """One value per (completion, sample): scale * score + shift, None for an empty text."""
+        if self.path == PIPELINE_RM:
+            raise ValueError(f"path: {PIPELINE_RM!r} is the reward model of a pipeline's rm stage; outside a "
+                             "pipeline give the directory of a reward model")
         model, tok, takes_positions = self._load()
         ids = [encode(tok, s.get("prompt", ""), c, self.max_length, self.truncation_side)
                for c, s in zip(completions, samples)]

@@ -1,0 +1,91 @@
+"""A pipeline of stages in one run directory: ``stages: [sft, rm, ppo]`` in a recipe, run by ``rlft train``.
+
+Each stage starts from the previous stage's model (the rm stage's reward model
+is not a policy: the next stage continues from the policy before it, and a
+``reward_model`` reward with path ``@rm`` scores with it). Layout::
+
+    runs/<name>/config.yaml           the resolved configuration
+    runs/<name>/<i>-<stage>/          each stage's outputs (policy/ or reward_model/, metrics, evaluation)
+    runs/<name>/<i>-<stage>/stage.json    written when the stage finishes: its model, metrics and summary
+    runs/<name>/summary.json          one entry per finished stage, in order: stage, model_dir, metrics, summary
+
+``train.resume=true`` skips the stages that finished and continues the one that
+did not (the RL stage from its last checkpoint; the others from their start).
+Every stage starts from ``train.seed``, so a resumed pipeline repeats the stage
+it lost.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from rlft.config import Config, ConfigError
+from rlft.stages.base import STAGES, StageResult, write_json
+
+SUMMARY = "summary.json"
+
+
+def stage_kind(name: str) -> str:
+    """The registered stage a name runs: itself, or ``rl`` for an algorithm preset."""
+    return name if name in STAGES else "rl"
+
+
+def run_pipeline(cfg: Config, echo=print) -> list[dict]:
+    """Run ``cfg.stages`` in order; returns the summary entries (also in ``summary.json``)."""
+    from rlft.models.loading import quiet_transformers
+    from rlft.run import base_model_dir, prepare_run_dir, seed_everything
+
+    if cfg.train.resume and not (cfg.log.path / "config.yaml").is_file():
+        raise ConfigError(f"train.resume: no pipeline run in {cfg.log.path}")
+    cfg = prepare_run_dir(cfg)
+    run_dir, t0 = cfg.log.path, time.perf_counter()
+    quiet_transformers()
+    model_dir, rm_dir, entries = Path(base_model_dir(cfg, run_dir)), None, []
+    for i, name in enumerate(cfg.stages):
+        out = run_dir / f"{i}-{name}"
+        done = _finished(out)
+        if done is None:
+            seed_everything(cfg.train.seed)
+            out.mkdir(parents=True, exist_ok=True)
+            echo(f"rlft: stage {i} {name} in {out}")
+            result = _run_stage(name, cfg, model_dir, out, echo, rm_dir)
+            done = {"stage": name, "model_dir": str(result.model_dir), "metrics": result.metrics,
+                    "summary": result.summary}
+            write_json(out / "stage.json", done)
+        else:
+            echo(f"rlft: stage {i} {name} finished earlier ({done['summary']})")
+        if name == "rm":
+            rm_dir = Path(done["model_dir"])
+        else:
+            model_dir = Path(done["model_dir"])
+        entries.append(done)
+        write_json(run_dir / SUMMARY, {"stages": entries})
+    echo(summary_table(entries, time.perf_counter() - t0, run_dir))
+    return entries
+
+
+def _finished(out: Path) -> dict | None:
+    path = out / "stage.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _run_stage(name: str, cfg: Config, model_dir: Path, out: Path, echo, rm_dir: Path | None) -> StageResult:
+    fn = STAGES.get(stage_kind(name))
+    if stage_kind(name) == "rl":
+        return fn(cfg, str(model_dir), out, echo, rm_dir=rm_dir)
+    return fn(cfg, str(model_dir), out, echo)
+
+
+def summary_table(entries: list[dict], seconds: float, run_dir: Path) -> str:
+    """The pipeline's final table: per stage, its held-out exact match (or the RM's ranking accuracy)."""
+    lines = ["", "rlft pipeline summary", "-" * 72, f"{'stage':<16}{'metric':<22}{'value':>10}"]
+    for i, e in enumerate(entries):
+        m = e["metrics"]
+        key = "exact_match" if "exact_match" in m else "rm/accuracy" if "rm/accuracy" in m else None
+        label, value = f"{i}-{e['stage']}", f"{m[key]:.3f}" if key else "-"
+        lines.append(f"{label:<16}{key or '':<22}{value:>10}")
+    lines += [f"time                  {seconds:.1f} s", f"run directory         {run_dir}",
+              f"summary               {run_dir / SUMMARY}"]
+    return "\n".join(lines)

@@ -1,0 +1,55 @@
+"""The RL stage of a pipeline: ``rlft train``'s RL (evaluation before and after) from the previous stage's model.
+
+The stage runs in its own directory with the run's configuration, starting
+from ``model_dir`` and without the SFT warm-up (SFT is a stage of its own in a
+pipeline). A ``reward_model`` reward whose path is ``@rm`` scores with the
+reward model the pipeline's rm stage trained. Resuming continues from the
+stage's last checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from pathlib import Path
+
+from rlft import checkpoint
+from rlft.config import Config
+from rlft.rewards.model import PIPELINE_RM
+from rlft.stages.base import STAGES, StageResult
+
+
+def with_reward_model(cfg: Config, rm_dir: Path | None) -> Config:
+    """``cfg`` with every ``reward_model`` path ``@rm`` replaced by ``rm_dir``."""
+    terms = []
+    for t in cfg.reward.fns:
+        params = dict(t.params)
+        if params.get("path") == PIPELINE_RM:
+            if rm_dir is None:
+                raise ValueError(f"reward {t.key!r}: path {PIPELINE_RM!r} but no rm stage ran before this one")
+            params["path"] = str(rm_dir)
+            t = dataclasses.replace(t, params=tuple(params.items()))
+        terms.append(t)
+    return dataclasses.replace(cfg, reward=dataclasses.replace(cfg.reward, fns=tuple(terms)))
+
+
+@STAGES.register("rl")
+def rl_stage(cfg: Config, model_dir: str, out_dir: Path, echo=print, rm_dir: Path | None = None) -> StageResult:
+    """RL from ``model_dir`` in ``out_dir``; the result's model is the final policy."""
+    from rlft.run import train
+
+    out_dir = Path(out_dir)
+    resume = checkpoint.latest(out_dir) is not None
+    if not resume and out_dir.exists():  # started but left no checkpoint: start the stage again
+        shutil.rmtree(out_dir)
+    stage_cfg = with_reward_model(cfg, rm_dir)
+    stage_cfg = dataclasses.replace(
+        stage_cfg, stages=(), model=dataclasses.replace(cfg.model, path=str(model_dir)),
+        sft=dataclasses.replace(cfg.sft, steps=0), train=dataclasses.replace(cfg.train, resume=resume),
+        log=dataclasses.replace(cfg.log, run_dir=str(out_dir.parent), name=out_dir.name))
+    result = train(stage_cfg, echo=echo)
+    before, after = result.eval.get("before_rl", {}), result.eval["after_rl"]
+    metrics = {k: v for k, v in after.items() if k != "examples"}
+    start = f"{before['exact_match']:.3f} -> " if "exact_match" in before else ""
+    line = f"{cfg.algo.name}: exact match {start}{after['exact_match']:.3f}; policy in {out_dir / 'policy'}"
+    return StageResult(model_dir=out_dir / "policy", metrics=metrics, summary=line)

@@ -1,0 +1,101 @@
+"""Pipelines of stages (``stages: [...]``): the summary in order, the rm stage's model feeding the RL stage's
+``reward_model`` reward, and a pipeline interrupted in its second stage resuming to the same final metrics."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from rlft.config import load_config
+from rlft.stages.pipeline import run_pipeline
+
+SMALL = ["data.synth_train_size=24", "train.steps=2", "rm.steps=3", "rm.batch_size=4", "dpo.steps=3",
+         "dpo.batch_size=4", "eval.ks=[1]", "log.progress=false"]
+
+
+def quiet(*args, **kwargs) -> None:
+    pass
+
+
+def pipeline(tmp_path, tiny_size_overrides, name, *extra):
+    return load_config(None, tiny_size_overrides(tmp_path, f"log.name={name}", *SMALL, *extra))
+
+
+def test_sft_rm_ppo_feeds_the_reward_model_to_ppo(tmp_path, tiny_size_overrides):
+    cfg = pipeline(tmp_path, tiny_size_overrides, "rlhf", "stages=[sft,rm,ppo]",
+                   "reward.fns=[{name: reward_model, path: '@rm'}]")
+    entries = run_pipeline(cfg, echo=quiet)
+    run = tmp_path / "rlhf"
+    assert [e["stage"] for e in entries] == ["sft", "rm", "ppo"]
+    assert json.loads((run / "summary.json").read_text())["stages"] == entries
+    assert "exact_match" in entries[0]["metrics"] and "rm/accuracy" in entries[1]["metrics"]
+    assert "exact_match" in entries[2]["metrics"]
+    ppo_cfg = yaml.safe_load((run / "2-ppo" / "config.yaml").read_text())
+    assert ppo_cfg["reward"]["fns"][0]["path"] == str(run / "1-rm" / "reward_model")
+    assert ppo_cfg["model"]["path"] == str(run / "0-sft" / "policy")  # RL continues from the policy, not the RM
+    records = [json.loads(x) for x in (run / "2-ppo" / "metrics.jsonl").read_text().splitlines()]
+    assert len(records) == 2 and all(r["reward/reward_model/errors"] == 0.0 for r in records)
+
+
+def test_sft_dpo(tmp_path, tiny_size_overrides):
+    entries = run_pipeline(pipeline(tmp_path, tiny_size_overrides, "d", "stages=[sft,dpo]"), echo=quiet)
+    assert [e["stage"] for e in entries] == ["sft", "dpo"]
+    assert entries[1]["model_dir"] == str(tmp_path / "d" / "1-dpo" / "policy")
+    assert {"exact_match", "dpo/rewards/accuracies"} <= set(entries[1]["metrics"])
+
+
+def test_interrupted_in_the_second_stage_resumes_to_the_same_metrics(tmp_path, tiny_size_overrides, monkeypatch,
+                                                                      digit_reward):
+    from rlft.stages import STAGES
+
+    whole = run_pipeline(pipeline(tmp_path, tiny_size_overrides, "whole", "stages=[sft,grpo]", *digit_reward),
+                         echo=quiet)
+
+    real_rl = STAGES.get("rl")
+
+    def dies_after_a_step(cfg, model_dir, out, echo, rm_dir=None):  # the stage starts, writes, then the run dies
+        (out / "partial.txt").write_text("started")
+        raise KeyboardInterrupt
+
+    monkeypatch.setitem(STAGES._items, "rl", dies_after_a_step)
+    with pytest.raises(KeyboardInterrupt):
+        run_pipeline(pipeline(tmp_path, tiny_size_overrides, "cut", "stages=[sft,grpo]", *digit_reward), echo=quiet)
+    summary = json.loads((tmp_path / "cut" / "summary.json").read_text())["stages"]
+    assert [e["stage"] for e in summary] == ["sft"]  # the first stage finished, the second did not
+    monkeypatch.setitem(STAGES._items, "rl", real_rl)
+
+    resumed_cfg = load_config(tmp_path / "cut" / "config.yaml", ["train.resume=true"])
+    resumed = run_pipeline(resumed_cfg, echo=quiet)
+    assert [e["stage"] for e in resumed] == ["sft", "grpo"]
+    assert resumed[0] == summary[0]  # not run again
+    assert not (tmp_path / "cut" / "1-grpo" / "partial.txt").exists()  # the lost stage started over
+    for a, b in zip(whole, resumed):
+        assert a["metrics"] == b["metrics"], a["stage"]
+    steps = [[{k: v for k, v in json.loads(x).items() if not k.startswith(("timing_s/", "perf/"))}
+              for x in (tmp_path / run / "1-grpo" / "metrics.jsonl").read_text().splitlines()]
+             for run in ("whole", "cut")]
+    assert len(steps[0]) == 2 and steps[0] == steps[1]  # every RL step repeats: losses, rewards, KL, lengths
+    assert steps[0][0]["actor/grad_norm"] > 0  # the steps did update the policy
+
+
+def test_resume_needs_the_run(tmp_path, tiny_size_overrides):
+    from rlft.config import ConfigError
+
+    with pytest.raises(ConfigError, match="no pipeline run"):
+        run_pipeline(pipeline(tmp_path, tiny_size_overrides, "none", "stages=[sft,grpo]", "train.resume=true"), echo=quiet)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["stages=[sft,nope]"], "stages[1]: unknown stage 'nope'"),
+    (["stages=[grpo,ppo]"], "stages: has 2 RL stages"),
+    (["stages=[sft,ppo]", "reward.fns=[{name: reward_model, path: '@rm'}]"], "needs an rm stage before the RL"),
+    (["stages=[grpo]", "algo=ppo"], "algo.preset: 'ppo' conflicts with the stage 'grpo'"),
+])
+def test_bad_pipelines(overrides, message):
+    from rlft.config import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        load_config(None, overrides)
+    assert message in str(e.value)
