@@ -211,8 +211,12 @@ def help_text() -> str:
     import inspect
 
     lines = []
+    top_docs = _field_docs(Config, ast, inspect)
     for section in fields(Config):
         cls = typing.get_type_hints(Config)[section.name]
+        if not dataclasses.is_dataclass(cls):  # a top-level key (stages)
+            lines.append(f"{section.name} = {list(section.default)!r}    {top_docs.get(section.name, '')}".rstrip())
+            continue
         docs = _field_docs(cls, ast, inspect)
         lines.append(f"{section.name}:")
         default = cls()
