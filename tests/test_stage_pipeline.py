@@ -99,3 +99,17 @@ def test_bad_pipelines(overrides, message):
     with pytest.raises(ConfigError) as e:
         load_config(None, overrides)
     assert message in str(e.value)
+
+
+RECIPES = {"sft_grpo_demo.yaml": ["sft", "grpo"], "sft_dpo_demo.yaml": ["sft", "dpo"],
+           "rlhf_demo.yaml": ["sft", "rm", "ppo"]}
+
+
+@pytest.mark.parametrize("recipe", sorted(RECIPES))
+def test_pipeline_demo_recipes_run_at_tiny_size(tmp_path, tiny_size_overrides, recipes_dir, recipe):
+    """Each demo pipeline as written, only smaller: its stages run in order and every entry has its metric."""
+    cfg = load_config(recipes_dir / recipe, tiny_size_overrides(tmp_path, "log.name=r", *SMALL))
+    entries = run_pipeline(cfg, echo=quiet)
+    assert [e["stage"] for e in entries] == RECIPES[recipe]
+    for e in entries:
+        assert ("rm/accuracy" if e["stage"] == "rm" else "exact_match") in e["metrics"]
