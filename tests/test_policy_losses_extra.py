@@ -12,7 +12,6 @@ import torch
 
 from rlft.config import AlgoConfig, ConfigError, load_config
 from rlft.core.kl import PenaltyCoefController
-from rlft.run import train
 from rlft.trainers import rl
 from test_algorithms import run  # noqa: F401  (the fixture: a 3-step demo run on the tiny model)
 

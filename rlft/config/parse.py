@@ -63,7 +63,7 @@ def _reward_term(value: Any, key: str) -> RewardTerm:
     if isinstance(value, str):
         value = {"name": value}
     _check(isinstance(value, Mapping), key, f"must be a reward name or a mapping with 'name', got {value!r}")
-    _check(isinstance(value.get("name"), str), f"{key}.name", f"missing; every entry needs the reward's name")
+    _check(isinstance(value.get("name"), str), f"{key}.name", "missing; every entry needs the reward's name")
     name = value["name"]
     _check(name in REWARDS, f"{key}.name", f"unknown reward {name!r}; allowed: {', '.join(REWARDS.names())}")
     allowed = REWARDS.parameters(name)

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from itertools import combinations
 
-from rlft.data.schema import DataError, Prompt, _message
+from rlft.data.schema import Prompt, RowError, convert_rows, prompt_field
 
 ASSISTANT = "\n\nAssistant:"
 
@@ -58,51 +58,31 @@ def split_hh(chosen: str, rejected: str) -> tuple[str, str, str]:
 
 def rows_to_rankings(rows: Iterable[Mapping], *, source: str) -> list[Ranking]:
     """Rows of any of the three layouts (mixed is fine) -> rankings; errors name source, row and field."""
-    out = []
-    for i, row in enumerate(rows):
-        try:
-            out.append(_row_to_ranking(row))
-        except (KeyError, TypeError, ValueError) as e:
-            field, problem = e.args if len(e.args) == 2 else ("<row>", str(e))
-            raise DataError(f"{source}: row {i}: field {field!r}: {problem}") from None
-    return out
+    return convert_rows(rows, _row_to_ranking, source=source)
 
 
 def _row_to_ranking(row: Mapping) -> Ranking:
-    if not isinstance(row, Mapping):
-        raise TypeError("<row>", f"expected an object, got {type(row).__name__}")
     if "ranking" in row:
         responses = row["ranking"]
         if not isinstance(responses, (list, tuple)) or len(responses) < 2:
-            raise ValueError("ranking", "expected a list of at least 2 responses, best first")
-        return Ranking(_prompt(row), tuple(_text(r, f"ranking[{j}]") for j, r in enumerate(responses)))
+            raise RowError("ranking", "expected a list of at least 2 responses, best first")
+        return Ranking(prompt_field(row.get("prompt"), "prompt"),
+                       tuple(_text(r, f"ranking[{j}]") for j, r in enumerate(responses)))
     chosen, rejected = _text(row.get("chosen"), "chosen"), _text(row.get("rejected"), "rejected")
     if "prompt" in row:
-        return Ranking(_prompt(row), (chosen, rejected))
+        return Ranking(prompt_field(row["prompt"], "prompt"), (chosen, rejected))
     try:
         prompt, chosen, rejected = split_hh(chosen, rejected)
     except ValueError as e:
-        raise ValueError("chosen", f"{e} (no 'prompt' field, so the HH-RLHF text layout was assumed)") from None
+        raise RowError("chosen", f"{e} (no 'prompt' field, so the HH-RLHF text layout was assumed)") from None
     return Ranking(prompt, (chosen, rejected))
-
-
-def _prompt(row: Mapping) -> Prompt:
-    value = row.get("prompt")
-    if isinstance(value, str) and value:
-        return value
-    if isinstance(value, (list, tuple)) and value:
-        try:
-            return tuple(_message(m, f"prompt[{j}]") for j, m in enumerate(value))
-        except Exception as e:  # schema's _RowError carries the field
-            raise ValueError(getattr(e, "field_name", "prompt"), getattr(e, "problem", str(e))) from None
-    raise ValueError("prompt", f"expected a non-empty string or list of messages, got {type(value).__name__}")
 
 
 def _text(value, field: str) -> str:
     if not isinstance(value, str):
-        raise TypeError(field, f"expected a string, got {type(value).__name__}")
+        raise RowError(field, f"expected a string, got {type(value).__name__}")
     if not value.strip():
-        raise ValueError(field, "empty response")
+        raise RowError(field, "empty response")
     return value
 
 

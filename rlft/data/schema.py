@@ -72,6 +72,27 @@ class _RowError(Exception):
         self.problem = problem
 
 
+RowError = _RowError  # raised by row converters: RowError(field, problem)
+
+
+def convert_rows(rows: Iterable, convert, *, source: str) -> list:
+    """``convert(row)`` for every row; a ``RowError`` becomes a DataError naming the source, the row and the field."""
+    out = []
+    for i, row in enumerate(rows):
+        try:
+            if not isinstance(row, Mapping):
+                raise _RowError("<row>", f"expected an object, got {type(row).__name__}")
+            out.append(convert(row))
+        except _RowError as e:
+            raise DataError(f"{source}: row {i}: field {e.field_name!r}: {e.problem}") from None
+    return out
+
+
+def prompt_field(value: Any, key: str) -> Prompt:
+    """A prompt (non-empty text, or a non-empty list of {role, content} messages) read from field ``key``."""
+    return _prompt(value, key)
+
+
 def rows_to_examples(
     rows: Iterable[Mapping],
     *,
@@ -88,15 +109,7 @@ def rows_to_examples(
     ``extra_info.answer`` when it exists. Fields not consumed are kept in
     ``Example.extra``. Ground truths given as numbers are turned into strings.
     """
-    examples = []
-    for i, row in enumerate(rows):
-        try:
-            if not isinstance(row, Mapping):
-                raise _RowError("<row>", f"expected an object, got {type(row).__name__}")
-            examples.append(_row_to_example(row, prompt_key, answer_key, response_key))
-        except _RowError as e:
-            raise DataError(f"{source}: row {i}: field {e.field_name!r}: {e.problem}") from None
-    return examples
+    return convert_rows(rows, lambda row: _row_to_example(row, prompt_key, answer_key, response_key), source=source)
 
 
 def _row_to_example(row: Mapping, prompt_key: str, answer_key: str | None, response_key: str | None) -> Example:

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from rlft.data.loaders import load_rows, resolve_path
-from rlft.data.schema import DataError, Example, _message
+from rlft.data.schema import Example, RowError, convert_rows, prompt_field
 
 LOSS_ON = ("all", "response", "answer")
 
@@ -86,45 +86,26 @@ def response_weights(text: str, tokenizer, loss_on: str) -> tuple[list[int], lis
 
 def load_sft_examples(source: str, split: str, system_prompt: str = "") -> list[Example]:
     """SFT examples from prompt/completion or messages rows; a bad row names the file, row and field."""
-    rows = load_rows(source, split)
     where = source if source.startswith("hf:") else str(resolve_path(source, split))
-    out = []
-    for i, row in enumerate(rows):
-        try:
-            prompt, completion = _row(row)
-        except (KeyError, TypeError, ValueError) as e:
-            field, problem = e.args if len(e.args) == 2 else ("<row>", str(e))
-            raise DataError(f"{where}: row {i}: field {field!r}: {problem}") from None
-        out.append(Example(prompt=prompt, ground_truth="", response=completion))
+    out = convert_rows(load_rows(source, split), _row, source=where)
     return with_system_prompt(out, system_prompt)
 
 
-def _row(row: Mapping) -> tuple:
-    if not isinstance(row, Mapping):
-        raise TypeError("<row>", f"expected an object, got {type(row).__name__}")
+def _row(row: Mapping) -> Example:
     if "messages" in row:
         messages = row["messages"]
         if not isinstance(messages, (list, tuple)) or len(messages) < 2:
-            raise ValueError("messages", "expected a list of at least two messages (a prompt and the answer)")
-        chat = [_checked_message(m, f"messages[{j}]") for j, m in enumerate(messages)]
+            raise RowError("messages", "expected a list of at least two messages (a prompt and the answer)")
+        chat = prompt_field(messages, "messages")
         if chat[-1]["role"] != "assistant":
-            raise ValueError(f"messages[{len(chat) - 1}].role", "the last message must be the assistant's")
-        return tuple(chat[:-1]), chat[-1]["content"]
-    prompt, completion = row.get("prompt"), row.get("completion")
-    if isinstance(prompt, (list, tuple)) and prompt:
-        prompt = tuple(_checked_message(m, f"prompt[{j}]") for j, m in enumerate(prompt))
-    elif not (isinstance(prompt, str) and prompt):
-        raise ValueError("prompt", "expected a non-empty string or list of messages (or a 'messages' field)")
+            raise RowError(f"messages[{len(chat) - 1}].role", "the last message must be the assistant's")
+        return Example(prompt=chat[:-1], ground_truth="", response=chat[-1]["content"])
+    if "prompt" not in row:
+        raise RowError("prompt", "missing (a row needs 'prompt' and 'completion', or 'messages')")
+    prompt, completion = prompt_field(row["prompt"], "prompt"), row.get("completion")
     if not isinstance(completion, str) or not completion.strip():
-        raise ValueError("completion", "expected a non-empty string")
-    return prompt, completion
-
-
-def _checked_message(m, where: str) -> dict:
-    try:
-        return _message(m, where)
-    except Exception as e:  # schema's _RowError carries the field
-        raise ValueError(getattr(e, "field_name", where), getattr(e, "problem", str(e))) from None
+        raise RowError("completion", "expected a non-empty string")
+    return Example(prompt=prompt, ground_truth="", response=completion)
 
 
 def with_system_prompt(examples: list[Example], system_prompt: str) -> list[Example]:
