@@ -260,3 +260,25 @@ def test_a_reward_with_its_own_deadline_keeps_it():
     assert slow_but_allowed.per_fn["s"] == [1.0] and slow_but_allowed.errors == {"s": 0}
     too_slow = score_batch(["x"], [{}], [("s", Sleeper(1.0, deadline_s=0.05))], [1.0], timeout_s=5.0)
     assert too_slow.per_fn["s"] == [None] and too_slow.errors == {"s": 1}
+
+
+REQUIRED = {"path": "/nonexistent", "fn": "rlft.rewards.math:format_reward"}  # checked after the choices
+
+
+def literal_fields():
+    import typing
+
+    for name in REWARDS.names():
+        factory = REWARDS.factory(name)
+        if dataclasses.is_dataclass(factory):
+            for field, (tp, _) in REWARDS.parameters(name).items():
+                if typing.get_origin(tp) is typing.Literal:
+                    yield pytest.param(factory, field, id=f"{name}.{field}")
+
+
+@pytest.mark.parametrize("factory, field", list(literal_fields()))
+def test_every_choice_parameter_refuses_other_values(factory, field):
+    """Built directly (not through the config), a value outside a Literal annotation is a ValueError naming it."""
+    needed = {k: v for k, v in REQUIRED.items() if k in {f.name for f in dataclasses.fields(factory)}}
+    with pytest.raises(ValueError, match=f"^{field}: must be one of .*, got 'not-a-choice'"):
+        factory(**needed, **{field: "not-a-choice"})

@@ -8,6 +8,7 @@ Recipes under ``recipes/`` set the values for real models.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -339,14 +340,15 @@ class RewardTerm:
         _check(self.name in REWARDS, "name", f"unknown reward {self.name!r}; allowed: {', '.join(REWARDS.names())}")
         _check(self.weight is None or math.isfinite(self.weight),
                "weight", f"must be a finite number, got {self.weight!r}")
-        self.build()  # parameters are checked now, not at the first step
+        self.fn  # built (and its parameters checked) now, not at the first step
 
     @property
     def key(self) -> str:
         return self.label or self.name
 
-    def build(self):
-        """The reward callable with these parameters."""
+    @functools.cached_property
+    def fn(self):
+        """The reward callable with these parameters, built once (a reward model's config is read once)."""
         from rlft.rewards import REWARDS
 
         try:
@@ -401,7 +403,7 @@ class RewardConfig:
 
     def built(self) -> list[tuple[str, Any]]:
         """(label, reward callable) per entry, as ``score_batch`` takes them."""
-        return [(t.key, t.build()) for t in self.fns]
+        return [(t.key, t.fn) for t in self.fns]
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 import typing
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Literal
 
 from rlft.registry import Registry
 
@@ -42,6 +42,18 @@ def batched(fn):
     """Mark a reward (function or class) as batched: called once on the whole batch, values per sample."""
     fn.batched = True
     return fn
+
+
+def check_choices(params) -> None:
+    """Every ``Literal``-annotated field of the parameter dataclass ``params`` holds one of its values.
+
+    Raises ``ValueError("<field>: must be one of a, b, got 'c'")``; each reward's
+    ``__post_init__`` calls it, so the annotation is the one list of choices.
+    """
+    for name, tp in typing.get_type_hints(type(params)).items():
+        allowed = typing.get_args(tp) if typing.get_origin(tp) is Literal else None
+        if allowed is not None and getattr(params, name) not in allowed:
+            raise ValueError(f"{name}: must be one of {', '.join(map(str, allowed))}, got {getattr(params, name)!r}")
 
 
 def is_group_level(fn: Callable) -> bool:

@@ -45,7 +45,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from rlft.rewards.base import REWARDS
+from rlft.rewards.base import REWARDS, check_choices
 from rlft.rewards.pool import runs_in_pool
 from rlft.rewards.sandbox import Limits, RunResult, run
 
@@ -293,8 +293,7 @@ class Code:
     def __post_init__(self) -> None:
         if not 0 < self.timeout_s <= 600:
             raise ValueError(f"timeout_s: must be in (0, 600], got {self.timeout_s}")
-        if self.mode not in ("fraction", "pass"):
-            raise ValueError(f"mode: must be 'fraction' or 'pass', got {self.mode!r}")
+        check_choices(self)
         for name in ("memory_mb", "max_procs", "file_mb"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from rlft.rewards.base import REWARDS
+from rlft.rewards.base import REWARDS, check_choices
 
 _RESOLVED: dict[str, Callable] = {}  # target ("module:attr" or "/abs/file.py:attr") -> the user's function
 _LOCK = threading.RLock()
@@ -69,6 +69,7 @@ class Custom:
 
     def __post_init__(self) -> None:
         """Import the function now (errors at parse time) and record its shape and whether it is slow."""
+        check_choices(self)
         target = _target(self.fn)
         user_fn = resolve(target, self.fn)
         marked = "group" if getattr(user_fn, "group_level", False) else \

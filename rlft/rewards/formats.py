@@ -19,10 +19,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from rlft.rewards.base import REWARDS
+from rlft.rewards.base import REWARDS, check_choices
 from rlft.rewards.group import answer_key
 from rlft.rewards.math import extract_flexible
-from rlft.rewards.symbolic import MAX_ANSWER_CHARS
+from rlft.rewards.symbolic import last_answer_tag
 
 _R_OPEN, _R_CLOSE, _A_OPEN, _A_CLOSE = "<reasoning>", "</reasoning>", "<answer>", "</answer>"
 _T_OPEN, _T_CLOSE = "<think>", "</think>"
@@ -81,8 +81,7 @@ class XmlFormat:
     """strict: exactly the tutorials' layout, newlines included; soft: the tags in order, any whitespace and text around."""
 
     def __post_init__(self) -> None:
-        if self.mode not in ("strict", "soft"):
-            raise ValueError(f"mode: must be one of strict, soft, got {self.mode!r}")
+        check_choices(self)
 
     def __call__(self, completion: str, sample: Mapping) -> float | None:
         if not _once(completion, _R_OPEN, _R_CLOSE, _A_OPEN, _A_CLOSE):
@@ -147,11 +146,8 @@ def extract_answer_tag(text: str) -> str | None:
     >>> extract_answer_tag("<answer>unclosed 3"), extract_answer_tag("nothing") is None
     ('3', True)
     """
-    close = text.rfind(_A_CLOSE)
-    start = text.rfind(_A_OPEN, 0, close) if close >= 0 else -1
-    if start >= 0:
-        return text[start + len(_A_OPEN):close].strip()
-    return extract_flexible(text)
+    tagged = last_answer_tag(text)
+    return tagged if tagged is not None else extract_flexible(text)
 
 
 @REWARDS.register("answer_tag")
@@ -172,14 +168,8 @@ def answer_tag(completion: str, sample: Mapping) -> float | None:
     (1.0, True)
     """
     truth = sample.get("ground_truth")
-    truth = None if truth is None else _key(str(truth))
+    truth = None if truth is None else answer_key(str(truth))
     if truth is None:
         return None  # nothing to compare with: unscorable, not wrong
     answer = extract_answer_tag(completion)
-    return 1.0 if answer is not None and _key(answer) == truth else 0.0
-
-
-def _key(answer: str) -> str | None:
-    if len(answer) > MAX_ANSWER_CHARS:
-        return None  # not a short-form answer (and a megabyte of digits would overflow Decimal)
-    return answer_key(answer)
+    return 1.0 if answer_key(answer) == truth else 0.0

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Literal
 
-from rlft.rewards.base import REWARDS, group_level
+from rlft.rewards.base import REWARDS, check_choices, group_level
 from rlft.rewards.math import _to_decimal, extract_final, extract_flexible, extract_strict
 from rlft.rewards.symbolic import MAX_ANSWER_CHARS, extract_math_answer, normalise
 
@@ -27,23 +27,24 @@ EXTRACTORS = {"strict": extract_strict, "final": extract_final, "flexible": extr
 Extractor = Literal["strict", "final", "flexible", "math"]
 
 
-def read_answer(extract: str, completion: str) -> str | None:
-    """The answer ``EXTRACTORS[extract]`` finds, or None when there is none or it is too long to be one.
+def short_number(answer: str | None) -> Decimal | None:
+    """The value of a short-form numeric answer; None for text, or for over ``MAX_ANSWER_CHARS`` characters
+    (not a final answer, and megabytes of digits would overflow Decimal arithmetic).
 
-    >>> read_answer("strict", "#### 12"), read_answer("strict", "#### " + "9" * 2000)
-    ('12', None)
+    >>> short_number("1,200"), short_number("x"), short_number("9" * 2000)
+    (Decimal('1200'), None, None)
     """
-    answer = EXTRACTORS[extract](completion)
-    return answer if answer is not None and len(answer) <= MAX_ANSWER_CHARS else None
+    return _to_decimal(answer) if answer is not None and len(answer) <= MAX_ANSWER_CHARS else None
 
 
 def answer_key(answer: str | None) -> str | None:
-    """What two answers must share to count as the same vote: the number's value, else the normalised text.
+    """What two answers must share to count as the same vote: the number's value, else the normalised text;
+    None for no answer or one over ``MAX_ANSWER_CHARS`` characters.
 
     >>> answer_key("1,200"), answer_key("1200.0"), answer_key(r"\\dfrac{1}{2}"), answer_key("  ")
     ('1.2E+3', '1.2E+3', '\\\\frac{1}{2}', None)
     """
-    if answer is None:
+    if answer is None or len(answer) > MAX_ANSWER_CHARS:
         return None
     number = _to_decimal(answer)
     if number is not None:
@@ -75,13 +76,12 @@ class Vote:
     """Fewest votes the majority answer needs before anyone is rewarded."""
 
     def __post_init__(self) -> None:
-        if self.extract not in EXTRACTORS:
-            raise ValueError(f"extract: must be one of {', '.join(EXTRACTORS)}, got {self.extract!r}")
+        check_choices(self)
         if self.min_votes < 1:
             raise ValueError(f"min_votes: must be >= 1, got {self.min_votes}")
 
     def __call__(self, completions: Sequence[str], samples: Sequence[Mapping]) -> list[float | None]:
-        keys = [answer_key(read_answer(self.extract, c)) for c in completions]
+        keys = [answer_key(EXTRACTORS[self.extract](c)) for c in completions]
         counts = Counter(k for k in keys if k is not None).most_common(2)
         if not counts or counts[0][1] < self.min_votes or (len(counts) == 2 and counts[1][1] == counts[0][1]):
             return [0.0] * len(completions)
@@ -117,16 +117,13 @@ class PartialCredit:
     def __post_init__(self) -> None:
         if not self.tolerance >= 0:
             raise ValueError(f"tolerance: must be >= 0, got {self.tolerance}")
-        if self.extract not in EXTRACTORS:
-            raise ValueError(f"extract: must be one of {', '.join(EXTRACTORS)}, got {self.extract!r}")
+        check_choices(self)
 
     def __call__(self, completion: str, sample: Mapping) -> float | None:
-        text = str(sample.get("ground_truth", ""))
-        truth = _to_decimal(text) if len(text) <= MAX_ANSWER_CHARS else None
+        truth = short_number(str(sample.get("ground_truth", "")))
         if truth is None:
             return None  # unscorable: the reference is not a (short-form) number
-        raw = read_answer(self.extract, completion)
-        answer = _to_decimal(raw) if raw is not None else None
+        answer = short_number(EXTRACTORS[self.extract](completion))
         if answer is None:
             return 0.0
         diff = abs(answer - truth)

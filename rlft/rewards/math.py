@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import ClassVar, Literal
 
-from rlft.rewards.base import REWARDS
+from rlft.rewards.base import REWARDS, check_choices
 
 _NUMBER = r"(?:(?<![\w.])-)?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?!\d|,\d)"
 _NUMBER_RE = re.compile(_NUMBER)
@@ -183,8 +183,7 @@ class _GSM8K:
     method: ClassVar[Literal["strict", "flexible"]]
 
     def __post_init__(self) -> None:
-        if self.mode not in ("numeric", "verl", "verl-0.5"):
-            raise ValueError(f"mode: must be one of numeric, verl, verl-0.5, got {self.mode!r}")
+        check_choices(self)
         for name in ("score", "format_score"):
             if not abs(getattr(self, name)) < float("inf"):
                 raise ValueError(f"{name}: must be a finite number, got {getattr(self, name)}")

@@ -51,7 +51,7 @@ from typing import Literal
 import torch
 
 from rlft.models.loading import DTYPES, resolve_device
-from rlft.rewards.base import REWARDS, batched
+from rlft.rewards.base import REWARDS, batched, check_choices
 
 PIPELINE_RM = "@rm"  # path of the reward model a pipeline's rm stage trains (resolved before its RL stage)
 _LOADED: dict[tuple, tuple] = {}  # (path, device, dtype, trust_remote_code) -> (model, tokenizer, takes_positions)
@@ -91,6 +91,7 @@ class RewardModel:
         """Check the parameters and the checkpoint's config (not its weights)."""
         if self.device != "auto" and self.device.split(":")[0] not in ("cpu", "cuda"):
             raise ValueError(f"device: must be auto, cpu, cuda or cuda:N, got {self.device!r}")
+        check_choices(self)
         if self.batch_size < 1:
             raise ValueError(f"batch_size: must be >= 1, got {self.batch_size}")
         if self.max_length < 1:

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from rlft.rewards.base import REWARDS
+from rlft.rewards.base import REWARDS, check_choices
 
 # ---- length -----------------------------------------------------------------------------------
 
@@ -75,8 +75,7 @@ class Length:
     """tokens: sample["num_tokens"] (set in RL runs), falling back to whitespace-separated words; words; chars."""
 
     def __post_init__(self) -> None:
-        _choice("mode", self.mode, ("linear", "band"))
-        _choice("unit", self.unit, ("tokens", "words", "chars"))
+        check_choices(self)
         for name in ("alpha", "short_alpha", "max_penalty", "min_len", "max_len"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)}")
@@ -97,11 +96,6 @@ class Length:
         if self.max_penalty:
             penalty = min(penalty, self.max_penalty)
         return -float(penalty) + 0.0  # + 0.0: no -0.0
-
-
-def _choice(field: str, value: str, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise ValueError(f"{field}: must be one of {', '.join(allowed)}, got {value!r}")
 
 
 # ---- repetition -------------------------------------------------------------------------------
@@ -329,7 +323,7 @@ class JsonValid:
     """auto: the last ```json (or untagged) fenced block if there is one, else the whole response; fenced: only such a block; whole: the whole response."""
 
     def __post_init__(self) -> None:
-        _choice("source", self.source, ("auto", "fenced", "whole"))
+        check_choices(self)
         if not all(isinstance(k, str) and k for k in self.required_keys):
             raise ValueError(f"required_keys: must be non-empty strings, got {self.required_keys!r}")
 

@@ -57,6 +57,17 @@ def extract_boxed(text: str) -> str | None:
     return None
 
 
+def last_answer_tag(text: str) -> str | None:
+    """The stripped contents of the last ``<answer>...</answer>``; None without a closed one.
+
+    >>> last_answer_tag("<answer>7</answer> or <answer> Paris </answer>"), last_answer_tag("<answer>open")
+    ('Paris', None)
+    """
+    close = text.rfind("</answer>")
+    start = text.rfind("<answer>", 0, close) if close >= 0 else -1
+    return text[start + len("<answer>"):close].strip() if start >= 0 else None
+
+
 def extract_math_answer(text: str) -> str | None:
     """The final answer of a completion: last boxed, else last ``<answer>`` tag, else after the last "answer is".
 
@@ -66,11 +77,9 @@ def extract_math_answer(text: str) -> str | None:
     boxed = extract_boxed(text)
     if boxed is not None:
         return boxed.strip()
-    close = text.rfind("</answer>")
-    if close >= 0:
-        open_ = text.rfind("<answer>", 0, close)
-        if open_ >= 0:
-            return text[open_ + len("<answer>"):close].strip()
+    tagged = last_answer_tag(text)
+    if tagged is not None:
+        return tagged
     k = text.lower().rfind("answer is")
     if k >= 0:
         tail = text[k + len("answer is"):].strip().splitlines()
