@@ -46,16 +46,14 @@ def cmd_train(ns: argparse.Namespace) -> int:
 def cmd_eval(ns: argparse.Namespace) -> int:
     from rlft.data.templates import encode_prompts
     from rlft.eval import evaluate
-    from rlft.models.loading import load_model, load_tokenizer, quiet_transformers, resolve_device
+    from rlft.models.loading import load_policy, quiet_transformers
     from rlft.run import load_task, seed_everything
 
     recipe, overrides = _split_recipe(ns.args)
     cfg = load_config(recipe, overrides)
     quiet_transformers()
     seed_everything(cfg.train.seed)  # pass@k samples are reproducible, as in `rlft train`
-    tok = load_tokenizer(ns.model, cfg.model.trust_remote_code)
-    model = load_model(ns.model, dtype=cfg.model.dtype, device=resolve_device(cfg.model.device),
-                       attn_implementation=cfg.model.attn_implementation, trust_remote_code=cfg.model.trust_remote_code)
+    model, tok = load_policy(ns.model, cfg.model)
     _, held_out = load_task(cfg)
     prompts = encode_prompts(held_out, cfg.data.template, tok, cfg.data.max_prompt_tokens, "eval data")
     print(json.dumps(evaluate(model, tok, prompts, held_out, cfg), indent=2))

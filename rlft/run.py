@@ -35,7 +35,7 @@ from rlft.data.schema import Example
 from rlft.data.synthetic import synthetic_task
 from rlft.data.templates import encode_prompts
 from rlft.eval import evaluate
-from rlft.models.loading import load_model, load_tokenizer, quiet_transformers, resolve_device
+from rlft.models.loading import load_policy, quiet_transformers, resolve_device
 from rlft.models.tiny import build_tiny_model
 from rlft.rewards import REWARDS
 from rlft.rewards.pool import RewardPool
@@ -120,9 +120,7 @@ def train(cfg: Config, *, echo=print) -> RunResult:
 
     model_path = base_model_dir(cfg, run_dir)
     load_from = str(ckpt / "policy") if ckpt else model_path
-    tokenizer = load_tokenizer(load_from, cfg.model.trust_remote_code)
-    policy = load_model(load_from, dtype=cfg.model.dtype, device=device,
-                        attn_implementation=cfg.model.attn_implementation, trust_remote_code=cfg.model.trust_remote_code)
+    policy, tokenizer = load_policy(load_from, cfg.model)
     if cfg.model.gradient_checkpointing:
         _enable_checkpointing(policy)
     n_params = sum(p.numel() for p in policy.parameters())

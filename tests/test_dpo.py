@@ -13,8 +13,8 @@ from numerics import FORWARD_DEPTH, assert_rounding_close
 from rlft.data.preferences import Ranking
 from rlft.data.synthetic import synthetic_task
 from rlft.models.loading import load_model, load_tokenizer
-from rlft.trainers.dpo import (DPOSettings, encode_pairs, evaluate_dpo, pair_logps, reference_logps, sequence_logps,
-                               train_dpo)
+from rlft.config import DPOConfig
+from rlft.trainers.dpo import encode_pairs, evaluate_dpo, pair_logps, reference_logps, sequence_logps, train_dpo
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +57,7 @@ def test_at_the_reference_the_margin_is_zero(model_and_tok, loss, at_start):
     model, tok = model_and_tok
     pairs = encode_pairs(easy_rankings(0, 8), tok, "chat", 256)
     ref = reference_logps(model, pairs, tok.pad_token_id)
-    out = evaluate_dpo(model, pairs, ref, tok.pad_token_id, DPOSettings(beta=0.1, loss=loss))
+    out = evaluate_dpo(model, pairs, ref, tok.pad_token_id, DPOConfig(beta=0.1, loss=loss))
     assert out["dpo/loss"] == pytest.approx(at_start, rel=1e-4)
     assert abs(out["dpo/rewards/margins"]) < 1e-4
 
@@ -68,7 +68,7 @@ def test_dpo_learns_an_easy_preference_against_the_cached_reference(tiny_model_d
     pairs, held = (encode_pairs(x, tok, "chat", 256) for x in (rankings[:48], rankings[48:]))
     model.eval()
     ref, held_ref = reference_logps(model, pairs, tok.pad_token_id), reference_logps(model, held, tok.pad_token_id)
-    settings = DPOSettings(steps=20, batch_size=8, lr=1e-3, beta=0.1)
+    settings = DPOConfig(steps=20, batch_size=8, lr=1e-3, beta=0.1)
     logged = []
     train_dpo(model, pairs, ref, tok.pad_token_id, settings, on_step=lambda s, m: logged.append(m))
     assert {"dpo/loss", "dpo/rewards/chosen", "dpo/rewards/rejected", "dpo/rewards/accuracies",

@@ -13,7 +13,8 @@ from rlft.core.preference import bradley_terry_loss
 from rlft.data.preferences import Ranking, synthetic_preferences
 from rlft.data.synthetic import synthetic_task
 from rlft.models.reward_head import build_reward_model
-from rlft.trainers.rm import RMSettings, encode_ranking, evaluate_rm, ranking_loss, rm_scores, train_rm
+from rlft.config import RMConfig
+from rlft.trainers.rm import encode_ranking, evaluate_rm, ranking_loss, rm_scores, train_rm
 
 
 def test_ranking_loss_equals_a_naive_loop():
@@ -78,7 +79,7 @@ def test_a_tiny_rm_learns_an_easy_preference_and_its_checkpoint_scores_the_same(
     model, tok = build_reward_model(str(tiny_model_dir), pooling="mean")
     enc = [encode_ranking(r, tok, 256) for r in easy]
     before = evaluate_rm(model, enc[64:], tok.pad_token_id)
-    train_rm(model, tok.pad_token_id, enc[:64], RMSettings(steps=30, batch_size=16, lr=3e-3))
+    train_rm(model, tok.pad_token_id, enc[:64], RMConfig(steps=30, batch_size=16, lr=3e-3))
     after = evaluate_rm(model, enc[64:], tok.pad_token_id)
     assert after["rm/accuracy"] == 1.0 and after["rm/loss"] < before["rm/loss"]
     model.save_pretrained(tmp_path / "rm")

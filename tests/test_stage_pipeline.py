@@ -32,6 +32,7 @@ def test_sft_rm_ppo_feeds_the_reward_model_to_ppo(tmp_path, tiny_size_overrides)
     assert json.loads((run / "summary.json").read_text())["stages"] == entries
     assert "exact_match" in entries[0]["metrics"] and "rm/accuracy" in entries[1]["metrics"]
     assert "exact_match" in entries[2]["metrics"]
+    assert "before_rl" not in json.loads((run / "2-ppo" / "eval.json").read_text())  # the sft stage measured it
     ppo_cfg = yaml.safe_load((run / "2-ppo" / "config.yaml").read_text())
     assert ppo_cfg["reward"]["fns"][0]["path"] == str(run / "1-rm" / "reward_model")
     assert ppo_cfg["model"]["path"] == str(run / "0-sft" / "policy")  # RL continues from the policy, not the RM
@@ -55,7 +56,7 @@ def test_interrupted_in_the_second_stage_resumes_to_the_same_metrics(tmp_path, t
 
     real_rl = STAGES.get("rl")
 
-    def dies_after_a_step(cfg, model_dir, out, echo, rm_dir=None):  # the stage starts, writes, then the run dies
+    def dies_after_a_step(cfg, model_dir, out, echo, start=None, rm_dir=None):  # the stage starts, writes, then the run dies
         (out / "partial.txt").write_text("started")
         raise KeyboardInterrupt
 
@@ -77,7 +78,7 @@ def test_interrupted_in_the_second_stage_resumes_to_the_same_metrics(tmp_path, t
               for x in (tmp_path / run / "1-grpo" / "metrics.jsonl").read_text().splitlines()]
              for run in ("whole", "cut")]
     assert len(steps[0]) == 2 and steps[0] == steps[1]  # every RL step repeats: losses, rewards, KL, lengths
-    assert steps[0][0]["actor/grad_norm"] > 0  # the steps did update the policy
+    assert any(s["actor/grad_norm"] > 0 for s in steps[0])  # a step did update the policy: no equality of no-ops
 
 
 def test_resume_needs_the_run(tmp_path, tiny_size_overrides):
@@ -113,3 +114,18 @@ def test_pipeline_demo_recipes_run_at_tiny_size(tmp_path, tiny_size_overrides, r
     assert [e["stage"] for e in entries] == RECIPES[recipe]
     for e in entries:
         assert ("rm/accuracy" if e["stage"] == "rm" else "exact_match") in e["metrics"]
+
+
+def test_a_model_is_evaluated_once(tmp_path, tiny_size_overrides, monkeypatch):
+    """The next stage starts from the previous stage's measured metrics: sft before + after, dpo after = 3 calls."""
+    from rlft.stages import base
+
+    calls = []
+    real = base.task_metrics
+    monkeypatch.setattr(base, "task_metrics", lambda *a: calls.append(1) or real(*a))
+    for module in ("rlft.stages.sft", "rlft.stages.dpo"):
+        monkeypatch.setattr(f"{module}.task_metrics", base.task_metrics)
+    entries = run_pipeline(pipeline(tmp_path, tiny_size_overrides, "once", "stages=[sft,dpo]"), echo=quiet)
+    assert len(calls) == 3
+    dpo_eval = json.loads((tmp_path / "once" / "1-dpo" / "dpo_eval.json").read_text())
+    assert dpo_eval["task_before"] == {k: v for k, v in entries[0]["metrics"].items() if "/" not in k}

@@ -39,6 +39,14 @@ def load_model(path: str, *, dtype: str = "float32", device: torch.device | str 
     return model.to(device)
 
 
+def load_policy(path: str, m) -> tuple:
+    """(model, tokenizer) at ``path``, loaded as the ``model`` configuration section ``m`` says."""
+    tok = load_tokenizer(path, m.trust_remote_code)
+    model = load_model(path, dtype=m.dtype, device=resolve_device(m.device), attn_implementation=m.attn_implementation,
+                       trust_remote_code=m.trust_remote_code)
+    return model, tok
+
+
 def quiet_transformers() -> None:
     """Silence transformers' per-load progress bars and advisory warnings (rlft shows its own progress)."""
     from transformers.utils import logging as hf_logging

@@ -1,9 +1,15 @@
-"""The stage interface: ``fn(cfg, model_dir, out_dir, echo) -> StageResult``, one registry of stages."""
+"""The stage interface: ``fn(cfg, model_dir, out_dir, echo, start) -> StageResult``, one registry of stages.
+
+``start`` is the held-out task evaluation of ``model_dir`` when the caller has
+it (a pipeline passes the previous stage's), so a stage does not evaluate the
+same model again; None makes the stage evaluate it.
+"""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,3 +45,22 @@ def write_json(path: Path, obj: dict) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(obj, indent=2))
     tmp.replace(path)
+
+
+@contextmanager
+def step_log(out_dir: Path, filename: str) -> Iterator[Callable[[int, dict], None]]:
+    """An ``on_step(step, metrics)`` callback writing ``out_dir/filename`` (steps counted from 1), closed after."""
+    from rlft.tracking import MetricsLog
+
+    log = MetricsLog(out_dir, tensorboard=False, filename=filename)
+    try:
+        yield lambda step, metrics: log.log(step + 1, metrics)
+    finally:
+        log.close()
+
+
+def save_model(model, tokenizer, path: Path) -> Path:
+    """``save_pretrained`` of both into ``path``; returns it."""
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path

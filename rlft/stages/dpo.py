@@ -17,39 +17,29 @@ from __future__ import annotations
 from pathlib import Path
 
 from rlft.config import Config
-from rlft.models.loading import load_model, load_tokenizer, resolve_device
-from rlft.stages.base import STAGES, StageResult, task_metrics, write_json
+from rlft.models.loading import load_policy
+from rlft.stages.base import STAGES, StageResult, save_model, step_log, task_metrics, write_json
 from rlft.stages.data import load_rankings
-from rlft.tracking import MetricsLog
-from rlft.trainers.dpo import DPOSettings, encode_pairs, evaluate_dpo, reference_logps, train_dpo
+from rlft.trainers.dpo import encode_pairs, evaluate_dpo, reference_logps, train_dpo
 
 
 @STAGES.register("dpo")
-def dpo_stage(cfg: Config, model_dir: str, out_dir: Path, echo=print) -> StageResult:
+def dpo_stage(cfg: Config, model_dir: str, out_dir: Path, echo=print, start: dict | None = None) -> StageResult:
     """Train the policy at ``model_dir`` with DPO/IPO; the result's model is the trained policy."""
-    d, m = cfg.dpo, cfg.model
-    tok = load_tokenizer(model_dir, m.trust_remote_code)
-    policy = load_model(model_dir, dtype=m.dtype, device=resolve_device(m.device),
-                        attn_implementation=m.attn_implementation, trust_remote_code=m.trust_remote_code)
+    d = cfg.dpo
+    policy, tok = load_policy(model_dir, cfg.model)
     train, held_out = load_rankings(cfg, d, "dpo")
     pairs = encode_pairs(train, tok, cfg.data.template, cfg.data.max_prompt_tokens)
     held_pairs = encode_pairs(held_out, tok, cfg.data.template, cfg.data.max_prompt_tokens)
     echo(f"rlft dpo: {len(pairs)} training pairs, {len(held_pairs)} held-out")
     policy.eval()
     ref, held_ref = (reference_logps(policy, x, tok.pad_token_id) for x in (pairs, held_pairs))  # computed once
-    task_before = task_metrics(policy, tok, cfg)
-    settings = DPOSettings(steps=d.steps, batch_size=d.batch_size, lr=d.lr, beta=d.beta, loss=d.loss,
-                           weight_decay=cfg.optim.weight_decay, grad_clip=cfg.optim.grad_clip, seed=cfg.train.seed)
-    log = MetricsLog(out_dir, tensorboard=False, filename="dpo_metrics.jsonl")
-    try:
-        train_dpo(policy, pairs, ref, tok.pad_token_id, settings, on_step=lambda step, x: log.log(step + 1, x))
-    finally:
-        log.close()
-    prefs = evaluate_dpo(policy, held_pairs, held_ref, tok.pad_token_id, settings)
+    task_before = start if start is not None else task_metrics(policy, tok, cfg)
+    with step_log(out_dir, "dpo_metrics.jsonl") as on_step:
+        train_dpo(policy, pairs, ref, tok.pad_token_id, d, cfg.optim, cfg.train.seed, on_step=on_step)
+    prefs = evaluate_dpo(policy, held_pairs, held_ref, tok.pad_token_id, d)
     task_after = task_metrics(policy, tok, cfg)
-    save_to = Path(out_dir) / "policy"
-    policy.save_pretrained(save_to)
-    tok.save_pretrained(save_to)
+    save_to = save_model(policy, tok, Path(out_dir) / "policy")
     write_json(Path(out_dir) / "dpo_eval.json", {"preferences": prefs, "task_before": task_before,
                                                  "task_after": task_after})
     line = (f"dpo: held-out preference accuracy {prefs['dpo/rewards/accuracies']:.3f}; exact match "

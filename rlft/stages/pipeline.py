@@ -43,6 +43,7 @@ def run_pipeline(cfg: Config, echo=print) -> list[dict]:
     run_dir, t0 = cfg.log.path, time.perf_counter()
     quiet_transformers()
     model_dir, rm_dir, entries = Path(base_model_dir(cfg, run_dir)), None, []
+    policy_metrics = None  # the held-out task metrics of model_dir, once a stage has measured them
     for i, name in enumerate(cfg.stages):
         out = run_dir / f"{i}-{name}"
         done = _finished(out)
@@ -50,7 +51,7 @@ def run_pipeline(cfg: Config, echo=print) -> list[dict]:
             seed_everything(cfg.train.seed)
             out.mkdir(parents=True, exist_ok=True)
             echo(f"rlft: stage {i} {name} in {out}")
-            result = _run_stage(name, cfg, model_dir, out, echo, rm_dir)
+            result = _run_stage(name, cfg, model_dir, out, echo, policy_metrics, rm_dir)
             done = {"stage": name, "model_dir": str(result.model_dir), "metrics": result.metrics,
                     "summary": result.summary}
             write_json(out / "stage.json", done)
@@ -59,11 +60,17 @@ def run_pipeline(cfg: Config, echo=print) -> list[dict]:
         if name == "rm":
             rm_dir = Path(done["model_dir"])
         else:
-            model_dir = Path(done["model_dir"])
+            model_dir, policy_metrics = Path(done["model_dir"]), task_part(done["metrics"])
         entries.append(done)
         write_json(run_dir / SUMMARY, {"stages": entries})
     echo(summary_table(entries, time.perf_counter() - t0, run_dir))
     return entries
+
+
+def task_part(metrics: dict) -> dict:
+    """The task evaluation's keys (n, exact_match, format_rate, pass@k) of a stage's metrics; a stage's own
+    metrics are namespaced (dpo/..., rm/...)."""
+    return {k: v for k, v in metrics.items() if "/" not in k}
 
 
 def _finished(out: Path) -> dict | None:
@@ -71,11 +78,12 @@ def _finished(out: Path) -> dict | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def _run_stage(name: str, cfg: Config, model_dir: Path, out: Path, echo, rm_dir: Path | None) -> StageResult:
+def _run_stage(name: str, cfg: Config, model_dir: Path, out: Path, echo, start: dict | None,
+               rm_dir: Path | None) -> StageResult:
     fn = STAGES.get(stage_kind(name))
     if stage_kind(name) == "rl":
-        return fn(cfg, str(model_dir), out, echo, rm_dir=rm_dir)
-    return fn(cfg, str(model_dir), out, echo)
+        return fn(cfg, str(model_dir), out, echo, start, rm_dir=rm_dir)
+    return fn(cfg, str(model_dir), out, echo, start)
 
 
 def summary_table(entries: list[dict], seconds: float, run_dir: Path) -> str:

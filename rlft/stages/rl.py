@@ -34,8 +34,10 @@ def with_reward_model(cfg: Config, rm_dir: Path | None) -> Config:
 
 
 @STAGES.register("rl")
-def rl_stage(cfg: Config, model_dir: str, out_dir: Path, echo=print, rm_dir: Path | None = None) -> StageResult:
-    """RL from ``model_dir`` in ``out_dir``; the result's model is the final policy."""
+def rl_stage(cfg: Config, model_dir: str, out_dir: Path, echo=print, start: dict | None = None,
+             rm_dir: Path | None = None) -> StageResult:
+    """RL from ``model_dir`` in ``out_dir``; the result's model is the final policy. With ``start`` (the
+    held-out metrics of ``model_dir``) the evaluation before RL is not repeated."""
     from rlft.run import train
 
     out_dir = Path(out_dir)
@@ -46,9 +48,10 @@ def rl_stage(cfg: Config, model_dir: str, out_dir: Path, echo=print, rm_dir: Pat
     stage_cfg = dataclasses.replace(
         stage_cfg, stages=(), model=dataclasses.replace(cfg.model, path=str(model_dir)),
         sft=dataclasses.replace(cfg.sft, steps=0), train=dataclasses.replace(cfg.train, resume=resume),
+        eval=dataclasses.replace(cfg.eval, before_rl=cfg.eval.before_rl and start is None),
         log=dataclasses.replace(cfg.log, run_dir=str(out_dir.parent), name=out_dir.name))
     result = train(stage_cfg, echo=echo)
-    before, after = result.eval.get("before_rl", {}), result.eval["after_rl"]
+    before, after = start or result.eval.get("before_rl", {}), result.eval["after_rl"]
     metrics = {k: v for k, v in after.items() if k != "examples"}
     start = f"{before['exact_match']:.3f} -> " if "exact_match" in before else ""
     line = f"{cfg.algo.name}: exact match {start}{after['exact_match']:.3f}; policy in {out_dir / 'policy'}"

@@ -18,15 +18,17 @@ from pathlib import Path
 from rlft.config import Config
 from rlft.models.loading import DTYPES, resolve_device
 from rlft.models.reward_head import build_reward_model
-from rlft.stages.base import STAGES, StageResult, write_json
+from rlft.stages.base import STAGES, StageResult, save_model, step_log, write_json
 from rlft.stages.data import load_rankings
-from rlft.tracking import MetricsLog
-from rlft.trainers.rm import RMSettings, encode_ranking, evaluate_rm, train_rm
+from rlft.trainers.rm import encode_ranking, evaluate_rm, train_rm
 
 
 @STAGES.register("rm")
-def rm_stage(cfg: Config, model_dir: str, out_dir: Path, echo=print) -> StageResult:
-    """Train a reward model on the backbone at ``model_dir``; the result's model is the reward model."""
+def rm_stage(cfg: Config, model_dir: str, out_dir: Path, echo=print, start: dict | None = None) -> StageResult:
+    """Train a reward model on the backbone at ``model_dir``; the result's model is the reward model.
+
+    ``start`` (the policy's task metrics) is not used: this stage evaluates rankings, not the task.
+    """
     r = cfg.rm
     model, tok = build_reward_model(model_dir, pooling=r.pooling, dtype=DTYPES[cfg.model.dtype],
                                     device=resolve_device(cfg.model.device),
@@ -37,18 +39,10 @@ def rm_stage(cfg: Config, model_dir: str, out_dir: Path, echo=print) -> StageRes
     n_pairs = sum(len(x.pairs()) for x in held_out)
     echo(f"rlft rm: {len(train)} training prompts, {len(held_out)} held-out ({n_pairs} pairs)")
     before = evaluate_rm(model, enc_eval, tok.pad_token_id)
-    settings = RMSettings(steps=r.steps, batch_size=r.batch_size, lr=r.lr, weight_decay=cfg.optim.weight_decay,
-                          grad_clip=cfg.optim.grad_clip, margin=r.margin, center_coef=r.center_coef,
-                          seed=cfg.train.seed)
-    log = MetricsLog(out_dir, tensorboard=False, filename="rm_metrics.jsonl")
-    try:
-        train_rm(model, tok.pad_token_id, enc_train, settings, on_step=lambda step, m: log.log(step + 1, m))
-    finally:
-        log.close()
+    with step_log(out_dir, "rm_metrics.jsonl") as on_step:
+        train_rm(model, tok.pad_token_id, enc_train, r, cfg.optim, cfg.train.seed, on_step=on_step)
     after = evaluate_rm(model, enc_eval, tok.pad_token_id)
-    save_to = Path(out_dir) / "reward_model"
-    model.save_pretrained(save_to)
-    tok.save_pretrained(save_to)
+    save_to = save_model(model, tok, Path(out_dir) / "reward_model")
     write_json(Path(out_dir) / "rm_eval.json", {"before": before, "after": after, "pairs": n_pairs})
     line = (f"rm: held-out ranking accuracy {before['rm/accuracy']:.3f} -> {after['rm/accuracy']:.3f} "
             f"on {n_pairs} pairs; reward model in {save_to}")

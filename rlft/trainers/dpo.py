@@ -15,10 +15,11 @@ higher), ``dpo/rewards/margins`` (mean chosen - rejected reward).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+
+from rlft.config import DPOConfig, OptimConfig
 
 from rlft.core.ops import masked_sum
 from rlft.core.preference import dpo_loss, implicit_rewards, ipo_loss
@@ -30,18 +31,6 @@ from rlft.rollout.batch import left_pad, right_pad
 
 Pair = tuple[list[int], list[int], list[int]]  # prompt ids, chosen ids, rejected ids
 LOSSES = {"sigmoid": dpo_loss, "ipo": ipo_loss}
-
-
-@dataclass(frozen=True)
-class DPOSettings:
-    steps: int = 100
-    batch_size: int = 16
-    lr: float = 1e-5
-    beta: float = 0.1
-    loss: str = "sigmoid"
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
-    seed: int = 0
 
 
 def encode_pairs(rankings: Sequence[Ranking], tokenizer, template: str, max_prompt_tokens: int) -> list[Pair]:
@@ -85,14 +74,16 @@ def dpo_metrics(chosen: Tensor, rejected: Tensor, ref: Tensor, beta: float) -> d
             "dpo/rewards/accuracies": (rc > rr).float().mean(), "dpo/rewards/margins": (rc - rr).mean()}
 
 
-def preference_loss(chosen: Tensor, rejected: Tensor, ref: Tensor, settings: DPOSettings) -> Tensor:
+def preference_loss(chosen: Tensor, rejected: Tensor, ref: Tensor, dpo: DPOConfig) -> Tensor:
     """Mean DPO or IPO loss of a batch (``ref`` (B, 2): reference chosen, rejected log-probs)."""
+    if dpo.loss not in LOSSES:
+        raise ValueError(f"loss: must be one of {', '.join(LOSSES)}, got {dpo.loss!r}")
     ref = ref.to(chosen.device)
-    return LOSSES[settings.loss](chosen, rejected, ref[:, 0], ref[:, 1], settings.beta).mean()
+    return LOSSES[dpo.loss](chosen, rejected, ref[:, 0], ref[:, 1], dpo.beta).mean()
 
 
 @torch.no_grad()
-def evaluate_dpo(model, pairs: Sequence[Pair], ref: Tensor, pad_id: int, settings: DPOSettings,
+def evaluate_dpo(model, pairs: Sequence[Pair], ref: Tensor, pad_id: int, dpo: DPOConfig,
                  batch_size: int = 32) -> dict[str, float]:
     """Held-out ``dpo/loss`` and implicit-reward metrics, pair-weighted over all of ``pairs``."""
     was_training = model.training
@@ -100,32 +91,31 @@ def evaluate_dpo(model, pairs: Sequence[Pair], ref: Tensor, pad_id: int, setting
     chosen, rejected = zip(*(pair_logps(model, pairs[s:s + batch_size], pad_id)
                              for s in range(0, len(pairs), batch_size)))
     chosen, rejected = torch.cat(chosen), torch.cat(rejected)  # (N,) each
-    out = {"dpo/loss": preference_loss(chosen, rejected, ref, settings).item(),
-           **{k: v.item() for k, v in dpo_metrics(chosen, rejected, ref, settings.beta).items()}}
+    out = {"dpo/loss": preference_loss(chosen, rejected, ref, dpo).item(),
+           **{k: v.item() for k, v in dpo_metrics(chosen, rejected, ref, dpo.beta).items()}}
     model.train(was_training)
     return out
 
 
-def train_dpo(model, pairs: Sequence[Pair], ref: Tensor, pad_id: int, settings: DPOSettings,
+def train_dpo(model, pairs: Sequence[Pair], ref: Tensor, pad_id: int, dpo: DPOConfig,
+              optim: OptimConfig = OptimConfig(), seed: int = 0,
               on_step: Callable[[int, dict], None] = lambda step, m: None) -> None:
-    """``settings.steps`` AdamW steps on random batches of ``pairs`` against the cached reference ``ref`` (N, 2)."""
+    """``dpo.steps`` AdamW steps on random batches of ``pairs`` against the cached reference ``ref`` (N, 2)."""
     from rlft.trainers.optim import make_optimizer, make_scheduler
 
-    if settings.loss not in LOSSES:
-        raise ValueError(f"loss: must be one of {', '.join(LOSSES)}, got {settings.loss!r}")
-    opt = make_optimizer(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
-    sched = make_scheduler(opt, warmup=min(10, settings.steps // 10), total=settings.steps, schedule="cosine")
-    gen = torch.Generator().manual_seed(settings.seed)
+    opt = make_optimizer(model.parameters(), lr=dpo.lr, weight_decay=optim.weight_decay)
+    sched = make_scheduler(opt, warmup=min(10, dpo.steps // 10), total=dpo.steps, schedule="cosine")
+    gen = torch.Generator().manual_seed(seed)
     model.train()
-    for step in range(settings.steps):
-        idx = torch.randint(len(pairs), (min(settings.batch_size, len(pairs)),), generator=gen)
+    for step in range(dpo.steps):
+        idx = torch.randint(len(pairs), (min(dpo.batch_size, len(pairs)),), generator=gen)
         chosen, rejected = pair_logps(model, [pairs[i] for i in idx.tolist()], pad_id)  # (B,) each
-        loss = preference_loss(chosen, rejected, ref[idx], settings)
+        loss = preference_loss(chosen, rejected, ref[idx], dpo)
         loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), settings.grad_clip or float("inf"))
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), optim.grad_clip or float("inf"))
         opt.step()
         sched.step()
         opt.zero_grad(set_to_none=True)
-        m = dpo_metrics(chosen.detach(), rejected.detach(), ref[idx], settings.beta)
+        m = dpo_metrics(chosen.detach(), rejected.detach(), ref[idx], dpo.beta)
         on_step(step, {"dpo/loss": loss.item(), "dpo/grad_norm": grad_norm.item(), "dpo/lr": sched.get_last_lr()[0],
                        **{k: v.item() for k, v in m.items()}})

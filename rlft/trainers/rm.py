@@ -22,29 +22,15 @@ the saved checkpoint loads anywhere Hugging Face models load, and in rlft's
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-
 import torch
 from torch import Tensor
+
+from rlft.config import OptimConfig, RMConfig
 
 from rlft.core.preference import bradley_terry_loss, ranking_pairs, reward_centering
 from rlft.data.preferences import Ranking
 from rlft.models.reward_head import pad_batch, pooled_scores
 from rlft.rewards.model import encode
-
-
-@dataclass(frozen=True)
-class RMSettings:
-    """What one reward-model training run needs (the ``rm`` configuration section maps onto it)."""
-
-    steps: int = 100
-    batch_size: int = 16  # prompts (rankings) per optimizer step
-    lr: float = 1e-4
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
-    margin: float = 0.0
-    center_coef: float = 0.0
-    seed: int = 0
 
 
 def encode_ranking(ranking: Ranking, tokenizer, max_tokens: int) -> list[list[int]]:
@@ -89,22 +75,22 @@ def evaluate_rm(model, encoded: Sequence[list[list[int]]], pad_id: int, batch_si
     return {"rm/loss": loss.item(), **{k: v.item() for k, v in m.items()}}
 
 
-def train_rm(model, pad_id: int, train: Sequence[list[list[int]]], settings: RMSettings,
-             on_step: Callable[[int, dict], None] = lambda step, m: None) -> None:
-    """``settings.steps`` AdamW steps on random batches of encoded rankings (each a list of K sequences)."""
+def train_rm(model, pad_id: int, train: Sequence[list[list[int]]], rm: RMConfig, optim: OptimConfig = OptimConfig(),
+             seed: int = 0, on_step: Callable[[int, dict], None] = lambda step, m: None) -> None:
+    """``rm.steps`` AdamW steps on random batches of encoded rankings (each a list of K sequences)."""
     from rlft.trainers.optim import make_optimizer, make_scheduler
 
-    opt = make_optimizer(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
-    sched = make_scheduler(opt, warmup=min(10, settings.steps // 10), total=settings.steps, schedule="cosine")
-    gen = torch.Generator().manual_seed(settings.seed)
+    opt = make_optimizer(model.parameters(), lr=rm.lr, weight_decay=optim.weight_decay)
+    sched = make_scheduler(opt, warmup=min(10, rm.steps // 10), total=rm.steps, schedule="cosine")
+    gen = torch.Generator().manual_seed(seed)
     model.train()
-    for step in range(settings.steps):
-        idx = torch.randint(len(train), (min(settings.batch_size, len(train)),), generator=gen).tolist()
+    for step in range(rm.steps):
+        idx = torch.randint(len(train), (min(rm.batch_size, len(train)),), generator=gen).tolist()
         chunk = [train[i] for i in idx]
         scores = rm_scores(model, [s for r in chunk for s in r], pad_id)  # (N,)
-        loss, m = ranking_loss(scores, [len(r) for r in chunk], settings.margin, settings.center_coef)
+        loss, m = ranking_loss(scores, [len(r) for r in chunk], rm.margin, rm.center_coef)
         loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), settings.grad_clip or float("inf"))
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), optim.grad_clip or float("inf"))
         opt.step()
         sched.step()
         opt.zero_grad(set_to_none=True)
