@@ -145,6 +145,20 @@ def test_mbpp_reference_code_passes_its_tests():
     assert failing == set(MBPP_BROKEN)  # 974/974 pass (tasks 367 and 927 need test_setup_code after the program)
 
 
+def test_sanitized_mbpp_reference_code_passes_its_tests():
+    path = MBPP.with_name("sanitized-mbpp.json")
+    if not path.is_file():
+        pytest.skip(f"{path} not found (../shared/data is only in the dev checkout)")
+    rows = json.loads(path.read_text(encoding="utf-8"))
+    assert len(rows) == 427
+    samples = [{"prompt": r["prompt"], "extra": {"test_list": r["test_list"],
+                                                 "test_setup_code": "\n".join(r.get("test_imports") or [])}}
+               for r in rows]
+    with RewardPool(workers=4, deadline_s=30.0) as pool:
+        got = pool.score(Code(timeout_s=10.0), [f"```python\n{r['code']}\n```" for r in rows], samples, name="code")
+    assert [r["task_id"] for r, v in zip(rows, got.values) if v != 1.0] == [] and got.errors == 0  # 427/427
+
+
 HANG = "```python\nimport time\ntime.sleep(600)\n```"
 SQUARE = "```python\ndef sq(x):\n    return x * x\n```"
 SQUARE_TASK = {"prompt": "q", "extra": {"test_list": ["assert sq(3) == 9"]}}
