@@ -98,13 +98,10 @@ class RLState:
     def load_trainer_state(self, saved: dict) -> None:
         self.step, self.baseline = saved["step"], saved.get("baseline")
         self.sampler.load_state_dict(saved["sampler"])
-        for name in ("ref", "kl_ctl", "ptx"):
+        for name in ("ref", "kl_ctl", "penalty_ctl", "ptx"):  # built by run._rl_state before the restore
             obj = getattr(self, name)
             if obj is not None and saved.get(name) is not None:
                 obj.load_state_dict(saved[name])
-        if saved.get("penalty_ctl") is not None:  # restored before the first step builds it (its state is complete)
-            self.penalty_ctl = PenaltyCoefController(0.0, 0.0)
-            self.penalty_ctl.load_state_dict(saved["penalty_ctl"])
         if self.critic is not None and saved.get("critic") is not None:
             self.critic.load_state_dict(saved["critic"]["model"])
             self.critic_optimizer.load_state_dict(saved["critic"]["optimizer"])
@@ -146,6 +143,9 @@ def rl_step(state: RLState, cfg: Config, *, train_policy: bool = True) -> dict[s
     return metrics
 
 
+PENALTY_LOSSES = ("ppo_penalty",)  # policy losses that read the adaptive beta (cfg.penalty_coef)
+
+
 def penalty_controller(state: RLState, cfg: Config) -> PenaltyCoefController | None:
     """The PPO-penalty beta of this run: the state's own (built earlier or restored from a checkpoint), else a new
     one from ``algo.penalty_coef`` / ``algo.penalty_target`` when the policy loss reads it; None otherwise."""
@@ -153,9 +153,6 @@ def penalty_controller(state: RLState, cfg: Config) -> PenaltyCoefController | N
     if state.penalty_ctl is not None or a.policy_loss not in PENALTY_LOSSES:
         return state.penalty_ctl
     return PenaltyCoefController(a.penalty_coef, a.penalty_target)
-
-
-PENALTY_LOSSES = ("ppo_penalty",)  # policy losses that read the adaptive beta (cfg.penalty_coef)
 
 
 @torch.no_grad()
