@@ -30,11 +30,11 @@ temporary name then renamed, so an error leaves no partial output.
 from __future__ import annotations
 
 import ast
-import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from rlft.data.gsm8k import write_atomically
+from rlft.data.loaders import numbered_rows
 from rlft.data.schema import DataError
 
 HUMANEVAL_SOURCE = "openai/humaneval"
@@ -126,34 +126,6 @@ def _parse(source: str, what: str) -> None:
         ast.parse(source)
     except (SyntaxError, ValueError) as e:
         raise DataError(f"{what}: not valid Python: {e}") from None
-
-
-def numbered_rows(path: Path) -> list[tuple[str, dict]]:
-    """``(where, row)`` for each object of a .jsonl file (``file: line N``) or a JSON array (``file: item N``)."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise DataError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
-    if text.lstrip().startswith("["):
-        try:
-            items = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise DataError(f"{path}: line {e.lineno}: invalid JSON: {e.msg} (column {e.colno})") from None
-        pairs = [(f"{path}: item {i}", row) for i, row in enumerate(items)]
-    else:
-        pairs = []
-        for lineno, line in enumerate(text.splitlines(), start=1):
-            if line.strip():
-                try:
-                    pairs.append((f"{path}: line {lineno}", json.loads(line)))
-                except json.JSONDecodeError as e:
-                    raise DataError(f"{path}: line {lineno}: invalid JSON: {e.msg} (column {e.colno})") from None
-    for where, row in pairs:
-        if not isinstance(row, dict):
-            raise DataError(f"{where}: expected a JSON object, got {type(row).__name__}")
-    if not pairs:
-        raise DataError(f"{path}: no rows")
-    return pairs
 
 
 def _input_file(path: str | Path, names: tuple[str, ...]) -> Path:

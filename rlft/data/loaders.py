@@ -44,7 +44,7 @@ def load_rows(source: str, split: str = "train") -> list[dict]:
     if str(source).startswith(HF_PREFIX):
         return _load_hf(str(source), split)
     path = resolve_path(source, split)
-    readers = {".parquet": _read_parquet, ".jsonl": _read_jsonl, ".json": _read_json}
+    readers = {".parquet": _read_parquet, ".jsonl": _read_json_rows, ".json": _read_json_rows}
     reader = readers.get(path.suffix.lower())
     if reader is None:
         raise DataError(f"{path}: unsupported file type {path.suffix!r}; expected one of {', '.join(SUFFIXES)}")
@@ -80,41 +80,37 @@ def _read_parquet(path: Path) -> list[dict]:
         raise DataError(f"{path}: cannot read parquet: {e}") from e
 
 
-def _read_jsonl(path: Path, text: str | None = None) -> list[dict]:
-    text = _read_text(path) if text is None else text
-    rows = []
-    for lineno, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise DataError(f"{path}: line {lineno}: invalid JSON: {e.msg} (column {e.colno})") from None
-        if not isinstance(row, dict):
-            raise DataError(f"{path}: line {lineno}: expected a JSON object, got {type(row).__name__}")
-        rows.append(row)
-    return rows
-
-
-def _read_json(path: Path) -> list[dict]:
-    text = _read_text(path)
-    if not text.lstrip().startswith("["):
-        return _read_jsonl(path, text)  # a .json file holding jsonl
+def numbered_rows(path: Path) -> list[tuple[str, dict]]:
+    """``(where, row)`` for each object of a .jsonl file (``file: line N``) or a JSON array (``file: item N``)."""
     try:
-        rows = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise DataError(f"{path}: line {e.lineno}: invalid JSON: {e.msg} (column {e.colno})") from None
-    for i, row in enumerate(rows):
-        if not isinstance(row, dict):
-            raise DataError(f"{path}: item {i}: expected a JSON object, got {type(row).__name__}")
-    return rows
-
-
-def _read_text(path: Path) -> str:
-    try:
-        return path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
         raise DataError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    if text.lstrip().startswith("["):
+        try:
+            items = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path}: line {e.lineno}: invalid JSON: {e.msg} (column {e.colno})") from None
+        pairs = [(f"{path}: item {i}", row) for i, row in enumerate(items)]
+    else:
+        pairs = []
+        for lineno, line in enumerate(text.splitlines(), start=1):
+            if line.strip():
+                try:
+                    pairs.append((f"{path}: line {lineno}", json.loads(line)))
+                except json.JSONDecodeError as e:
+                    raise DataError(f"{path}: line {lineno}: invalid JSON: {e.msg} (column {e.colno})") from None
+    for where, row in pairs:
+        if not isinstance(row, dict):
+            raise DataError(f"{where}: expected a JSON object, got {type(row).__name__}")
+    if not pairs:
+        raise DataError(f"{path}: no rows")
+    return pairs
+
+
+def _read_json_rows(path: Path) -> list[dict]:
+    """The objects of a .jsonl file, or of a .json file holding an array (or jsonl)."""
+    return [row for _, row in numbered_rows(path)]
 
 
 def _load_hf(source: str, split: str) -> list[dict]:
