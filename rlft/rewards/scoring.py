@@ -34,6 +34,7 @@ from rlft.rewards.pool import active_pool
 
 logger = logging.getLogger("rlft.rewards")
 
+
 @dataclass
 class ScoreResult:
     total: list[float | None]  # (B,) weighted sum; None if a weighted component is None
