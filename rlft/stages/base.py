@@ -48,14 +48,31 @@ def write_json(path: Path, obj: dict) -> None:
 
 
 @contextmanager
-def step_log(out_dir: Path, filename: str) -> Iterator[Callable[[int, dict], None]]:
-    """An ``on_step(step, metrics)`` callback writing ``out_dir/filename`` (steps counted from 1), closed after."""
+def step_log(out_dir: Path, filename: str, total: int = 0,
+             show: bool = False) -> Iterator[Callable[[int, dict], None]]:
+    """An ``on_step(step, metrics)`` callback writing ``out_dir/filename`` (steps counted from 1), closed after.
+
+    With ``show``, a progress bar of ``total`` steps named after the file (``sft_metrics.jsonl``: sft), as RL
+    has, showing the step's ``<stage>/loss``.
+    """
+    from tqdm.auto import tqdm
+
     from rlft.tracking import MetricsLog
 
     log = MetricsLog(out_dir, tensorboard=False, filename=filename)
+    desc = filename.split("_")[0]
+    bar = tqdm(total=total, desc=desc, disable=not show, dynamic_ncols=True)
+
+    def on_step(step: int, metrics: dict) -> None:
+        log.log(step + 1, metrics)
+        bar.update(1)
+        if f"{desc}/loss" in metrics:
+            bar.set_postfix(loss=f"{metrics[f'{desc}/loss']:.3f}")
+
     try:
-        yield lambda step, metrics: log.log(step + 1, metrics)
+        yield on_step
     finally:
+        bar.close()
         log.close()
 
 

@@ -35,7 +35,7 @@ def dpo_stage(cfg: Config, model_dir: str, out_dir: Path, echo=print, start: dic
     policy.eval()
     ref, held_ref = (reference_logps(policy, x, tok.pad_token_id) for x in (pairs, held_pairs))  # computed once
     task_before = start if start is not None else task_metrics(policy, tok, cfg)
-    with step_log(out_dir, "dpo_metrics.jsonl") as on_step:
+    with step_log(out_dir, "dpo_metrics.jsonl", cfg.dpo.steps, cfg.log.progress) as on_step:
         train_dpo(policy, pairs, ref, tok.pad_token_id, d, cfg.optim, cfg.train.seed, on_step=on_step)
     prefs = evaluate_dpo(policy, held_pairs, held_ref, tok.pad_token_id, d)
     task_after = task_metrics(policy, tok, cfg)

@@ -39,7 +39,7 @@ def rm_stage(cfg: Config, model_dir: str, out_dir: Path, echo=print, start: dict
     n_pairs = sum(len(x.pairs()) for x in held_out)
     echo(f"rlft rm: {len(train)} training prompts, {len(held_out)} held-out ({n_pairs} pairs)")
     before = evaluate_rm(model, enc_eval, tok.pad_token_id)
-    with step_log(out_dir, "rm_metrics.jsonl") as on_step:
+    with step_log(out_dir, "rm_metrics.jsonl", cfg.rm.steps, cfg.log.progress) as on_step:
         train_rm(model, tok.pad_token_id, enc_train, r, cfg.optim, cfg.train.seed, on_step=on_step)
     after = evaluate_rm(model, enc_eval, tok.pad_token_id)
     save_to = save_model(model, tok, Path(out_dir) / "reward_model")

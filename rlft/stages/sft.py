@@ -26,7 +26,7 @@ def sft_stage(cfg: Config, model_dir: str, out_dir: Path, echo=print, start: dic
     policy, tok = load_policy(model_dir, cfg.model)
     before = start if start is not None else task_metrics(policy, tok, cfg)
     train_ex = [] if cfg.sft.source else load_task(cfg)[0]
-    with step_log(out_dir, "sft_metrics.jsonl") as on_step:
+    with step_log(out_dir, "sft_metrics.jsonl", cfg.sft.steps, cfg.log.progress) as on_step:
         train_sft(policy, tok, train_ex, cfg, on_step=on_step)
     after = task_metrics(policy, tok, cfg)
     save_to = save_model(policy, tok, Path(out_dir) / "policy")
