@@ -1,4 +1,4 @@
-"""Command line: ``rlft train``, ``rlft eval``, ``rlft sft``, ``rlft rm``, ``rlft dpo``, ``rlft prepare gsm8k|humaneval|mbpp``, ``rlft config``.
+"""Command line: ``rlft train``, ``rlft eval``, ``rlft sft``, ``rlft rm``, ``rlft dpo``, ``rlft rft``, ``rlft prepare gsm8k|humaneval|mbpp``, ``rlft config``.
 
     rlft train                                    # the embedded demo (tiny model, synthetic arithmetic)
     rlft train recipes/grpo_gsm8k.yaml model.path=/models/qwen algo.group_size=4
@@ -7,6 +7,7 @@
     rlft sft sft.loss_on=answer sft.steps=200                    # SFT alone (loss on: all, response, answer)
     rlft rm model.path=runs/<name>/policy rm.source=data/prefs   # a reward model (empty rm.source: task pairs)
     rlft dpo model.path=runs/<name>/policy dpo.beta=0.1          # DPO (dpo.loss=ipo: IPO) on preference pairs
+    rlft rft model.path=runs/<name>/policy rft.mode=offline      # rejection-sampling fine-tuning (rft.keep=shortest)
     rlft prepare gsm8k --input path/to/gsm8k --output data/gsm8k
     rlft prepare mbpp --input path/to/mbpp.jsonl --output data/mbpp    # also: humaneval (HumanEval.jsonl)
     rlft config                                   # every key, its default and meaning
@@ -61,14 +62,15 @@ def cmd_eval(ns: argparse.Namespace) -> int:
 
 
 def cmd_stage(ns: argparse.Namespace) -> int:
-    """``rlft sft`` / ``rlft rm`` / ``rlft dpo``: one stage on ``model.path`` (or the embedded tiny model), in its own run directory."""
+    """``rlft sft`` / ``rlft rm`` / ``rlft prm`` / ``rlft dpo`` / ``rlft rft``: one stage on ``model.path`` (or the embedded tiny model), in its own run directory."""
     from rlft.models.loading import quiet_transformers
-    from rlft.run import base_model_dir, prepare_run_dir, seed_everything
+    from rlft.run import base_model_dir, prepare_run_dir, seed_everything, set_threads
     from rlft.stages import STAGES
 
     recipe, overrides = _split_recipe(ns.args)
     cfg = prepare_run_dir(load_config(recipe, overrides))
     quiet_transformers()
+    set_threads(cfg)
     seed_everything(cfg.train.seed)
     result = STAGES.get(ns.command)(cfg, base_model_dir(cfg, cfg.log.path), cfg.log.path, echo=print)
     print(f"rlft {result.summary}")
@@ -103,7 +105,11 @@ def build_parser() -> argparse.ArgumentParser:
     e.set_defaults(fn=cmd_eval)
     for name, text in (("sft", "supervised fine-tuning (sft.* keys) of model.path, evaluated before and after"),
                        ("rm", "train a Bradley-Terry reward model (rm.* keys) on model.path's backbone"),
-                       ("dpo", "DPO / IPO (dpo.* keys) on preference pairs, model.path as the frozen reference")):
+                       ("prm", "train a process reward model (prm.* keys): a per-token head on model.path's "
+                               "backbone, step labels from a rule checker"),
+                       ("dpo", "DPO / IPO (dpo.* keys) on preference pairs, model.path as the frozen reference"),
+                       ("rft", "rejection-sampling fine-tuning (rft.* keys): sample, keep what the reward accepts, "
+                               "fine-tune; offline or online")):
         st = sub.add_parser(name, help=text)
         st.add_argument("args", nargs="*", help="[recipe.yaml] [section.key=value ...]")
         st.set_defaults(fn=cmd_stage)

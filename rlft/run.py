@@ -8,6 +8,7 @@ Run directory layout::
     runs/<name>/eval.json          {"before_rl": {...}, "after_rl": {...}}
     runs/<name>/policy/            final policy + tokenizer (save_pretrained)
     runs/<name>/critic/            final critic (backbone save_pretrained + value_head.pt), with a critic
+    runs/<name>/reward_model/      the run's reward model, refreshed in RL (only with rm.refresh_every > 0)
     runs/<name>/critic_pretrain_metrics.jsonl  VAPO value pre-training (critic.pretrain_steps > 0)
     runs/<name>/checkpoints/       step_N/{policy/, state.pt} every train.save_every steps
     runs/<name>/base_model/        the embedded tiny model (only when model.path is empty)
@@ -42,6 +43,7 @@ from rlft.rewards.pool import RewardPool
 from rlft.tracking import MetricsLog, truncate_jsonl
 from rlft.trainers.optim import make_optimizer, make_scheduler
 from rlft.trainers.rl import PromptSampler, RLState, penalty_controller, rl_step
+from rlft.trainers.rm_refresh import RUN_RM, RMRefresh, own_reward_model
 from rlft.trainers.sft import train_sft
 
 
@@ -56,6 +58,12 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
+
+
+def set_threads(cfg: Config) -> None:
+    """``train.threads`` CPU threads for torch (0 leaves torch's default)."""
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
 
 
 def load_task(cfg: Config) -> tuple[list[Example], list[Example]]:
@@ -108,6 +116,7 @@ def train(cfg: Config, *, echo=print) -> RunResult:
     """Run the whole pipeline described by ``cfg``; returns where it was written and the evaluation."""
     t0 = time.perf_counter()
     quiet_transformers()
+    set_threads(cfg)
     ckpt = None
     if cfg.train.resume:  # checked before anything is written: a wrong name must not leave a directory behind
         ckpt = checkpoint.latest(cfg.log.path)
@@ -115,6 +124,7 @@ def train(cfg: Config, *, echo=print) -> RunResult:
             raise ConfigError(f"train.resume: no checkpoint under {cfg.log.path / 'checkpoints'}")
     cfg = prepare_run_dir(cfg)
     run_dir = cfg.log.path
+    cfg = own_reward_model(cfg, run_dir)  # rm.refresh_every: the run scores with (and refreshes) its own copy
     seed_everything(cfg.train.seed)
     device = resolve_device(cfg.model.device)
 
@@ -208,6 +218,8 @@ def _run_rl(policy, tokenizer, train_ex, train_prompts, cfg: Config, run_dir: Pa
         log.close()
     if state.critic is not None:
         state.critic.save_pretrained(run_dir / "critic")
+    if state.rm_refresh is not None:
+        state.rm_refresh.save(run_dir / RUN_RM)
 
 
 def _rl_state(policy, tokenizer, train_ex, train_prompts, cfg: Config) -> RLState:
@@ -220,6 +232,8 @@ def _rl_state(policy, tokenizer, train_ex, train_prompts, cfg: Config) -> RLStat
     state = RLState(policy=policy, tokenizer=tokenizer, optimizer=optimizer, scheduler=scheduler,
                     sampler=PromptSampler(len(train_ex), cfg.train.seed), examples=train_ex, prompts=train_prompts)
     state.penalty_ctl = penalty_controller(state, cfg)  # PPO-penalty's adaptive beta, when the loss reads one
+    if cfg.rm.refresh_every:  # the reward model the run scores with, retrained on its rollouts
+        state.rm_refresh = RMRefresh(cfg)
     if a.needs_ref:  # the frozen policy as it enters RL
         state.ref = copy.deepcopy(policy).eval().requires_grad_(False)
         state.kl_ctl = make_kl_controller(a.kl_coef, a.kl_target, a.kl_horizon)

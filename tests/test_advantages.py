@@ -107,9 +107,11 @@ def _naive(scores, G, kind, eps=1e-6):
 
 def test_registry_names_and_contract():
     assert set(ADVANTAGES.names()) == {"group_norm", "group_mean", "rloo", "gae", "reinforce", "reinforce_pp",
-                                       "reinforce_pp_baseline"}
+                                       "reinforce_pp_baseline", "process"}
     scores, mask, tr, values = ragged(B=4, T=5, seed=3)
-    inp = AdvantageInputs(scores, mask, 2, token_rewards=tr, values=values, baseline=0.1)
+    steps = (torch.arange(5) % 2 == 1).long().expand(4, 5)  # (B, T) a step ends at every other token (process)
+    inp = AdvantageInputs(scores, mask, 2, token_rewards=tr, values=values, baseline=0.1, step_rewards=values,
+                          step_mask=steps)
     for name in ADVANTAGES.names():
         adv, ret = ADVANTAGES.get(name)(inp, cfg())
         assert adv.shape == ret.shape == mask.shape, name

@@ -63,6 +63,9 @@ def _text_rewards(slow: bool) -> list[str]:
 
 
 def _valid(value) -> bool:
+    """A per-sample value (None or a finite float), or a step-level reward's steps [(end_char, that value)]."""
+    if isinstance(value, list):
+        return all(isinstance(end, int) and _valid(r) for end, r in value)
     return value is None or (isinstance(value, float) and math.isfinite(value))
 
 

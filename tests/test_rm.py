@@ -92,3 +92,42 @@ def test_a_tiny_rm_learns_an_easy_preference_and_its_checkpoint_scores_the_same(
     with torch.no_grad():
         direct = rm_scores(model.eval(), seqs, tok.pad_token_id)
     assert_rounding_close(via_reward, direct, **score_tolerance(model, seqs))
+
+
+def test_synthetic_pairs_mix_near_misses_and_distractors():
+    """Each problem gives `negatives` distinct wrong answers: numbers of the question (distractors) or the truth
+    moved by 1..9 (near misses), in the share asked for; the right answer is always first."""
+    import re
+
+    examples = synthetic_task("max", n_train=300, n_eval=1, max_operand=99, seed=5)[0]
+    pairs = synthetic_preferences(examples, seed=0, negatives=3, distractor_share=0.5)
+    per_problem: dict[str, list[int]] = {}
+    for r in pairs:
+        text = r.prompt[0]["content"]
+        numbers = [int(x) for x in re.findall(r"\d+", text)]
+        truth, wrong = (int(x.split()[-1]) for x in r.responses)
+        assert truth == max(numbers[:3]) and wrong != truth
+        assert wrong in numbers or 1 <= abs(wrong - truth) <= 9
+        per_problem.setdefault(text, []).append(wrong)
+    assert all(len(w) == len(set(w)) for w in per_problem.values())  # distinct wrong answers per problem
+    assert sum(map(len, per_problem.values())) == len(pairs) >= 3 * 300 * 0.95  # redraws keep nearly all 3
+    in_question = sum(w in [int(x) for x in re.findall(r"\d+", t)] for t, ws in per_problem.items() for w in ws)
+    assert 0.35 < in_question / len(pairs) < 0.65  # about half distractors (a near miss is rarely in the question)
+    assert synthetic_preferences(examples[:5], seed=0) == synthetic_preferences(examples[:5], seed=0, negatives=1,
+                                                                               distractor_share=0.0)
+
+
+def test_on_policy_pairs_come_from_prompts_with_both_outcomes_right_over_wrong():
+    from rlft.trainers.policy_pairs import policy_rankings
+
+    groups = [("a", ["#### 7", "#### 3", "#### 7", "oops"], [True, False, True, False]),  # two distinct wrong ones
+              ("b", ["#### 1", "#### 2"], [False, False]),  # no right sample: no pair
+              ("c", ["#### 5", "#### 5"], [True, True]),  # no wrong sample: no pair
+              ("d", ["#### 9", "#### 4", "#### 8"], [False, True, False])]
+    got = [(r.prompt, r.responses) for r in policy_rankings(groups)]
+    assert got == [("a", ("#### 7", "#### 3")), ("a", ("#### 7", "oops")),
+                   ("d", ("#### 4", "#### 9")), ("d", ("#### 4", "#### 8"))]
+    one = policy_rankings(groups, one_per_prompt=True, seed=3)
+    assert [r.prompt for r in one] == ["a", "d"]
+    assert all(r.responses in [g for p, g in got if p == r.prompt] for r in one)
+    assert one == policy_rankings(groups, one_per_prompt=True, seed=3)  # seeded

@@ -61,8 +61,44 @@ def test_rm_needs_numeric_answers_when_it_makes_its_own_pairs(tmp_path, tiny_mod
     assert "rm.source: empty" in capsys.readouterr().err
 
 
+def alternate_verdicts(texts, examples, group_size, cfg):
+    """A stand-in rule for an untrained model: every other sample is right."""
+    import torch
+
+    return torch.arange(len(texts)) % 2 == 0
+
+
+def test_rm_on_policy_pairs_counts_both_kinds(tmp_path, tiny_model_dir, monkeypatch, capsys):
+    monkeypatch.setattr("rlft.trainers.policy_pairs.rule_correct", alternate_verdicts)
+    ev = check_outputs(run_rm(tmp_path, tiny_model_dir, "rm.pairs_from=both", "rm.policy_samples=4",
+                              "rm.policy_prompts=6", "rollout.max_new_tokens=4", "data.num_eval=8"), steps=4)
+    after = ev["after"]
+    assert after["rm/task/pairs"] == 8 and after["rm/policy/pairs"] == 8  # one pair per held-out prompt, capped
+    assert ev["pairs"] == 16  # rm/accuracy counts the held-out pairs of both kinds
+    assert after["rm/policy_sample_accuracy"] == 0.5 and after["rm/policy_prompts_with_pairs"] == 6
+    assert {"rm/task/accuracy", "rm/policy/accuracy"} <= set(ev["before"])
+    assert "task + policy" in capsys.readouterr().out
+
+
+def test_rm_on_policy_pairs_needs_both_outcomes(tmp_path, tiny_model_dir, monkeypatch, capsys):
+    monkeypatch.setattr("rlft.trainers.policy_pairs.rule_correct",
+                        lambda texts, *a: __import__("torch").zeros(len(texts), dtype=bool))
+    assert main(["rm", f"model.path={tiny_model_dir}", f"log.run_dir={tmp_path}", "log.name=p", "model.device=cpu",
+                 "rm.pairs_from=policy", "rm.policy_samples=2", "rm.policy_prompts=4", "data.synth_train_size=8",
+                 "data.num_eval=4", "rollout.max_new_tokens=2"]) == 2
+    assert "rm.pairs_from: the policy" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("override, key", [("rm.steps=-1", "rm.steps"), ("rm.pooling=max", "rm.pooling"),
-                                           ("rm.batch_size=0", "rm.batch_size"), ("rm.nope=1", "rm.nope")])
+                                           ("rm.batch_size=0", "rm.batch_size"), ("rm.nope=1", "rm.nope"),
+                                           ("rm.pairs_from=human", "rm.pairs_from"),
+                                           ("rm.policy_samples=1", "rm.policy_samples"),
+                                           ("rm.policy_prompts=-1", "rm.policy_prompts")])
 def test_bad_rm_keys(override, key):
     with pytest.raises(ConfigError, match=key):
         load_config(None, [override])
+
+
+def test_on_policy_pairs_need_the_task():
+    with pytest.raises(ConfigError, match="rm.pairs_from: 'policy' makes pairs from data.source"):
+        load_config(None, ["rm.pairs_from=policy", "rm.source=prefs.jsonl"])

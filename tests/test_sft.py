@@ -14,7 +14,7 @@ from rlft.config import load_config
 from rlft.data.schema import DataError, Example
 from rlft.data.sft_data import answer_span, load_sft_examples, response_weights, with_system_prompt
 from rlft.models.loading import load_model, load_tokenizer
-from rlft.trainers.sft import sft_pairs, sft_step_loss
+from rlft.trainers.sft import sft_pairs, sft_step_loss, sft_updates, token_budget_batches
 
 
 @pytest.mark.parametrize("text, span", [
@@ -136,3 +136,68 @@ def test_rlft_sft_end_to_end(tmp_path, tiny_model_dir):
     ev = json.loads((run / "sft_eval.json").read_text())
     assert "exact_match" in ev["task_before"] and "exact_match" in ev["task_after"]
     assert (run / "policy" / "config.json").is_file()
+
+
+class _GradCapture:
+    """An optimizer and scheduler stand-in for ``sft_updates``: it records the gradient of each step."""
+
+    def __init__(self, model):
+        self.model, self.grads = model, []
+
+    def step(self):
+        self.grads.append({n: p.grad.detach().clone() for n, p in self.model.named_parameters()})
+
+    def zero_grad(self, set_to_none=True):
+        self.model.zero_grad(set_to_none=set_to_none)
+
+    def get_last_lr(self):
+        return [0.0]
+
+
+def test_token_budget_batches_cover_each_item_once_within_the_budget():
+    gen = torch.Generator().manual_seed(0)
+    for budget in (0, 1, 7, 16, 40):
+        lengths = torch.randint(1, 12, (20, 2), generator=gen).tolist()
+        items = [([1] * p, [2] * t, [1] * t) for p, t in lengths]
+        groups = token_budget_batches(items, budget)
+        assert sorted(i for g in groups for i in g) == list(range(20))
+        if budget == 0:
+            assert groups == [list(range(20))]
+            continue
+        for g in groups:
+            cost = len(g) * (max(len(items[i][0]) for i in g) + max(len(items[i][1]) for i in g))
+            assert cost <= budget or len(g) == 1
+        order = [len(items[i][0]) + len(items[i][1]) for g in groups for i in g]
+        assert order == sorted(order)  # similar lengths share a micro-batch
+
+
+def test_a_token_budget_changes_neither_the_loss_nor_the_gradient(tiny_model_dir, tok):
+    """One SFT step as micro-batches under a token budget equals the step on the whole padded mini-batch."""
+    from numerics import MODEL_DEPTH, AbsGradSum
+
+    model = load_model(str(tiny_model_dir)).train()
+    examples = [Example(prompt=f"max({a},{b},1)=?", ground_truth=str(max(a, b, 1)),
+                        response=f"{'x' * (a % 9)}#### {max(a, b, 1)}") for a, b in ((3, 70), (12, 4), (5, 5), (88, 1))]
+    items = sft_pairs(examples, tok, cfg_with("sft.loss_on=response"))
+    runs = []
+    for budget in (0, 40):
+        opt, logged, scale = _GradCapture(model), [], AbsGradSum(model)
+        sft_updates(model, items, opt, opt, steps=1, batch_size=4, pad_id=tok.pad_token_id, grad_clip=0.0,
+                    gen=torch.Generator().manual_seed(1), on_step=lambda s, m: logged.append(m), max_tokens=budget)
+        for h in scale.handles:
+            h.remove()
+        runs.append((opt.grads[0], logged[0], scale))
+    (whole, m_whole, _), (parts, m_parts, scale) = runs
+    assert len(token_budget_batches([items[i] for i in range(4)], 40)) > 1  # the budget does split the batch
+    assert m_parts["sft/padding_frac"] < m_whole["sft/padding_frac"]
+    n = m_whole["sft/num_tokens"]
+    reduction = max(model.config.vocab_size, model.config.intermediate_size, sum(len(p) + len(t) for p, t, _ in items))
+    with torch.no_grad():  # the largest per-token NLL: the scale of the loss's terms
+        nll_max = max(-torch.log_softmax(model(input_ids=torch.tensor([p + t])).logits[0], -1).min().item()
+                      for p, t, _ in items)
+    assert m_parts["sft/num_tokens"] == n
+    assert_rounding_close(m_parts["sft/loss"], m_whole["sft/loss"], n_terms=reduction, scale=1 + nll_max,
+                          depth=FORWARD_DEPTH, what="sft/loss")
+    for name in whole:
+        assert_rounding_close(parts[name], whole[name], n_terms=reduction, scale=scale.scale(name), depth=MODEL_DEPTH,
+                              what=name)

@@ -236,13 +236,14 @@ def help_text() -> str:
 
 def _reward_lines(ast, inspect) -> list[str]:
     """Every registered reward, its shape and its parameters (``{name: <reward>, <param>: value}``)."""
-    from rlft.rewards import REWARDS, is_batched, is_group_level
+    from rlft.rewards import REWARDS, is_batched, is_group_level, is_step_level
 
     lines = ["  reward.fns entries: a name, or {name: <reward>, weight: w, label: l, <parameter>: value}:"]
     for name in REWARDS.names():
         factory = REWARDS.factory(name)
         doc = (factory.__doc__ or "").strip().splitlines()
-        shape = "group-level" if is_group_level(factory) else "batched" if is_batched(factory) else "per-sample"
+        shape = ("group-level" if is_group_level(factory) else "batched" if is_batched(factory)
+                 else "step-level" if is_step_level(factory) else "per-sample")
         lines.append(f"    {name:<16}{shape}: {doc[0] if doc else ''}".rstrip())
         docs = _field_docs(factory, ast, inspect) if dataclasses.is_dataclass(factory) else {}
         for key, (_, default) in REWARDS.parameters(name).items():

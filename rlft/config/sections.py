@@ -58,7 +58,7 @@ class ModelConfig:
 @dataclass(frozen=True)
 class DataConfig:
     source: str = "synthetic:max"
-    """'synthetic:<task>' (max, arith), a .jsonl/.json/.parquet file, a directory with <split>.parquet|jsonl, or 'hf:<name>[:<config>]'."""
+    """'synthetic:<task>' (max, arith, chain), a .jsonl/.json/.parquet file, a directory with <split>.parquet|jsonl, or 'hf:<name>[:<config>]'."""
     train_split: str = "train"
     eval_split: str = "test"
     prompt_key: str = "prompt"
@@ -125,6 +125,8 @@ class RolloutConfig:
 
 TOKEN_LEVEL_ADVANTAGES = ("gae", "reinforce", "reinforce_pp")
 """Advantage estimators that use no group statistic (per-token returns; batch-level baselines and whitening)."""
+STEP_LEVEL_ADVANTAGES = ("process",)
+"""Advantage estimators that read step rewards (Batch.step_rewards) from step-level rewards, not the sequence reward."""
 UNCLIPPED_LOSSES = ("reinforce", "ppo_penalty", "kimi_omd")
 """Policy losses without a clipped surrogate: algo.clip_c (dual-clip) cannot apply to them."""
 
@@ -271,6 +273,10 @@ class AlgoConfig:
         _check(self.policy_loss != "ppo_penalty" or self.epochs * self.minibatches > 1, "algo.policy_loss",
                "'ppo_penalty' penalises KL(pi_old || pi), which is 0 (and so is its gradient) at the first optimizer "
                "step of a batch; needs algo.epochs * algo.minibatches > 1")
+        for key, off in (("kl_in", self.kl_in != "reward"), ("overlong_buffer_frac", self.overlong_buffer_frac == 0)):
+            _check(off or self.advantage not in STEP_LEVEL_ADVANTAGES, f"algo.{key}",
+                   f"advantage {self.advantage!r} reads step rewards only, so a penalty added to the sequence "
+                   f"reward would be ignored; set algo.{key}={'loss' if key == 'kl_in' else 0} or another advantage")
 
     @property
     def uses_groups(self) -> bool:
@@ -282,7 +288,7 @@ class AlgoConfig:
         """Every token of a sequence gets the same advantage (what a sequence-level ratio, GSPO, needs)."""
         if self.advantage == "reinforce":  # return-to-go is constant only undiscounted and without per-token KL
             return self.gamma == 1 and not (self.kl_in == "reward" and self.kl_coef > 0)
-        return self.uses_groups
+        return self.uses_groups and self.advantage not in STEP_LEVEL_ADVANTAGES
 
     @property
     def needs_ref(self) -> bool:
@@ -438,10 +444,16 @@ class _PreferenceData:
     eval_split: str = "test"
     num_eval: int = 200
     """Held-out rankings for the stage's metrics (0: all)."""
+    synth_negatives: int = 1
+    """Pairs made from the task: wrong answers per training problem, each its own pair (held-out problems: one, of the same mix)."""
+    synth_distractor_share: float = 0.0
+    """Pairs made from the task: share of wrong answers that are another number of the question (a distractor) rather than the truth moved by 1..9 (a near miss)."""
     section: ClassVar[str] = ""
 
     def __post_init__(self) -> None:
         _check(self.num_eval >= 0, f"{self.section}.num_eval", "must be >= 0 (0: all)")
+        _check(self.synth_negatives >= 1, f"{self.section}.synth_negatives", "must be >= 1")
+        _check(0 <= self.synth_distractor_share <= 1, f"{self.section}.synth_distractor_share", "must be in [0, 1]")
         _check(self.steps >= 0, f"{self.section}.steps", "must be >= 0")
         _check(self.batch_size >= 1, f"{self.section}.batch_size", "must be >= 1")
         _check(self.lr > 0, f"{self.section}.lr", "must be > 0")
@@ -451,6 +463,10 @@ class _PreferenceData:
 class RMConfig(_PreferenceData):
     section: ClassVar[str] = "rm"
 
+    synth_negatives: int = 3
+    """Pairs made from the task: wrong answers per training problem, each its own pair (held-out problems: one, of the same mix)."""
+    synth_distractor_share: float = 0.5
+    """Pairs made from the task: share of wrong answers that are another number of the question (a distractor) rather than the truth moved by 1..9 (a near miss)."""
     steps: int = 100
     """Optimizer steps."""
     batch_size: int = 16
@@ -464,11 +480,30 @@ class RMConfig(_PreferenceData):
     """Reward-centring term coef * (r_better + r_worse)^2 (0: off)."""
     max_tokens: int = 1024
     """Longest prompt + response in tokens; longer texts are cut on the left."""
+    refresh_every: int = 0
+    """Online refresh in RL: every N policy steps, retrain the reward_model reward on pairs from the rollouts since the last refresh (rule-correct over rule-wrong, within a group); 0: off."""
+    refresh_steps: int = 20
+    """Optimizer steps of one refresh (batches of rm.batch_size pairs)."""
+    refresh_lr: float = 1e-4
+    """Learning rate of a refresh (a fresh AdamW with a cosine schedule each time)."""
+    pairs_from: Literal["task", "policy", "both"] = "task"
+    """With rm.source empty: task = pairs made from data.source's answers (right over a made-up wrong one); policy = the starting model's own samples (rm.policy_samples per prompt, judged by eval.correct_fn, every distinct right one over every distinct wrong one; held-out prompts give one pair each); both = the two together, held-out accuracy over both."""
+    policy_samples: int = 8
+    """rm.pairs_from policy/both: completions sampled per prompt from the starting model."""
+    policy_prompts: int = 0
+    """rm.pairs_from policy/both: training prompts sampled (the first N of data.source's training split; 0: all)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        _check(self.policy_samples >= 2, "rm.policy_samples", "must be >= 2 (a pair needs a right and a wrong sample)")
+        _check(self.policy_prompts >= 0, "rm.policy_prompts", "must be >= 0 (0: all)")
+        _check(self.pairs_from == "task" or not self.source, "rm.pairs_from",
+               f"{self.pairs_from!r} makes pairs from data.source's task, so rm.source must be empty")
         _check(self.center_coef >= 0, "rm.center_coef", "must be >= 0")
         _check(self.max_tokens >= 2, "rm.max_tokens", "must be >= 2")
+        _check(self.refresh_every >= 0, "rm.refresh_every", "must be >= 0 (0: off)")
+        _check(self.refresh_steps >= 1, "rm.refresh_steps", "must be >= 1")
+        _check(self.refresh_lr > 0, "rm.refresh_lr", "must be > 0")
 
 
 @dataclass(frozen=True)
@@ -490,6 +525,73 @@ class DPOConfig(_PreferenceData):
 
 
 @dataclass(frozen=True)
+class RFTConfig:
+    mode: Literal["offline", "online"] = "online"
+    """offline: every completion is sampled from the starting model in one go, then fine-tuned on; online: each round samples from the current policy, then fine-tunes on that round's accepted completions. The stages rft_offline / rft_online run with their own mode, whatever this says."""
+    rounds: int = 16
+    """Sample/fine-tune rounds (online). Offline draws the same rounds x prompts_per_round prompts at once and fine-tunes rounds x steps_per_round steps, so both modes spend the same sampling and update budget."""
+    prompts_per_round: int = 256
+    """Training prompts sampled per round (a seeded walk through the training set, the same prompts in both modes)."""
+    samples_per_prompt: int = 2
+    """k: completions sampled per prompt (at rollout.temperature, up to rollout.max_new_tokens tokens)."""
+    pool: Literal["round", "growing"] = "growing"
+    """Online: fine-tune each round on that round's kept completions (RAFT), or on every completion kept so far (a growing pool whose later rounds come from better policies). Offline always fine-tunes on its whole pool."""
+    keep: Literal["accepted", "shortest"] = "accepted"
+    """accepted: every distinct accepted completion of a prompt; shortest: only its shortest accepted completion (Kimi k1.5 long-to-short, shortest rejection sampling)."""
+    min_reward: float = 1.0
+    """A completion is accepted when its weighted reward (reward.fns, scored as RL scores it) is >= this; unscorable completions never are."""
+    steps_per_round: int = 16
+    """Fine-tuning optimizer steps per round (offline: rounds x steps_per_round steps on the whole pool)."""
+    batch_size: int = 32
+    """Accepted completions per fine-tuning step (drawn with replacement)."""
+    lr: float = 3e-4
+    """Fine-tuning learning rate (AdamW, one optimizer across the rounds, constant after warm-up)."""
+    warmup_steps: int = 0
+    """Linear learning-rate warm-up, in fine-tuning steps."""
+    loss_on: Literal["response", "all"] = "response"
+    """Which tokens carry the fine-tuning loss, as sft.loss_on: the completion and its eos, or prompt and completion."""
+
+    def __post_init__(self) -> None:
+        for key in ("rounds", "prompts_per_round", "samples_per_prompt", "batch_size"):
+            _check(getattr(self, key) >= 1, f"rft.{key}", f"must be >= 1, got {getattr(self, key)}")
+        _check(self.steps_per_round >= 0, "rft.steps_per_round", f"must be >= 0, got {self.steps_per_round}")
+        _check(self.lr > 0, "rft.lr", f"must be > 0, got {self.lr}")
+        _check(self.warmup_steps >= 0, "rft.warmup_steps", f"must be >= 0, got {self.warmup_steps}")
+        _check(math.isfinite(self.min_reward), "rft.min_reward", f"must be finite, got {self.min_reward}")
+
+    @property
+    def samples_total(self) -> int:
+        """Completions drawn by the stage, in either mode (the sampling budget)."""
+        return self.rounds * self.prompts_per_round * self.samples_per_prompt
+
+
+@dataclass(frozen=True)
+class PRMConfig:
+    steps: int = 300
+    """Optimizer steps of the process reward model (prm stage)."""
+    batch_size: int = 32
+    """Labelled solutions per step."""
+    lr: float = 3e-4
+    labels: str = "chain_steps"
+    """Step-level rule reward that labels the training solutions' steps (values in [0, 1]: BCE targets)."""
+    perturb: float = 0.5
+    """Share of training solutions whose reference has one or two lines' last number moved by 1 to 3."""
+    max_tokens: int = 256
+    """Longest prompt + solution in tokens (the prompt's start is cut first)."""
+
+    def __post_init__(self) -> None:
+        from rlft.rewards import REWARDS, is_step_level
+
+        _check(self.steps >= 0, "prm.steps", "must be >= 0")
+        _check(self.batch_size >= 1, "prm.batch_size", "must be >= 1")
+        _check(self.lr > 0, "prm.lr", "must be > 0")
+        _check(0 <= self.perturb <= 1, "prm.perturb", "must be in [0, 1]")
+        _check(self.max_tokens >= 2, "prm.max_tokens", "must be >= 2")
+        _check(self.labels in REWARDS and is_step_level(REWARDS.factory(self.labels)), "prm.labels",
+               f"must be a step-level reward (e.g. chain_steps), got {self.labels!r}")
+
+
+@dataclass(frozen=True)
 class SFTConfig:
     steps: int = 200
     """Supervised warm-up steps before RL (0: skip)."""
@@ -504,12 +606,15 @@ class SFTConfig:
     """Split of sft.source to train on."""
     system_prompt: str = ""
     """A system message put in front of every SFT prompt (empty: none)."""
+    max_tokens: int = 0
+    """Token budget of one forward pass: each mini-batch runs as micro-batches of similar length, at most this many padded positions each, gradients accumulated (the loss is unchanged); 0: the whole mini-batch padded to its longest row."""
 
     def __post_init__(self) -> None:
         _check(self.steps >= 0, "sft.steps", "must be >= 0")
         _check(self.batch_size >= 1, "sft.batch_size", "must be >= 1")
         _check(self.lr > 0, "sft.lr", "must be > 0")
         _check(self.warmup_steps >= 0, "sft.warmup_steps", "must be >= 0")
+        _check(self.max_tokens >= 0, "sft.max_tokens", "must be >= 0 (0: no budget)")
 
 
 @dataclass(frozen=True)
@@ -531,9 +636,12 @@ class TrainConfig:
     """PPO-ptx: pretraining texts per optimizer step."""
     time_budget_s: float = 0.0
     """No RL step starts once this many seconds of the RL stage (value pre-training included) have passed (0: no limit)."""
+    threads: int = 0
+    """CPU threads of torch for `rlft train` and the single-stage commands (torch.set_num_threads); 0: torch's default. 1 keeps the tiny model fast on a busy machine, where threads spin waiting for each other."""
 
     def __post_init__(self) -> None:
         _check(self.steps >= 0, "train.steps", "must be >= 0")
+        _check(self.threads >= 0, "train.threads", "must be >= 0 (0: torch's default)")
         _check(self.prompts_per_step >= 1, "train.prompts_per_step", "must be >= 1")
         _check(self.micro_batch_size >= 1, "train.micro_batch_size", "must be >= 1")
         _check(self.save_every >= 0, "train.save_every", "must be >= 0")
@@ -591,7 +699,7 @@ class LogConfig:
 @dataclass(frozen=True)
 class Config:
     stages: tuple[str, ...] = ()
-    """A pipeline run by `rlft train`, in order (e.g. [sft, grpo], [sft, rm, ppo], [sft, dpo]); each stage starts from the previous stage's model. Names: sft, rm, dpo, rl, or an algorithm preset (which also selects algo.preset). Empty: SFT warm-up (sft.steps) then RL, in one directory."""
+    """A pipeline run by `rlft train`, in order (e.g. [sft, grpo], [sft, rm, ppo], [sft, dpo]); each stage starts from the previous stage's model. Names: sft, rm, dpo, rft (rft_offline / rft_online force rft.mode), rl, or an algorithm preset (which also selects algo.preset). Empty: SFT warm-up (sft.steps) then RL, in one directory."""
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
@@ -602,6 +710,8 @@ class Config:
     sft: SFTConfig = field(default_factory=SFTConfig)
     rm: RMConfig = field(default_factory=RMConfig)
     dpo: DPOConfig = field(default_factory=DPOConfig)
+    rft: RFTConfig = field(default_factory=RFTConfig)
+    prm: PRMConfig = field(default_factory=PRMConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     log: LogConfig = field(default_factory=LogConfig)
@@ -613,11 +723,29 @@ class Config:
                "needs data.ptx_source (the pretraining texts)")
         _check(self.critic.pretrain_steps == 0 or self.algo.needs_critic, "critic.pretrain_steps",
                f"needs a critic, but algo.advantage={self.algo.advantage!r} uses none (gae does)")
+        self._check_step_rewards()
         self._check_stages()
+        n_rm = sum(t.name == "reward_model" for t in self.reward.fns)
+        _check(not self.rm.refresh_every or n_rm == 1, "rm.refresh_every",
+               f"retrains the reward_model reward, so reward.fns needs exactly one reward_model entry, found {n_rm}")
+
+    def _check_step_rewards(self) -> None:
+        """A step-level advantage (process) reads step rewards only: every weighted reward must be step-level."""
+        from rlft.rewards import is_step_level
+
+        if self.algo.advantage not in STEP_LEVEL_ADVANTAGES:
+            return
+        weighted = [t for t, w in zip(self.reward.fns, self.reward.resolved_weights) if w != 0]
+        other = [t.key for t in weighted if not is_step_level(t.fn)]
+        _check(bool(weighted) and not other, "reward.fns",
+               f"algo.advantage={self.algo.advantage!r} needs step-level rewards (e.g. chain_steps) and reads only "
+               f"them; " + (f"{', '.join(other)} would be ignored: give them weight 0 or use an outcome advantage"
+                            if other else "there is none with a non-zero weight"))
 
     def _check_stages(self) -> None:
         from rlft.presets import PRESETS
         from rlft.rewards.model import PIPELINE_RM
+        from rlft.rewards.prm import PIPELINE_PRM
         from rlft.stages import STAGES
 
         for i, name in enumerate(self.stages):
@@ -629,6 +757,9 @@ class Config:
         rm_first = "rm" in self.stages[: rl[0]] if rl else False
         _check(not needs_rm or rm_first, "reward.fns",
                f"a reward_model with path {PIPELINE_RM!r} needs an rm stage before the RL stage in `stages`")
+        needs_prm = any(dict(t.params).get("path") == PIPELINE_PRM for t in self.reward.fns)
+        _check(not needs_prm or ("prm" in self.stages[: rl[0]] if rl else False), "reward.fns",
+               f"a process_reward_model with path {PIPELINE_PRM!r} needs a prm stage before the RL stage in `stages`")
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)

@@ -41,6 +41,16 @@ Conventions (fixed here, tested in ``tests/test_advantages.py``):
   batch: ``(x - mean) / sqrt(var + 1e-8)``, unbiased var.
 * **batch_mean baseline** is the mean of the sequence returns G_0 (at the first
   valid token) over scorable sequences; see :func:`mean_return`.
+* **Process supervision** (``process``, DeepSeekMath §4.1.3) reads step rewards:
+  ``step_rewards`` (B, T) holds a step's reward at the response token where the
+  step ends and ``step_mask`` (B, T) marks those tokens.  A step counts when its
+  token is valid, its reward is not NaN (NaN = unscorable step) and its
+  sequence's score is not NaN.  Every counted step reward is normalised by the
+  mean and unbiased std of all counted step rewards of its group's G outputs
+  (``(r - mean) / (std + adv_eps)``; a group with fewer than 2 counted steps,
+  or all equal, gives 0); a token's advantage is the sum of the normalised
+  rewards of its sequence's steps that end at or after it.  Tokens after the
+  last step get 0; ``ret = adv``; ``token_rewards`` are not read.
 """
 
 from __future__ import annotations
@@ -67,13 +77,15 @@ class AdvantageInputs:
     token_rewards: Tensor | None = None  # (B, T) per-token rewards excluding the score (e.g. -beta * kl_t); None = 0
     values: Tensor | None = None  # (B, T) critic values V(s_t) at each response position
     baseline: float | None = None  # running baseline of reinforce with baseline='ema' (kept by the trainer)
+    step_rewards: Tensor | None = None  # (B, T) reward of the step ending at each token (NaN = unscorable), else 0
+    step_mask: Tensor | None = None  # (B, T) 1 at the token where a step ends (process supervision)
 
     def __post_init__(self) -> None:
         if self.scores.dim() != 1:
             raise ValueError(f"scores must be 1-D (B,), got shape {tuple(self.scores.shape)}")
         if self.mask.dim() != 2 or self.mask.shape[0] != self.scores.shape[0]:
             raise ValueError(f"mask must be (B, T) with B={self.scores.shape[0]}, got shape {tuple(self.mask.shape)}")
-        for name in ("token_rewards", "values"):
+        for name in ("token_rewards", "values", "step_rewards", "step_mask"):
             x = getattr(self, name)
             if x is not None and x.shape != self.mask.shape:
                 raise ValueError(f"{name} must have the mask's shape {tuple(self.mask.shape)}, got {tuple(x.shape)}")
@@ -279,6 +291,41 @@ def gae(inp: AdvantageInputs, cfg: Any) -> tuple[Tensor, Tensor]:
     valid = inp.mask != 0  # (B, T)
     unscored = torch.where(valid, inp.values.to(r.dtype), r.new_zeros(()))  # (B, T) ret = V: zero critic error
     return adv, torch.where(keep, ret, unscored)
+
+
+def process_advantages(step_rewards: Tensor, step_mask: Tensor, mask: Tensor, group_size: int,
+                       eps: float = 1e-6) -> Tensor:
+    """GRPO with process supervision: group-normalised step rewards summed over the steps at or after t; (B, T).
+
+    A step is counted at a valid token (``mask``) with ``step_mask`` set and a
+    non-NaN reward; its normalised reward is ``(r - mean) / (std + eps)`` over
+    every counted step of the group's G outputs (unbiased std; a group with
+    fewer than 2 counted steps or all-equal rewards gives 0).
+    """
+    B, T = mask.shape
+    if B % group_size != 0:
+        raise ValueError(f"batch size B={B} is not divisible by group_size G={group_size}")
+    r = step_rewards if step_rewards.is_floating_point() else step_rewards.float()
+    step = (step_mask != 0) & (mask != 0) & ~torch.isnan(r)  # (B, T) counted steps
+    zero = r.new_zeros(())
+    rg = torch.where(step, r, zero).reshape(-1, group_size * T)  # (P, G*T) a group's steps side by side
+    n, mean, std, zero_std = _stats(rg, step.reshape(-1, group_size * T))  # (P,) each, over the group's steps
+    norm = (rg - mean[:, None]) / (std[:, None] + eps)  # DeepSeekMath §4.1.3: r~ = (r - mean(R)) / std(R)
+    norm = torch.where(step.reshape(rg.shape) & ~zero_std[:, None], norm, zero).reshape(B, T)  # (B, T)
+    adv = norm.flip(-1).cumsum(-1).flip(-1)  # (B, T) DeepSeekMath §4.1.3: A_t = sum_{index(j) >= t} r~_j
+    return torch.where(mask != 0, adv, zero)
+
+
+@ADVANTAGES.register("process")
+def process(inp: AdvantageInputs, cfg: Any) -> tuple[Tensor, Tensor]:
+    """GRPO with process supervision (DeepSeekMath §4.1.3) over ``step_rewards`` / ``step_mask``; ret = adv."""
+    if inp.step_rewards is None or inp.step_mask is None:
+        raise ValueError("advantage 'process' needs step_rewards and step_mask (B, T) in AdvantageInputs: "
+                         "a step-level reward in reward.fns (e.g. chain_steps)")
+    scorable = ~torch.isnan(inp.scores)  # (B,) an unscorable sequence has no counted step
+    mask = (inp.mask != 0) & scorable[:, None]  # (B, T)
+    adv = process_advantages(inp.step_rewards, inp.step_mask, mask, inp.group_size, cfg.adv_eps)  # (B, T)
+    return adv, adv.clone()
 
 
 @ADVANTAGES.register("reinforce")

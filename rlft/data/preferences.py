@@ -86,21 +86,43 @@ def _text(value, field: str) -> str:
     return value
 
 
-def synthetic_preferences(examples, seed: int = 0, max_offset: int = 9) -> list[Ranking]:
+def synthetic_preferences(examples, seed: int = 0, max_offset: int = 9, negatives: int = 1,
+                          distractor_share: float = 0.0) -> list[Ranking]:
     """Pairs for a task with numeric ground truths: the right ``#### <answer>`` over a wrong one.
 
-    The wrong answer is the truth moved by a random non-zero offset of at most
-    ``max_offset``, so the model must read the question to rank the pair.
+    Each example gives ``negatives`` pairs, each with its own wrong answer: with
+    probability ``distractor_share`` a *distractor*, another number written in the
+    question (picking the wrong number is a typical mistake; questions without one
+    fall back to the next kind), otherwise a *near miss*, the truth moved by a
+    random non-zero offset of at most ``max_offset``. Either way the model must
+    read the question to rank the pair. A wrong answer drawn twice for one example is drawn again
+    (a few times at most).
 
     >>> from rlft.data.schema import Example
     >>> [r.responses for r in synthetic_preferences([Example(prompt="max(1,7,3)=?", ground_truth="7")])]
     [('#### 7', '#### 11')]
+    >>> [r.responses for r in synthetic_preferences([Example(prompt="max(1,7,3)=?", ground_truth="7")],
+    ...                                             negatives=2, distractor_share=1.0)]
+    [('#### 7', '#### 3'), ('#### 7', '#### 1')]
     """
     import random
+    import re
 
     rng = random.Random(seed)
     out = []
     for ex in examples:
-        offset = rng.choice([d for d in range(-max_offset, max_offset + 1) if d])
-        out.append(Ranking(ex.prompt, (f"#### {ex.ground_truth}", f"#### {int(ex.ground_truth) + offset}")))
+        truth = int(ex.ground_truth)
+        text = ex.prompt if isinstance(ex.prompt, str) else "\n".join(str(m.get("content", "")) for m in ex.prompt)
+        distractors = sorted({int(x) for x in re.findall(r"\d+", text)} - {truth})
+        wrong: list[int] = []
+        for _ in range(4 * negatives):  # a few redraws when a wrong answer repeats
+            if distractors and distractor_share > 0 and rng.random() < distractor_share:
+                w = rng.choice(distractors)
+            else:
+                w = truth + rng.choice([d for d in range(-max_offset, max_offset + 1) if d])
+            if w not in wrong:
+                wrong.append(w)
+            if len(wrong) == negatives:
+                break
+        out.extend(Ranking(ex.prompt, (f"#### {truth}", f"#### {w}")) for w in wrong)
     return out

@@ -9,12 +9,22 @@ Tasks (``data.source=synthetic:<task>``):
 * ``arith`` — ``a <op> b`` with operands in ``0..max_operand`` (hard for a tiny
   model trained for minutes: it must learn carrying from unseen pairs);
 * ``max`` — the largest of three numbers in ``0..max_operand``: a comparison
-  that a tiny model learns partly from a short warm-up and that RL can sharpen.
+  that a tiny model learns partly from a short warm-up and that RL can sharpen;
+* ``chain`` — ``a op b op c op d`` (``CHAIN_OPS`` operations, left to right),
+  whose reference response writes one intermediate result per line before the
+  answer (``12+7=19``, ``19-5=14``, ``14+3=17``, ``#### 17``): a multi-step
+  task whose steps the ``chain_steps`` reward checks one by one (process
+  supervision).
+
+A task returns ``(question, answer)`` pairs, or ``(question, answer, working)``
+triples whose ``working`` (the lines before ``#### answer``) goes into the
+reference response.
 """
 
 from __future__ import annotations
 
 import random
+import re
 from typing import Callable
 
 from rlft.data.schema import Example
@@ -22,7 +32,7 @@ from rlft.registry import Registry
 
 INSTRUCTION = "Answer after ####."  # short: the demo model reads characters
 
-Problem = tuple[str, int]  # (question, answer)
+Problem = tuple[str, int] | tuple[str, int, str]  # (question, answer[, working lines of the reference])
 TaskFn = Callable[[random.Random, int, int, str], list[Problem]]
 SYNTHETIC_TASKS: Registry[TaskFn] = Registry("synthetic task")
 
@@ -50,6 +60,44 @@ def max_of_three(rng: random.Random, n: int, max_operand: int, ops: str) -> list
     return out
 
 
+CHAIN_OPS = 3  # operations per ``chain`` problem
+
+
+def chain_steps_of(question: str) -> list[tuple[int, str, int, int]]:
+    """The steps ``(a, op, b, result)`` of the first ``chain`` question (``12+7-5+3=?``) in a text, left to right.
+
+    >>> chain_steps_of("12+7-5+3=? Answer after ####.")
+    [(12, '+', 7, 19), (19, '-', 5, 14), (14, '+', 3, 17)]
+    """
+    m = _CHAIN_RE.search(question)
+    if m is None:
+        raise ValueError(f"not a chain question: {question!r}")
+    nums, ops = [int(x) for x in re.findall(r"\d+", m.group(1))], re.findall(r"[+\-*]", m.group(1))
+    steps, acc = [], nums[0]
+    for op, b in zip(ops, nums[1:]):
+        steps.append((acc, op, b, _OPS[op](acc, b)))
+        acc = steps[-1][3]
+    return steps
+
+
+_CHAIN_RE = re.compile(r"(\d+(?:[+\-*]\d+)+)=\?")
+
+
+@SYNTHETIC_TASKS.register("chain")
+def chain(rng: random.Random, n: int, max_operand: int, ops: str) -> list[Problem]:
+    _check_space((max_operand + 1) ** (CHAIN_OPS + 1) * len(ops) ** CHAIN_OPS // 2, n, "chain")
+    seen: set[str] = set()
+    out: list[Problem] = []
+    while len(out) < n:
+        nums = [rng.randint(0, max_operand) for _ in range(CHAIN_OPS + 1)]
+        q = str(nums[0]) + "".join(rng.choice(ops) + str(b) for b in nums[1:]) + "=?"
+        if q not in seen:
+            seen.add(q)
+            steps = chain_steps_of(q)
+            out.append((q, steps[-1][3], "".join(f"{a}{op}{b}={c}\n" for a, op, b, c in steps)))
+    return out
+
+
 def _check_space(available: int, n: int, task: str) -> None:
     if n > available:
         raise ValueError(f"synthetic task {task!r} has too few distinct problems ({available}) for {n}; "
@@ -60,15 +108,15 @@ def synthetic_task(task: str, *, n_train: int, n_eval: int, max_operand: int = 9
                    seed: int = 0) -> tuple[list[Example], list[Example]]:
     """Disjoint (train, eval) lists of problems of the named task."""
     problems = SYNTHETIC_TASKS.get(task)(random.Random(seed), n_train + n_eval, max_operand, ops)
-    examples = [_example(q, a, i, task) for i, (q, a) in enumerate(problems)]
+    examples = [_example(*p, index=i, task=task) for i, p in enumerate(problems)]
     return examples[:n_train], examples[n_train:]
 
 
-def _example(question: str, answer: int, index: int, task: str) -> Example:
+def _example(question: str, answer: int, working: str = "", *, index: int, task: str) -> Example:
     return Example(
         prompt=({"role": "user", "content": f"{question} {INSTRUCTION}"},),
         ground_truth=str(answer),
         data_source=f"rlft/{task}",
-        response=f"#### {answer}",
+        response=f"{working}#### {answer}",
         extra={"index": index},
     )

@@ -2,11 +2,12 @@
 
 ``None`` means unscorable (excluded from the group baseline), never "wrong".
 Functions live in submodules, one per family, and register themselves in
-``REWARDS`` (see ``rlft.rewards.base`` for the three shapes and for parameters);
+``REWARDS`` (see ``rlft.rewards.base`` for the four shapes and for parameters);
 the trainer builds them from ``reward.fns`` and scores with ``score_batch``.
 """
 
-from rlft.rewards.base import REWARDS, batched, group_level, is_batched, is_group_level  # noqa: F401
+from rlft.rewards.base import (  # noqa: F401
+    REWARDS, batched, group_level, is_batched, is_group_level, is_step_level, step_level)
 
 from rlft.rewards.math import (  # noqa: E402  (registers the GSM8K-style rewards)
     extract_final,
@@ -21,7 +22,7 @@ from rlft.rewards.math import (  # noqa: E402  (registers the GSM8K-style reward
 )
 from rlft.rewards.scoring import RewardTimeout, ScoreResult, score_batch  # noqa: E402
 from rlft.rewards.symbolic import extract_math_answer, math_equal, math_reward  # noqa: E402  (registers math)
-from rlft.rewards import group, formats, shaping, code, model, custom  # noqa: E402,F401  (each registers its family)
+from rlft.rewards import group, formats, shaping, code, model, custom, chain, prm  # noqa: E402,F401  (each registers its family)
 
 __all__ = [
     "REWARDS",

@@ -1,6 +1,6 @@
 """How a reward is declared, built with its parameters and called.
 
-Three shapes, one registry (``REWARDS``):
+Four shapes, one registry (``REWARDS``):
 
 - **per-sample** ``fn(completion, sample) -> float | None``: the common case;
 - **group-level** ``fn(completions, samples) -> list[float | None]``, marked
@@ -8,7 +8,13 @@ Three shapes, one registry (``REWARDS``):
 - **batched** ``fn(completions, samples) -> list[float | None]``, marked
   :func:`batched`: called once on the whole batch, for rewards that run a model
   and want large batches (``reward_model``). Each value depends on its own
-  sample only, so it is combined like a per-sample reward.
+  sample only, so it is combined like a per-sample reward;
+- **step-level** ``fn(completion, sample) -> list[tuple[int, float | None]]``,
+  marked :func:`step_level`: one ``(end_char, reward)`` pair per step of the
+  completion (process supervision), ``end_char`` the offset in the completion
+  where the step ends, in increasing order, ``None`` an unscorable step. The
+  steps feed ``algo.advantage=process`` (``rlft.rewards.steps``); the reward's
+  per-sample value, combined like the others, is its mean scorable step reward.
 
 A reward without parameters is registered as a plain function. A reward with
 parameters is registered as a frozen dataclass whose fields are the parameters
@@ -44,6 +50,12 @@ def batched(fn):
     return fn
 
 
+def step_level(fn):
+    """Mark a reward (function or class) as step-level: it returns ``(end_char, reward)`` per step."""
+    fn.step_level = True
+    return fn
+
+
 def check_choices(params) -> None:
     """Every ``Literal``-annotated field of the parameter dataclass ``params`` holds one of its values.
 
@@ -62,6 +74,10 @@ def is_group_level(fn: Callable) -> bool:
 
 def is_batched(fn: Callable) -> bool:
     return bool(getattr(fn, "batched", False))
+
+
+def is_step_level(fn: Callable) -> bool:
+    return bool(getattr(fn, "step_level", False))
 
 
 class RewardRegistry(Registry):

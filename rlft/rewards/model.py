@@ -126,6 +126,12 @@ class RewardModel:
                 scores[i] = self.scale * v + self.shift
         return scores
 
+    def shared(self):
+        """(model, tokenizer, whether forward takes position_ids): the very objects this reward scores with,
+        loaded once per process; a trainer that updates the model in place (``rlft.trainers.rm_refresh``)
+        changes the next scores."""
+        return self._load()
+
     def _load(self):
         """The model, tokenizer and whether forward takes position_ids, loaded once per process."""
         device = resolve_device(self.device)
@@ -134,6 +140,14 @@ class RewardModel:
             if key not in _LOADED:
                 _LOADED[key] = load_reward_model(self.path, device, self.dtype, self.trust_remote_code)
             return _LOADED[key]
+
+
+def forget(path: str) -> None:
+    """Drop this process's cached reward models loaded from ``path`` (the next call loads it from disk)."""
+    resolved = str(Path(path).resolve())
+    with _LOCK:
+        for key in [k for k in _LOADED if k[0] == resolved]:
+            del _LOADED[key]
 
 
 def _check_checkpoint(path: str, trust_remote_code: bool) -> None:

@@ -26,10 +26,10 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from rlft.registry import Registry
-from rlft.rewards.base import REWARDS, is_batched, is_group_level
+from rlft.rewards.base import REWARDS, is_batched, is_group_level, is_step_level
 from rlft.rewards.pool import active_pool
 
 logger = logging.getLogger("rlft.rewards")
@@ -40,6 +40,7 @@ class ScoreResult:
     total: list[float | None]  # (B,) weighted sum; None if a weighted component is None
     per_fn: dict[str, list[float | None]]  # name -> (B,)
     errors: dict[str, int]  # name -> number of samples that raised / timed out / returned junk
+    steps: dict[str, list[list[tuple[int, float | None]]]] = field(default_factory=dict)  # step-level name -> (B,)
 
 
 class RewardTimeout(BaseException):
@@ -69,16 +70,21 @@ def score_batch(
     with a ``deadline_s`` attribute gets that instead of ``timeout_s``. A
     component with weight 0 is reported in ``per_fn`` but cannot make ``total``
     None. A per-sample reward marked ``runs_in_pool`` is scored in the active
-    ``RewardPool`` when there is one.
+    ``RewardPool`` when there is one. A step-level reward is called per sample
+    in this process: its checked steps go to ``ScoreResult.steps`` (a failing
+    sample has none) and its value is the mean of its scorable step rewards.
     """
     registry = REWARDS if registry is None else registry
     table = dict(_resolve(fn, registry) for fn in fns)  # unknown names fail before any scoring
     _check_args(completions, samples, fns, table, weights, timeout_s, group_size)
     pool = active_pool()
-    per_fn, errors = {}, {}
+    per_fn, errors, steps = {}, {}, {}
     for name, fn in table.items():
         limit = getattr(fn, "deadline_s", None) or timeout_s  # a reward with its own deadline keeps it
-        if is_group_level(fn) or is_batched(fn):
+        if is_step_level(fn):  # per sample, in this process; its value is the mean scorable step reward
+            steps[name], errors[name] = _score_steps(name, fn, completions, samples, limit)
+            per_fn[name] = [_mean_step(x) for x in steps[name]]
+        elif is_group_level(fn) or is_batched(fn):
             size = group_size if is_group_level(fn) else max(1, len(completions))
             per_fn[name], errors[name] = _score_lists(name, fn, completions, samples, size, limit)
         elif pool is not None and getattr(fn, "runs_in_pool", False):  # slow checkers: worker processes
@@ -87,7 +93,7 @@ def score_batch(
         else:
             per_fn[name], errors[name] = _score_one_fn(name, fn, completions, samples, limit)
     total = [_combine([per_fn[n][i] for n in table], weights) for i in range(len(completions))]
-    return ScoreResult(total=total, per_fn=per_fn, errors=errors)
+    return ScoreResult(total=total, per_fn=per_fn, errors=errors, steps=steps)
 
 
 def _resolve(term, registry) -> tuple[str, Callable]:
@@ -131,6 +137,45 @@ def _score_one_fn(name, fn, completions, samples, timeout_s) -> tuple[list[float
             first_error = first_error or f"sample {i}: {type(e).__name__}: {e}"
     _warn(name, n_errors, len(values), first_error)
     return values, n_errors
+
+
+def _score_steps(name, fn, completions, samples, timeout_s) -> tuple[list[list[tuple[int, float | None]]], int]:
+    """A step-level reward per sample; a failing sample has no steps (and so the value None)."""
+    values, n_errors, first_error = [], 0, None
+    for i, (completion, sample) in enumerate(zip(completions, samples)):
+        try:
+            values.append(checked_steps(_call_with_timeout(fn, (completion, sample), timeout_s), len(completion)))
+        except (Exception, RewardTimeout) as e:
+            values.append([])
+            n_errors += 1
+            first_error = first_error or f"sample {i}: {type(e).__name__}: {e}"
+    _warn(name, n_errors, len(values), first_error)
+    return values, n_errors
+
+
+def checked_steps(value: object, n_chars: int) -> list[tuple[int, float | None]]:
+    """A step-level reward's value as ``[(end_char, reward)]``; raises on anything else.
+
+    ``end_char`` is an int in ``[0, n_chars]``, strictly increasing; ``reward`` passes :func:`checked_value`.
+    """
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise TypeError(f"returned {type(value).__name__}, expected a list of (end_char, reward) steps")
+    out: list[tuple[int, float | None]] = []
+    for step in value:
+        if isinstance(step, (str, bytes)) or not isinstance(step, Sequence) or len(step) != 2:
+            raise TypeError(f"step {step!r}: expected a pair (end_char, reward)")
+        end, reward = step
+        last = out[-1][0] if out else -1
+        if isinstance(end, bool) or not isinstance(end, numbers.Integral) or not last < end <= n_chars:
+            raise ValueError(f"step {step!r}: end_char must be an int in ({last}, {n_chars}] "
+                             "(offsets in the completion, increasing)")
+        out.append((int(end), checked_value(reward)))
+    return out
+
+
+def _mean_step(steps: list[tuple[int, float | None]]) -> float | None:
+    ok = [r for _, r in steps if r is not None]
+    return sum(ok) / len(ok) if ok else None
 
 
 def _score_lists(name, fn, completions, samples, size, timeout_s) -> tuple[list[float | None], int]:

@@ -30,6 +30,9 @@ class Batch:
     values: Tensor | None = None  # (B, T) critic values at rollout time (only with a critic)
     ret: Tensor | None = None  # (B, T) critic targets (only with a critic)
     loss_mask: Tensor | None = None  # (B, T) tokens that carry a loss (response_mask minus filtered samples)
+    step_rewards: Tensor | None = None  # (B, T) reward of the step ending at each token (NaN: unscorable), else 0
+    step_mask: Tensor | None = None  # (B, T) 1 at the tokens where a step ends (step-level rewards)
+    correct: Tensor | None = None  # (B,) bool: eval.correct_fn's verdict (reward-hacking metrics, RM refresh)
 
     def __len__(self) -> int:
         return self.prompt_ids.shape[0]

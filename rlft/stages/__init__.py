@@ -2,4 +2,4 @@
 metrics and a one-line summary (``StageResult``); nothing else about the run."""
 
 from rlft.stages.base import STAGES, StageResult  # noqa: F401
-from rlft.stages import dpo, rl, rm, sft  # noqa: E402,F401  (register the stages)
+from rlft.stages import dpo, prm, rft, rl, rm, sft  # noqa: E402,F401  (register the stages)

@@ -24,8 +24,9 @@ def load_rankings(cfg: Config, section, name: str) -> tuple[list[Ranking], list[
 
         train_ex, eval_ex = load_task(cfg)
         try:
-            train = synthetic_preferences(train_ex, seed=cfg.train.seed)
-            held_out = synthetic_preferences(eval_ex, seed=cfg.train.seed + 1)
+            mix = {"distractor_share": section.synth_distractor_share}
+            train = synthetic_preferences(train_ex, seed=cfg.train.seed, negatives=section.synth_negatives, **mix)
+            held_out = synthetic_preferences(eval_ex, seed=cfg.train.seed + 1, **mix)  # one pair per problem
         except ValueError:
             raise ConfigError(f"{name}.source: empty, so pairs are made from data.source's answers, but they are "
                               "not integers; set it to preference data") from None

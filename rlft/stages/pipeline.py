@@ -1,8 +1,10 @@
 """A pipeline of stages in one run directory: ``stages: [sft, rm, ppo]`` in a recipe, run by ``rlft train``.
 
 Each stage starts from the previous stage's model (the rm stage's reward model
-is not a policy: the next stage continues from the policy before it, and a
-``reward_model`` reward with path ``@rm`` scores with it). Layout::
+and the prm stage's process reward model are not policies: the next stage
+continues from the policy before them, and a ``reward_model`` reward with path
+``@rm`` / a ``process_reward_model`` reward with path ``@prm`` scores with
+them). Layout::
 
     runs/<name>/config.yaml           the resolved configuration
     runs/<name>/<i>-<stage>/          each stage's outputs (policy/ or reward_model/, metrics, evaluation)
@@ -25,6 +27,7 @@ from rlft.config import Config, ConfigError
 from rlft.stages.base import STAGES, StageResult, write_json
 
 SUMMARY = "summary.json"
+SCORER_STAGES = ("rm", "prm")  # stages that train a scorer: the next stage continues from the policy before them
 
 
 def stage_kind(name: str) -> str:
@@ -35,14 +38,16 @@ def stage_kind(name: str) -> str:
 def run_pipeline(cfg: Config, echo=print) -> list[dict]:
     """Run ``cfg.stages`` in order; returns the summary entries (also in ``summary.json``)."""
     from rlft.models.loading import quiet_transformers
-    from rlft.run import base_model_dir, prepare_run_dir, seed_everything
+    from rlft.run import base_model_dir, prepare_run_dir, seed_everything, set_threads
 
     if cfg.train.resume and not (cfg.log.path / "config.yaml").is_file():
         raise ConfigError(f"train.resume: no pipeline run in {cfg.log.path}")
     cfg = prepare_run_dir(cfg)
     run_dir, t0 = cfg.log.path, time.perf_counter()
     quiet_transformers()
-    model_dir, rm_dir, entries = Path(base_model_dir(cfg, run_dir)), None, []
+    set_threads(cfg)
+    model_dir, entries = Path(base_model_dir(cfg, run_dir)), []
+    scorers: dict[str, Path] = {}  # rm / prm stage -> the model it trained (not a policy)
     policy_metrics = None  # the held-out task metrics of model_dir, once a stage has measured them
     for i, name in enumerate(cfg.stages):
         out = run_dir / f"{i}-{name}"
@@ -51,14 +56,14 @@ def run_pipeline(cfg: Config, echo=print) -> list[dict]:
             seed_everything(cfg.train.seed)
             out.mkdir(parents=True, exist_ok=True)
             echo(f"rlft: stage {i} {name} in {out}")
-            result = _run_stage(name, cfg, model_dir, out, echo, policy_metrics, rm_dir)
+            result = _run_stage(name, cfg, model_dir, out, echo, policy_metrics, scorers)
             done = {"stage": name, "model_dir": str(result.model_dir), "metrics": result.metrics,
                     "summary": result.summary}
             write_json(out / "stage.json", done)
         else:
             echo(f"rlft: stage {i} {name} finished earlier ({done['summary']})")
-        if name == "rm":
-            rm_dir = Path(done["model_dir"])
+        if name in SCORER_STAGES:
+            scorers[name] = Path(done["model_dir"])
         else:
             model_dir, policy_metrics = Path(done["model_dir"]), task_part(done["metrics"])
         entries.append(done)
@@ -79,10 +84,11 @@ def _finished(out: Path) -> dict | None:
 
 
 def _run_stage(name: str, cfg: Config, model_dir: Path, out: Path, echo, start: dict | None,
-               rm_dir: Path | None) -> StageResult:
+               scorers: dict[str, Path]) -> StageResult:
     fn = STAGES.get(stage_kind(name))
     if stage_kind(name) == "rl":
-        return fn(cfg, str(model_dir), out, echo, start, rm_dir=rm_dir)
+        extra = {"prm_dir": scorers["prm"]} if "prm" in scorers else {}
+        return fn(cfg, str(model_dir), out, echo, start, rm_dir=scorers.get("rm"), **extra)
     return fn(cfg, str(model_dir), out, echo, start)
 
 
@@ -91,7 +97,7 @@ def summary_table(entries: list[dict], seconds: float, run_dir: Path) -> str:
     lines = ["", "rlft pipeline summary", "-" * 72, f"{'stage':<16}{'metric':<22}{'value':>10}"]
     for i, e in enumerate(entries):
         m = e["metrics"]
-        key = "exact_match" if "exact_match" in m else "rm/accuracy" if "rm/accuracy" in m else None
+        key = next((k for k in ("exact_match", "rm/accuracy", "prm/accuracy") if k in m), None)
         label, value = f"{i}-{e['stage']}", f"{m[key]:.3f}" if key else "-"
         lines.append(f"{label:<16}{key or '':<22}{value:>10}")
     lines += [f"time                  {seconds:.1f} s", f"run directory         {run_dir}",

@@ -16,26 +16,28 @@ from pathlib import Path
 from rlft import checkpoint
 from rlft.config import Config
 from rlft.rewards.model import PIPELINE_RM
+from rlft.rewards.prm import PIPELINE_PRM
 from rlft.stages.base import STAGES, StageResult
 
 
-def with_reward_model(cfg: Config, rm_dir: Path | None) -> Config:
-    """``cfg`` with every ``reward_model`` path ``@rm`` replaced by ``rm_dir``."""
+def with_reward_model(cfg: Config, rm_dir: Path | None, prm_dir: Path | None = None) -> Config:
+    """``cfg`` with every reward path ``@rm`` replaced by ``rm_dir`` and ``@prm`` by ``prm_dir``."""
     terms = []
     for t in cfg.reward.fns:
         params = dict(t.params)
-        if params.get("path") == PIPELINE_RM:
-            if rm_dir is None:
-                raise ValueError(f"reward {t.key!r}: path {PIPELINE_RM!r} but no rm stage ran before this one")
-            params["path"] = str(rm_dir)
-            t = dataclasses.replace(t, params=tuple(params.items()))
+        for placeholder, path, stage in ((PIPELINE_RM, rm_dir, "rm"), (PIPELINE_PRM, prm_dir, "prm")):
+            if params.get("path") == placeholder:
+                if path is None:
+                    raise ValueError(f"reward {t.key!r}: path {placeholder!r} but no {stage} stage ran before this one")
+                params["path"] = str(path)
+                t = dataclasses.replace(t, params=tuple(params.items()))
         terms.append(t)
     return dataclasses.replace(cfg, reward=dataclasses.replace(cfg.reward, fns=tuple(terms)))
 
 
 @STAGES.register("rl")
 def rl_stage(cfg: Config, model_dir: str, out_dir: Path, echo=print, start: dict | None = None,
-             rm_dir: Path | None = None) -> StageResult:
+             rm_dir: Path | None = None, prm_dir: Path | None = None) -> StageResult:
     """RL from ``model_dir`` in ``out_dir``; the result's model is the final policy. With ``start`` (the
     held-out metrics of ``model_dir``) the evaluation before RL is not repeated."""
     from rlft.run import train
@@ -44,7 +46,7 @@ def rl_stage(cfg: Config, model_dir: str, out_dir: Path, echo=print, start: dict
     resume = checkpoint.latest(out_dir) is not None
     if not resume and out_dir.exists():  # started but left no checkpoint: start the stage again
         shutil.rmtree(out_dir)
-    stage_cfg = with_reward_model(cfg, rm_dir)
+    stage_cfg = with_reward_model(cfg, rm_dir, prm_dir)
     stage_cfg = dataclasses.replace(
         stage_cfg, stages=(), model=dataclasses.replace(cfg.model, path=str(model_dir)),
         sft=dataclasses.replace(cfg.sft, steps=0), train=dataclasses.replace(cfg.train, resume=resume),

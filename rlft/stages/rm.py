@@ -4,7 +4,12 @@ Data (``rm.source``): a file or directory of preference rows in any layout of
 ``rlft.data.preferences`` (pairs, K-way rankings, HH-RLHF transcripts), split
 into ``rm.train_split`` / ``rm.eval_split``; or, when empty, pairs made from
 the task of ``data.source`` (its numeric answers: the right ``#### <answer>``
-over a wrong one). Writes to ``out_dir``::
+over a wrong one); with ``rm.pairs_from`` policy or both, pairs from the
+starting model's own samples judged by the rule (``rlft.trainers.policy_pairs``),
+alone or added to the task's. The held-out accuracy ``rm/accuracy`` is over the
+held-out pairs of the kinds trained on; ``rm/task/accuracy`` and
+``rm/policy/accuracy`` split it by kind (the task's pairs are always evaluated
+when there are any). Writes to ``out_dir``::
 
     reward_model/         the reward model + tokenizer (AutoModelForSequenceClassification, one label)
     rm_metrics.jsonl      rm/loss, rm/grad_norm, rm/lr and training-batch accuracy per step
@@ -15,12 +20,42 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rlft.config import Config
+from rlft.config import Config, ConfigError
+from rlft.data.preferences import Ranking
 from rlft.models.loading import DTYPES, resolve_device
 from rlft.models.reward_head import build_reward_model
 from rlft.stages.base import STAGES, StageResult, save_model, step_log, write_json
 from rlft.stages.data import load_rankings
+from rlft.trainers.policy_pairs import policy_preferences
 from rlft.trainers.rm import encode_ranking, evaluate_rm, train_rm
+
+
+KINDS = {"task": ("task",), "policy": ("policy",), "both": ("task", "policy")}  # held-out kinds rm/accuracy counts
+
+
+def rm_rankings(cfg: Config, model_dir: str) -> tuple[list[Ranking], dict[str, list[Ranking]], dict[str, float]]:
+    """(training rankings, held-out rankings by kind, sampling counts) as ``rm.source`` / ``rm.pairs_from`` say."""
+    from rlft.run import load_task
+
+    r = cfg.rm
+    if r.source or r.pairs_from == "task":
+        train, held_out = load_rankings(cfg, r, "rm")
+        return train, {"task": held_out}, {}
+    train, by_kind = [], {}
+    try:
+        task_train, by_kind["task"] = load_rankings(cfg, r, "rm")
+        train += task_train if r.pairs_from == "both" else []
+    except ConfigError:
+        if r.pairs_from == "both":
+            raise
+    train_ex, eval_ex = load_task(cfg)
+    p_train, p_eval, stats = policy_preferences(model_dir, train_ex, eval_ex, cfg)
+    if not p_train or not p_eval:
+        raise ConfigError(f"rm.pairs_from: the policy at {model_dir} gave no prompt with both a right and a wrong "
+                          f"sample ({len(p_train)} training pairs, {len(p_eval)} held-out); raise "
+                          "rm.policy_samples or use rm.pairs_from=task")
+    by_kind["policy"] = p_eval[: r.num_eval or None]
+    return train + p_train, by_kind, stats
 
 
 @STAGES.register("rm")
@@ -33,15 +68,28 @@ def rm_stage(cfg: Config, model_dir: str, out_dir: Path, echo=print, start: dict
     model, tok = build_reward_model(model_dir, pooling=r.pooling, dtype=DTYPES[cfg.model.dtype],
                                     device=resolve_device(cfg.model.device),
                                     trust_remote_code=cfg.model.trust_remote_code)
-    train, held_out = load_rankings(cfg, r, "rm")
+    train, by_kind, stats = rm_rankings(cfg, model_dir)
+    held_out = [x for kind in by_kind for x in by_kind[kind] if kind in KINDS[r.pairs_from]]
     enc_train = [encode_ranking(x, tok, r.max_tokens) for x in train]
-    enc_eval = [encode_ranking(x, tok, r.max_tokens) for x in held_out]
+    enc_kinds = {kind: [encode_ranking(x, tok, r.max_tokens) for x in xs] for kind, xs in by_kind.items()}
+    enc_eval = [x for kind in enc_kinds for x in enc_kinds[kind] if kind in KINDS[r.pairs_from]]
     n_pairs = sum(len(x.pairs()) for x in held_out)
-    echo(f"rlft rm: {len(train)} training prompts, {len(held_out)} held-out ({n_pairs} pairs)")
-    before = evaluate_rm(model, enc_eval, tok.pad_token_id)
+    echo(f"rlft rm: {len(train)} training rankings, {len(held_out)} held-out ({n_pairs} pairs, "
+         f"{' + '.join(k for k in by_kind if k in KINDS[r.pairs_from])})")
+
+    def evaluate() -> dict[str, float]:
+        out = evaluate_rm(model, enc_eval, tok.pad_token_id)
+        if r.pairs_from != "task" or len(enc_kinds) > 1:
+            for kind, enc in enc_kinds.items():
+                out.update({f"rm/{kind}/{k[3:]}": v for k, v in evaluate_rm(model, enc, tok.pad_token_id).items()
+                            if k in ("rm/accuracy", "rm/margin")})
+                out[f"rm/{kind}/pairs"] = float(len(enc))
+        return out
+
+    before = evaluate()
     with step_log(out_dir, "rm_metrics.jsonl", cfg.rm.steps, cfg.log.progress) as on_step:
         train_rm(model, tok.pad_token_id, enc_train, r, cfg.optim, cfg.train.seed, on_step=on_step)
-    after = evaluate_rm(model, enc_eval, tok.pad_token_id)
+    after = {**evaluate(), **stats}
     save_to = save_model(model, tok, Path(out_dir) / "reward_model")
     write_json(Path(out_dir) / "rm_eval.json", {"before": before, "after": after, "pairs": n_pairs})
     line = (f"rm: held-out ranking accuracy {before['rm/accuracy']:.3f} -> {after['rm/accuracy']:.3f} "

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
 import torch
@@ -21,6 +21,7 @@ import torch
 from rlft.config import Config
 from rlft.core.advantages import ADVANTAGES, AdvantageInputs, ema_update, group_stats, mean_return
 from rlft.core.kl import KLController, PenaltyCoefController, k3, kl_penalty_rewards
+from rlft.core.reward_hacking import HackingTracker
 from rlft.core.ops import masked_mean, masked_sum
 from rlft.core.shaping import informative_groups, overlong_filter, soft_overlong_penalty
 from rlft.core.value import explained_variance
@@ -28,8 +29,10 @@ from rlft.data.schema import Example
 from rlft.models.forward import response_logprobs
 from rlft.rewards import score_batch
 from rlft.rewards.scoring import ScoreResult
+from rlft.rewards.steps import step_metrics, step_tensors
 from rlft.rollout.batch import Batch, cat_batches
 from rlft.rollout.hf import generate
+from rlft.trainers import hacking
 from rlft.trainers.update import micro_batches, update
 
 
@@ -81,6 +84,8 @@ class RLState:
     penalty_ctl: PenaltyCoefController | None = None  # beta of policy_loss ppo_penalty (PPO §4)
     ptx: object | None = None  # rlft.trainers.ptx.PtxData
     baseline: float | None = None  # moving-average REINFORCE baseline (algo.baseline='ema')
+    hacking: HackingTracker = field(default_factory=HackingTracker)  # reward-up-rule-not running state
+    rm_refresh: object | None = None  # rlft.trainers.rm_refresh.RMRefresh (rm.refresh_every > 0)
     step: int = 0
 
     def trainer_state(self) -> dict:
@@ -89,7 +94,9 @@ class RLState:
                "ref": self.ref.state_dict() if self.ref is not None else None,
                "kl_ctl": self.kl_ctl.state_dict() if self.kl_ctl is not None else None,
                "penalty_ctl": self.penalty_ctl.state_dict() if self.penalty_ctl is not None else None,
-               "ptx": self.ptx.state_dict() if self.ptx is not None else None, "critic": None}
+               "ptx": self.ptx.state_dict() if self.ptx is not None else None, "critic": None,
+               "hacking": self.hacking.state_dict(),
+               "rm_refresh": self.rm_refresh.state_dict() if self.rm_refresh is not None else None}
         if self.critic is not None:
             out["critic"] = {"model": self.critic.state_dict(), "optimizer": self.critic_optimizer.state_dict(),
                              "scheduler": self.critic_scheduler.state_dict()}
@@ -98,7 +105,7 @@ class RLState:
     def load_trainer_state(self, saved: dict) -> None:
         self.step, self.baseline = saved["step"], saved.get("baseline")
         self.sampler.load_state_dict(saved["sampler"])
-        for name in ("ref", "kl_ctl", "penalty_ctl", "ptx"):  # built by run._rl_state before the restore
+        for name in ("ref", "kl_ctl", "penalty_ctl", "ptx", "hacking", "rm_refresh"):  # built by run._rl_state
             obj = getattr(self, name)
             if obj is not None and saved.get(name) is not None:
                 obj.load_state_dict(saved[name])
@@ -140,6 +147,11 @@ def rl_step(state: RLState, cfg: Config, *, train_policy: bool = True) -> dict[s
     metrics["perf/tokens_per_s"] = n_tokens / max(time.perf_counter() - t_start, 1e-9)
     if train_policy:
         state.step += 1
+        metrics.update(hacking.tracker_metrics(state.hacking, metrics))
+        if state.rm_refresh is not None and state.step % cfg.rm.refresh_every == 0:
+            with _timed(t, "rm_refresh"):
+                metrics.update(state.rm_refresh.refresh(cfg, seed=cfg.train.seed + state.step))
+            metrics.update(t)
     return metrics
 
 
@@ -195,6 +207,11 @@ def collect(state: RLState, cfg: Config, t: dict[str, float]) -> tuple[Batch, di
                              top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k)
         with _timed(t, "reward"):
             scored = score(batch, [state.examples[i] for i in idx], cfg)
+            attach_steps(batch, scored, state.tokenizer, cfg)
+        with _timed(t, "rule_check"):  # the evaluation's rule on each rollout: reward-hacking metrics, RM refresh
+            batch.correct = hacking.rule_correct(batch.texts, [state.examples[i] for i in idx], G, cfg, scored)
+            if state.rm_refresh is not None:
+                state.rm_refresh.record([state.examples[i] for i in idx], batch.texts, batch.correct)
         drawn.append((batch, scored))
         if not a.dynamic_sampling:
             break
@@ -206,6 +223,8 @@ def collect(state: RLState, cfg: Config, t: dict[str, float]) -> tuple[Batch, di
         if n_kept >= P:
             break
     metrics = reward_metrics(drawn, cfg)
+    metrics.update(step_metrics([(b.step_rewards, b.step_mask) for b, _ in drawn if b.step_mask is not None]))
+    metrics.update(hacking.batch_metrics([b.scores for b, _ in drawn], [b.correct for b, _ in drawn], G))
     if a.dynamic_sampling:
         metrics.update({"dynamic_sampling/rounds": float(len(drawn)),
                         "dynamic_sampling/groups_drawn": float(len(drawn) * P),
@@ -231,6 +250,14 @@ def score(batch: Batch, examples: Sequence[Example], cfg: Config) -> ScoreResult
         scored.per_fn["overlong_penalty"] = penalty.tolist()
     batch.scores = scores
     return scored
+
+
+def attach_steps(batch: Batch, scored: ScoreResult, tokenizer, cfg: Config) -> None:
+    """Sets ``batch.step_rewards`` and ``batch.step_mask`` (B, T) from the step-level rewards, when there are any."""
+    if scored.steps:
+        weights = dict(zip(cfg.reward.keys, cfg.reward.resolved_weights))
+        batch.step_rewards, batch.step_mask = step_tensors(tokenizer, batch.response_ids, batch.response_mask,
+                                                           scored.steps, weights)
 
 
 def reward_metrics(drawn: list[tuple[Batch, ScoreResult]], cfg: Config) -> dict[str, float]:
@@ -298,7 +325,7 @@ def compute_advantages(state: RLState, batch: Batch, cfg: Config) -> dict[str, f
         baseline = state.baseline if state.baseline is not None else current  # first batch: its own mean
         state.baseline = ema_update(state.baseline, current, a.baseline_momentum)
     inp = AdvantageInputs(batch.scores, mask, a.group_size, token_rewards=token_rewards, values=batch.values,
-                          baseline=baseline)
+                          baseline=baseline, step_rewards=batch.step_rewards, step_mask=batch.step_mask)
     batch.adv, batch.ret = ADVANTAGES.get(a.advantage)(inp, a)  # (B, T) each
     batch.loss_mask = overlong_filter(mask, batch.truncated) if a.overlong_filter else mask  # DAPO §3.4
     if batch.values is not None:

@@ -5,7 +5,9 @@ and its eos) or ``answer`` (the final answer and the eos only; see
 ``rlft.data.sft_data``). Metrics per step: ``sft/loss``,
 ``sft/mean_token_accuracy`` (share of loss tokens the model predicts as its
 argmax), ``sft/num_tokens`` (loss tokens trained on so far), ``sft/samples_per_s``,
-``sft/grad_norm``, ``sft/lr``.
+``sft/padding_frac`` (share of the forward passes' positions that are padding),
+``sft/grad_norm``, ``sft/lr``. ``sft.max_tokens`` splits each mini-batch into
+micro-batches of similar length under a token budget (less padding, bounded memory).
 """
 
 from __future__ import annotations
@@ -16,8 +18,7 @@ from typing import Callable, Sequence
 import torch
 
 from rlft.config import Config
-from rlft.core.losses import sft_loss
-from rlft.core.ops import logprobs_from_logits, masked_mean
+from rlft.core.ops import logprobs_from_logits, masked_sum
 from rlft.data.schema import DataError, Example
 from rlft.data.sft_data import load_sft_examples, response_weights, with_system_prompt
 from rlft.data.templates import encode_prompts
@@ -43,28 +44,66 @@ def sft_pairs(examples: Sequence[Example], tokenizer, cfg: Config) -> list[Item]
         raise DataError(f"sft: {len(missing)} training rows have no reference response (first: row {missing[0]}); "
                         "set data.response_key, sft.source, or sft.steps=0")
     prompts = encode_prompts(examples, cfg.data.template, tokenizer, cfg.data.max_prompt_tokens, "sft data")
-    loss_on = cfg.sft.loss_on
     items = []
     for i, (p, ex) in enumerate(zip(prompts, examples)):
         try:
-            r, w = response_weights(ex.response, tokenizer, loss_on)
+            items.append(sft_item(p, ex.response, tokenizer, cfg.sft.loss_on))
         except ValueError as e:
             raise DataError(f"sft data, row {i}: sft.loss_on=answer: {e}") from None
-        items.append((p[:1], p[1:] + r, [1] * (len(p) - 1) + w) if loss_on == "all" else (p, r, w))
     return items
 
 
-def sft_step_loss(model, batch: Sequence[Item], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(token-mean NLL over weighted tokens, argmax-accuracy over them, their count) of one batch."""
+def sft_item(prompt_ids: list[int], response: str, tokenizer, loss_on: str) -> Item:
+    """(prompt ids, target ids, loss weights) of one prompt and its response; ValueError when ``loss_on=answer``
+    finds no final answer."""
+    r, w = response_weights(response, tokenizer, loss_on)
+    p = prompt_ids
+    return (p[:1], p[1:] + r, [1] * (len(p) - 1) + w) if loss_on == "all" else (p, r, w)
+
+
+def sft_step_parts(model, batch: Sequence[Item], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+    """(sum of NLL over weighted tokens, number of them the model predicts as its argmax, weighted tokens, padded
+    positions of the forward pass) of one padded batch; sums, so micro-batches add up to the whole batch."""
     p_ids, p_mask = left_pad([x[0] for x in batch], pad_id)
     r_ids, r_mask = right_pad([x[1] for x in batch], pad_id)
     weights, _ = right_pad([x[2] for x in batch], 0)  # (B, T) 0/1, 0 on padding
     logits = response_logits(model, p_ids, p_mask, r_ids, r_mask)  # (B, T, V)
     labels = r_ids.to(logits.device)
     mask = weights.to(logits.device).float()  # (B, T)
-    loss = sft_loss(logprobs_from_logits(logits, labels), mask)
-    accuracy = masked_mean((logits.detach().argmax(-1) == labels).float(), mask)
-    return loss, accuracy, mask.sum()
+    nll = masked_sum(-logprobs_from_logits(logits, labels), mask)  # ()
+    correct = masked_sum((logits.detach().argmax(-1) == labels).float(), mask)  # ()
+    n_tokens = int(mask.sum().item())
+    return nll, correct, n_tokens, p_ids.numel() + r_ids.numel()
+
+
+def sft_step_loss(model, batch: Sequence[Item], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(token-mean NLL over weighted tokens, argmax-accuracy over them, their count) of one batch."""
+    nll, correct, n, _ = sft_step_parts(model, batch, pad_id)
+    return nll / max(n, 1), correct / max(n, 1), torch.tensor(float(n))
+
+
+def token_budget_batches(items: Sequence[Item], max_tokens: int) -> list[list[int]]:
+    """Indices of ``items`` in micro-batches of similar length whose padded forward pass (rows x (longest prompt +
+    longest target)) holds at most ``max_tokens`` positions; an item longer than the budget goes alone.
+    ``max_tokens=0``: one micro-batch of everything.
+
+    >>> token_budget_batches([([1], [1, 1], [1, 1]), ([1], [1] * 7, [1] * 7), ([1], [1], [1])], 8)
+    [[2, 0], [1]]
+    """
+    if not max_tokens:
+        return [list(range(len(items)))]
+    order = sorted(range(len(items)), key=lambda i: (len(items[i][0]) + len(items[i][1]), i))
+    out: list[list[int]] = []
+    cur: list[int] = []
+    width_p = width_t = 0
+    for i in order:
+        p, t = max(width_p, len(items[i][0])), max(width_t, len(items[i][1]))
+        if cur and (len(cur) + 1) * (p + t) > max_tokens:
+            out.append(cur)
+            cur, p, t = [], len(items[i][0]), len(items[i][1])
+        cur.append(i)
+        width_p, width_t = p, t
+    return out + [cur] if cur else out
 
 
 def train_sft(model, tokenizer, examples: Sequence[Example], cfg: Config,
@@ -78,17 +117,37 @@ def train_sft(model, tokenizer, examples: Sequence[Example], cfg: Config,
     sched = make_scheduler(opt, warmup=s.warmup_steps, total=s.steps, schedule="cosine")
     gen = torch.Generator().manual_seed(cfg.train.seed)
     model.train()
+    sft_updates(model, items, opt, sched, steps=s.steps, batch_size=s.batch_size, pad_id=tokenizer.pad_token_id,
+                grad_clip=cfg.optim.grad_clip, gen=gen, on_step=on_step, max_tokens=s.max_tokens)
+
+
+def sft_updates(model, items: Sequence[Item], opt, sched, *, steps: int, batch_size: int, pad_id: int,
+                grad_clip: float, gen: torch.Generator, on_step: Callable[[int, dict], None],
+                max_tokens: int = 0) -> float:
+    """``steps`` optimizer steps on mini-batches of ``items`` drawn with replacement by ``gen``; returns the
+    loss tokens trained on. Shared by SFT and rejection-sampling fine-tuning (``rlft.trainers.rft``).
+
+    With ``max_tokens`` each mini-batch runs as micro-batches of similar length under that token budget
+    (:func:`token_budget_batches`), gradients accumulated so the loss is the whole mini-batch's token mean."""
     seen = 0.0
-    for step in range(s.steps):
+    for step in range(steps):
         t0 = time.perf_counter()
-        idx = torch.randint(len(items), (min(s.batch_size, len(items)),), generator=gen).tolist()
-        loss, accuracy, n_tokens = sft_step_loss(model, [items[i] for i in idx], tokenizer.pad_token_id)
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip or float("inf"))
+        idx = torch.randint(len(items), (min(batch_size, len(items)),), generator=gen).tolist()
+        batch = [items[i] for i in idx]
+        n_total = max(sum(1 for x in batch for w in x[2] if w), 1)  # weighted tokens of the whole batch
+        nll_sum, correct_sum, positions = 0.0, 0.0, 0
+        for group in token_budget_batches(batch, max_tokens):  # token-mean of the whole batch, summed in parts
+            nll, correct, _, padded = sft_step_parts(model, [batch[i] for i in group], pad_id)
+            (nll / n_total).backward()
+            nll_sum, correct_sum, positions = nll_sum + nll.item(), correct_sum + correct.item(), positions + padded
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip or float("inf"))
         opt.step()
         sched.step()
         opt.zero_grad(set_to_none=True)
-        seen += n_tokens.item()
-        on_step(step, {"sft/loss": loss.item(), "sft/mean_token_accuracy": accuracy.item(), "sft/num_tokens": seen,
-                       "sft/samples_per_s": len(idx) / (time.perf_counter() - t0),
+        seen += n_total
+        real = sum(len(x[0]) + len(x[1]) for x in batch)
+        on_step(step, {"sft/loss": nll_sum / n_total, "sft/mean_token_accuracy": correct_sum / n_total,
+                       "sft/num_tokens": seen, "sft/samples_per_s": len(idx) / (time.perf_counter() - t0),
+                       "sft/padding_frac": 1.0 - real / positions,
                        "sft/grad_norm": grad_norm.item(), "sft/lr": sched.get_last_lr()[0]})
+    return seen

@@ -1,0 +1,115 @@
+"""Outcome-only GRPO vs GRPO with process supervision on ``synthetic:chain``, from one SFT policy, per step.
+
+Both runs use ``recipes/process_demo.yaml``'s settings and start from the same
+SFT policy (its SFT stage, run once here unless ``--start`` gives a policy
+directory); they differ only in the advantage and the reward:
+
+- ``outcome``: ``algo.advantage=group_norm`` on ``final_answer`` (the #### line right or not);
+- ``process``: ``algo.advantage=process`` on ``chain_steps`` (every line checked, the #### line a step).
+
+Each run saves a checkpoint every ``--eval-every`` RL steps; every checkpoint is
+then evaluated greedily on the held-out problems (exact match of the #### line,
+the recipe's ``eval.correct_fn``), so the curves are held-out exact match per
+RL step. Writes ``results.json`` under ``--out`` and prints a Markdown table.
+
+    python benchmarks/process_compare.py --seeds 0 --steps 100 --eval-every 25 --out runs/process_compare
+    python benchmarks/process_compare.py --start runs/x/0-sft/policy --seeds 0 1 2
+
+Trailing ``key=value`` arguments are passed to every run (the SFT run included).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "process_demo.yaml"
+MODES = {
+    "outcome": ["algo.advantage=group_norm", "algo.name=grpo_outcome", "reward.fns=[final_answer]",
+                "reward.weights=[1.0]"],
+    "process": [],  # the recipe's own: process advantage on chain_steps
+}
+QUIET = ["log.progress=false", "log.tensorboard=false", "eval.ks=[]"]
+
+
+def rlft(*args: str) -> float:
+    t0 = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "rlft", "train", str(RECIPE), *args], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"rlft train {' '.join(args)} failed:\n{done.stderr[-3000:]}")
+    return time.perf_counter() - t0
+
+
+def sft_start(out: Path, overrides: list[str]) -> tuple[Path, float]:
+    policy = out / "sft" / "0-sft" / "policy"
+    seconds = 0.0
+    if not (policy / "config.json").exists():
+        seconds = rlft("stages=[sft]", *QUIET, *overrides, f"log.run_dir={out}", "log.name=sft")
+    return policy, seconds
+
+
+def exact_match(policy_dir: Path, overrides: list[str]) -> float:
+    from rlft.config import load_config
+    from rlft.models.loading import load_policy
+    from rlft.stages.base import task_metrics
+
+    cfg = load_config(RECIPE, [*QUIET, *overrides, "stages=[]"])
+    policy, tok = load_policy(str(policy_dir), cfg.model)
+    return task_metrics(policy, tok, cfg)["exact_match"]
+
+
+def rl_run(out: Path, start: Path, start_em: float, mode: str, seed: int, steps: int, every: int,
+           overrides: list[str]) -> dict:
+    name = f"{mode}_s{seed}"
+    result = out / name / "result.json"
+    if result.exists():
+        return json.loads(result.read_text())
+    seconds = rlft("stages=[]", f"model.path={start}", "sft.steps=0", "eval.before_rl=false", f"train.seed={seed}",
+                   f"train.steps={steps}", f"train.save_every={every}", "train.keep_checkpoints=1000", *QUIET,
+                   *MODES[mode], *overrides, f"log.run_dir={out}", f"log.name={name}")
+    curve = {0: start_em}  # the SFT policy both runs start from
+    for ckpt in sorted((out / name / "checkpoints").glob("step_*")):
+        curve[int(ckpt.name.split("_")[1])] = exact_match(ckpt / "policy", overrides)
+    curve[steps] = json.loads((out / name / "eval.json").read_text())["after_rl"]["exact_match"]
+    rec = {"mode": mode, "seed": seed, "rl_seconds": seconds, "exact_match_by_step": curve}
+    result.write_text(json.dumps(rec, indent=2))
+    return rec
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--start", type=Path, default=None, help="SFT policy directory (default: run the SFT stage)")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0])
+    ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--eval-every", type=int, default=25)
+    ap.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
+    ap.add_argument("--out", type=Path, default=Path("runs/process_compare"))
+    ap.add_argument("overrides", nargs="*", help="key=value overrides passed to every run")
+    a = ap.parse_args()
+    a.out.mkdir(parents=True, exist_ok=True)
+    start, sft_seconds = (a.start, 0.0) if a.start else sft_start(a.out, a.overrides)
+    start_em = exact_match(start, a.overrides)
+    runs = []
+    for seed in a.seeds:
+        for mode in a.modes:
+            rec = rl_run(a.out, start, start_em, mode, seed, a.steps, a.eval_every, a.overrides)
+            runs.append(rec)
+            print(f"{mode} seed {seed}: {rec['exact_match_by_step']} ({rec['rl_seconds']:.0f} s)", flush=True)
+    summary = {"start": str(start), "sft_seconds": sft_seconds, "start_exact_match": start_em, "runs": runs,
+               "overrides": a.overrides}
+    (a.out / "results.json").write_text(json.dumps(summary, indent=2))
+    steps = sorted({int(k) for r in runs for k in r["exact_match_by_step"]})
+    print("| mode | seed | " + " | ".join(f"step {s}" for s in steps) + " | RL wall time |")
+    print("|---|---:|" + "---:|" * len(steps) + "---:|")
+    for r in runs:
+        ems = {int(k): v for k, v in r["exact_match_by_step"].items()}
+        cells = " | ".join(f"{ems[s]:.3f}" if ems.get(s) is not None else "-" for s in steps)
+        print(f"| {r['mode']} | {r['seed']} | {cells} | {r['rl_seconds']:.0f} s |")
+
+
+if __name__ == "__main__":
+    main()

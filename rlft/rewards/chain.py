@@ -1,0 +1,108 @@
+"""``chain_steps``: a rule-based step checker for the ``synthetic:chain`` task (process supervision).
+
+A completion is read line by line; every non-blank line is a step that ends at
+its last non-blank character:
+
+- ``a<op>b=c`` (spaces allowed, signed integers) is the k-th working line; it is
+  right when it equals the k-th step of the question, the running result
+  ``a`` (for the first line: the question's first operand), its next operation
+  and operand, and the true result ``c``; a line after a wrong one is judged
+  against the true running result, so an error is not rewarded again later;
+- ``#### n`` is the final step, right when ``n`` is the ground truth; lines
+  after it are wrong steps;
+- any other line is a wrong step.
+
+A completion without a ``####`` line misses its final step: a wrong step at its
+end (an empty completion is one wrong step), or, when its last line ends the
+completion (no trailing newline, the usual case), that last line is wrong (one
+character offset holds one step). The steps' rewards are ``correct`` and
+``wrong``. A sample that is not a chain problem (its prompt holds no chain question,
+or its ground truth is not an integer) has no steps: it is unscorable.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from rlft.data.synthetic import chain_steps_of
+from rlft.rewards.base import REWARDS, step_level
+
+_LINE = re.compile(r"[^\n]+")
+_WORK = re.compile(r"\s*(-?\d+)\s*([+\-*])\s*(-?\d+)\s*=\s*(-?\d+)\s*")
+_FINAL = re.compile(r"\s*####\s*(-?\d+)\s*")
+
+
+@REWARDS.register("chain_steps")
+@step_level
+@dataclass(frozen=True)
+class ChainSteps:
+    """Step-level checker of the synthetic chain task: each working line and the #### line, right or wrong."""
+
+    correct: float = 1.0
+    """Reward of a right step."""
+    wrong: float = 0.0
+    """Reward of a wrong step (and of a missing final answer)."""
+
+    def __post_init__(self) -> None:
+        for name in ("correct", "wrong"):
+            if not math.isfinite(getattr(self, name)):
+                raise ValueError(f"{name}: must be a finite number, got {getattr(self, name)!r}")
+
+    def __call__(self, completion: str, sample: Mapping) -> list[tuple[int, float]]:
+        """``(end_char, reward)`` per step.
+
+        >>> sample = {"prompt": "2+3*4=?", "ground_truth": "20"}
+        >>> ChainSteps()("2+3=5\\n5*4=21\\n#### 20", sample)
+        [(5, 1.0), (12, 0.0), (20, 1.0)]
+        >>> ChainSteps()("#### 20", {"prompt": "max(1,2,3)=?", "ground_truth": "3"})  # not a chain problem
+        []
+        """
+        try:
+            truth = chain_steps_of(_prompt_text(sample.get("prompt", "")))
+            answer = int(str(sample.get("ground_truth", "")).strip())
+        except ValueError:  # not a chain problem: nothing to check the steps against
+            return []
+        steps, k, answered = [], 0, False
+        for m in _LINE.finditer(completion):
+            line = m.group(0)
+            if not line.strip():
+                continue
+            end = m.start() + len(line.rstrip())
+            final = _FINAL.fullmatch(line)
+            if answered:
+                ok = False
+            elif final is not None:
+                ok, answered = int(final.group(1)) == answer, True
+            else:
+                work = _WORK.fullmatch(line)
+                ok = work is not None and k < len(truth) and _parsed(work) == truth[k]
+                k += 1
+            steps.append((end, self.correct if ok else self.wrong))
+        if not answered:
+            steps.append((len(completion), self.wrong))  # the missing final answer, at the end
+        return _merged(steps)
+
+
+def _parsed(m: re.Match) -> tuple[int, str, int, int]:
+    return int(m.group(1)), m.group(2), int(m.group(3)), int(m.group(4))
+
+
+def _prompt_text(prompt) -> str:
+    """The text of a chat prompt (its messages' contents) or of a plain one."""
+    if isinstance(prompt, (tuple, list)):
+        return "\n".join(str(m.get("content", "")) for m in prompt)
+    return str(prompt)
+
+
+def _merged(steps: list[tuple[int, float]]) -> list[tuple[int, float]]:
+    """The missing-answer step can end where the last line ends (no trailing newline): one step, the lower reward."""
+    out: list[tuple[int, float]] = []
+    for end, r in steps:
+        if out and out[-1][0] == end:
+            out[-1] = (end, min(out[-1][1], r))
+        else:
+            out.append((end, r))
+    return out
