@@ -94,3 +94,21 @@ def test_rlft_dpo_end_to_end(tmp_path, tiny_model_dir, loss):
     ev = json.loads((run / "dpo_eval.json").read_text())
     assert {"exact_match", "format_rate", "pass@1"} <= set(ev["task_after"]) and "dpo/loss" in ev["preferences"]
     assert (run / "policy" / "config.json").is_file()
+
+
+def test_chosen_nll_term_by_hand():
+    """Iterative RPO's term: -logp_chosen / |chosen|, averaged over pairs and added with weight dpo.nll_coef."""
+    from rlft.config import DPOConfig
+    from rlft.core.preference import chosen_nll, dpo_loss
+    from rlft.trainers.dpo import preference_loss
+
+    chosen, rejected = torch.tensor([-6.0, -2.0]), torch.tensor([-8.0, -1.0])
+    ref = torch.tensor([[-5.0, -7.0], [-2.0, -2.0]])
+    n = torch.tensor([3, 4])
+    assert chosen_nll(chosen, n).tolist() == [2.0, 0.5]
+    plain = dpo_loss(chosen, rejected, ref[:, 0], ref[:, 1], 0.1).mean()
+    got = preference_loss(chosen, rejected, ref, DPOConfig(beta=0.1, nll_coef=0.5), n)
+    assert got.item() == pytest.approx(plain.item() + 0.5 * (2.0 + 0.5) / 2, abs=1e-6)
+    assert preference_loss(chosen, rejected, ref, DPOConfig(beta=0.1), None).item() == pytest.approx(plain.item())
+    with pytest.raises(Exception, match="dpo.nll_coef"):
+        DPOConfig(nll_coef=-1.0)

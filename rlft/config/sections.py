@@ -518,10 +518,13 @@ class DPOConfig(_PreferenceData):
     """DPO's beta (IPO's tau): strength of the pull towards the reference."""
     loss: Literal["sigmoid", "ipo"] = "sigmoid"
     """sigmoid: DPO (Rafailov et al. 2023, eq. 7); ipo: IPO (Azar et al. 2023, eq. 17)."""
+    nll_coef: float = 0.0
+    """Weight of the chosen responses' length-normalised NLL added to the loss (Iterative RPO, Pang et al. 2024); 0: plain DPO / IPO."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _check(self.beta > 0, "dpo.beta", "must be > 0")
+        _check(self.nll_coef >= 0, "dpo.nll_coef", "must be >= 0 (0: off)")
 
 
 @dataclass(frozen=True)

@@ -63,3 +63,9 @@ def ipo_loss(logp_chosen: Tensor, logp_rejected: Tensor, ref_chosen: Tensor, ref
 def implicit_rewards(logp: Tensor, ref_logp: Tensor, beta: float) -> Tensor:
     """DPO's implicit reward ``beta * (logp - ref)`` per sequence (B,) (DPO eq. 5, up to the partition term)."""
     return beta * (logp - ref_logp)  # (B,)
+
+
+def chosen_nll(logp_chosen: Tensor, chosen_tokens: Tensor) -> Tensor:
+    """Length-normalised NLL of the chosen response per pair (B,): ``-logp_chosen / |chosen|``, the term
+    Iterative RPO (Pang et al. 2024, eq. 1) adds to DPO so the chosen likelihood does not fall with the rejected's."""
+    return -logp_chosen / chosen_tokens.to(logp_chosen.dtype).clamp(min=1)  # (B,)

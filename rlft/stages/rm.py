@@ -79,7 +79,7 @@ def rm_stage(cfg: Config, model_dir: str, out_dir: Path, echo=print, start: dict
 
     def evaluate() -> dict[str, float]:
         out = evaluate_rm(model, enc_eval, tok.pad_token_id)
-        if r.pairs_from != "task" or len(enc_kinds) > 1:
+        if r.pairs_from != "task":
             for kind, enc in enc_kinds.items():
                 out.update({f"rm/{kind}/{k[3:]}": v for k, v in evaluate_rm(model, enc, tok.pad_token_id).items()
                             if k in ("rm/accuracy", "rm/margin")})
@@ -92,6 +92,7 @@ def rm_stage(cfg: Config, model_dir: str, out_dir: Path, echo=print, start: dict
     after = {**evaluate(), **stats}
     save_to = save_model(model, tok, Path(out_dir) / "reward_model")
     write_json(Path(out_dir) / "rm_eval.json", {"before": before, "after": after, "pairs": n_pairs})
+    kinds = "".join(f", {k} {after[f'rm/{k}/accuracy']:.3f}" for k in enc_kinds if f"rm/{k}/accuracy" in after)
     line = (f"rm: held-out ranking accuracy {before['rm/accuracy']:.3f} -> {after['rm/accuracy']:.3f} "
-            f"on {n_pairs} pairs; reward model in {save_to}")
+            f"on {n_pairs} pairs{kinds}; reward model in {save_to}")
     return StageResult(model_dir=save_to, metrics=after, summary=line)

@@ -9,7 +9,10 @@ side and applies ``dpo_loss`` or ``ipo_loss`` (``rlft.core.preference``).
 Metrics, named as TRL names them: ``dpo/loss``, ``dpo/rewards/chosen``,
 ``dpo/rewards/rejected`` (implicit rewards beta * (log pi - log ref), batch
 means), ``dpo/rewards/accuracies`` (share of pairs whose chosen reward is
-higher), ``dpo/rewards/margins`` (mean chosen - rejected reward).
+higher), ``dpo/rewards/margins`` (mean chosen - rejected reward). With
+``dpo.nll_coef`` > 0 the loss adds that times the chosen responses' mean
+length-normalised NLL (Iterative RPO, Pang et al. 2024), which keeps DPO from
+lowering the chosen likelihood along with the rejected one.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from torch import Tensor
 from rlft.config import DPOConfig, OptimConfig
 
 from rlft.core.ops import masked_sum
-from rlft.core.preference import dpo_loss, implicit_rewards, ipo_loss
+from rlft.core.preference import chosen_nll, dpo_loss, implicit_rewards, ipo_loss
 from rlft.data.preferences import Ranking
 from rlft.data.schema import Example
 from rlft.data.templates import encode_prompts, encode_response
@@ -74,12 +77,22 @@ def dpo_metrics(chosen: Tensor, rejected: Tensor, ref: Tensor, beta: float) -> d
             "dpo/rewards/accuracies": (rc > rr).float().mean(), "dpo/rewards/margins": (rc - rr).mean()}
 
 
-def preference_loss(chosen: Tensor, rejected: Tensor, ref: Tensor, dpo: DPOConfig) -> Tensor:
-    """Mean DPO or IPO loss of a batch (``ref`` (B, 2): reference chosen, rejected log-probs)."""
+def preference_loss(chosen: Tensor, rejected: Tensor, ref: Tensor, dpo: DPOConfig,
+                    chosen_tokens: Tensor | None = None) -> Tensor:
+    """Mean DPO or IPO loss of a batch (``ref`` (B, 2): reference chosen, rejected log-probs), plus
+    ``dpo.nll_coef`` times the chosen responses' mean length-normalised NLL (``chosen_tokens`` (B,))."""
     if dpo.loss not in LOSSES:
         raise ValueError(f"loss: must be one of {', '.join(LOSSES)}, got {dpo.loss!r}")
     ref = ref.to(chosen.device)
-    return LOSSES[dpo.loss](chosen, rejected, ref[:, 0], ref[:, 1], dpo.beta).mean()
+    loss = LOSSES[dpo.loss](chosen, rejected, ref[:, 0], ref[:, 1], dpo.beta).mean()
+    if dpo.nll_coef:
+        loss = loss + dpo.nll_coef * chosen_nll(chosen, chosen_tokens.to(chosen.device)).mean()  # Iterative RPO eq. 1
+    return loss
+
+
+def chosen_lengths(pairs: Sequence[Pair]) -> Tensor:
+    """Tokens of each pair's chosen response (B,), eos included."""
+    return torch.tensor([len(c) for _, c, _ in pairs])
 
 
 @torch.no_grad()
@@ -91,7 +104,7 @@ def evaluate_dpo(model, pairs: Sequence[Pair], ref: Tensor, pad_id: int, dpo: DP
     chosen, rejected = zip(*(pair_logps(model, pairs[s:s + batch_size], pad_id)
                              for s in range(0, len(pairs), batch_size)))
     chosen, rejected = torch.cat(chosen), torch.cat(rejected)  # (N,) each
-    out = {"dpo/loss": preference_loss(chosen, rejected, ref, dpo).item(),
+    out = {"dpo/loss": preference_loss(chosen, rejected, ref, dpo, chosen_lengths(pairs)).item(),
            **{k: v.item() for k, v in dpo_metrics(chosen, rejected, ref, dpo.beta).items()}}
     model.train(was_training)
     return out
@@ -109,8 +122,9 @@ def train_dpo(model, pairs: Sequence[Pair], ref: Tensor, pad_id: int, dpo: DPOCo
     model.train()
     for step in range(dpo.steps):
         idx = torch.randint(len(pairs), (min(dpo.batch_size, len(pairs)),), generator=gen)
-        chosen, rejected = pair_logps(model, [pairs[i] for i in idx.tolist()], pad_id)  # (B,) each
-        loss = preference_loss(chosen, rejected, ref[idx], dpo)
+        batch = [pairs[i] for i in idx.tolist()]
+        chosen, rejected = pair_logps(model, batch, pad_id)  # (B,) each
+        loss = preference_loss(chosen, rejected, ref[idx], dpo, chosen_lengths(batch))
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), optim.grad_clip or float("inf"))
         opt.step()
