@@ -1,4 +1,4 @@
-"""Command line: ``rlft train``, ``rlft eval``, ``rlft sft``, ``rlft rm``, ``rlft dpo``, ``rlft rft``, ``rlft prepare gsm8k|humaneval|mbpp``, ``rlft config``.
+"""Command line: ``rlft train``, ``rlft eval``, ``rlft sft``, ``rlft rm``, ``rlft prm``, ``rlft dpo``, ``rlft rft``, ``rlft prepare gsm8k|humaneval|mbpp``, ``rlft config``.
 
     rlft train                                    # the embedded demo (tiny model, synthetic arithmetic)
     rlft train recipes/grpo_gsm8k.yaml model.path=/models/qwen algo.group_size=4
@@ -6,6 +6,7 @@
     rlft eval runs/<name>/policy recipes/grpo_gsm8k.yaml    # held-out metrics of a saved policy
     rlft sft sft.loss_on=answer sft.steps=200                    # SFT alone (loss on: all, response, answer)
     rlft rm model.path=runs/<name>/policy rm.source=data/prefs   # a reward model (empty rm.source: task pairs)
+    rlft prm model.path=runs/<name>/policy data.source=synthetic:chain   # a process reward model (step labels)
     rlft dpo model.path=runs/<name>/policy dpo.beta=0.1          # DPO (dpo.loss=ipo: IPO) on preference pairs
     rlft rft model.path=runs/<name>/policy rft.mode=offline      # rejection-sampling fine-tuning (rft.keep=shortest)
     rlft prepare gsm8k --input path/to/gsm8k --output data/gsm8k
