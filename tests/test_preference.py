@@ -157,3 +157,11 @@ def test_hh_split_uses_the_common_part_when_a_turn_holds_an_inline_dialogue():
     chosen = "\n\nHuman: q\n\nAssistant: a1  Human: more\n\nAssistant: a2"
     rejected = "\n\nHuman: q\n\nAssistant: b"
     assert split_hh(chosen, rejected) == ("\n\nHuman: q\n\nAssistant:", " a1  Human: more\n\nAssistant: a2", " b")
+
+
+def test_chosen_nll_by_hand():
+    """Iterative RPO's NLL term: -logp_chosen / |chosen| per pair; an empty response counts as one token."""
+    from rlft.core.preference import chosen_nll
+
+    got = chosen_nll(torch.tensor([-6.0, -2.0, -1.5]), torch.tensor([3, 4, 0]))
+    assert got.tolist() == [2.0, 0.5, 1.5]

@@ -149,3 +149,9 @@ def test_outcome_only_steps_equal_grpo():
     scores = torch.randint(0, 2, (8,), generator=g).double()
     adv = process_advantages(last * scores[:, None], last, mask, 4, 1e-6)
     torch.testing.assert_close(adv, group_norm(scores, 4)[:, None] * mask)
+
+
+def test_a_batch_that_is_not_whole_groups_is_refused():
+    mask = torch.ones(3, 2)
+    with pytest.raises(ValueError, match="B=3 is not divisible by group_size G=2"):
+        process_advantages(torch.zeros(3, 2), mask, mask, group_size=2)
