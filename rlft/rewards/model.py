@@ -150,16 +150,22 @@ def forget(path: str) -> None:
             del _LOADED[key]
 
 
-def _check_checkpoint(path: str, trust_remote_code: bool) -> None:
-    """Raise ValueError unless ``path`` is a directory whose config has one label (reads the config only)."""
+def read_checkpoint_config(path: str, what: str, trust_remote_code: bool = False):
+    """The model config in directory ``path`` (reads the config only); ValueError naming ``path`` otherwise.
+    ``what`` says what the directory should hold, for the message."""
     from transformers import AutoConfig
 
     if not path or not Path(path).is_dir():
-        raise ValueError(f"path: {path!r} is not a directory (a reward model saved with save_pretrained)")
+        raise ValueError(f"path: {path!r} is not a directory ({what})")
     try:
-        config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+        return AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
     except Exception as e:  # no config.json, unknown model type, bad JSON
         raise ValueError(f"path: no readable model config in {path!r} ({type(e).__name__}: {e})") from None
+
+
+def _check_checkpoint(path: str, trust_remote_code: bool) -> None:
+    """Raise ValueError unless ``path`` is a directory whose config has one label (reads the config only)."""
+    config = read_checkpoint_config(path, "a reward model saved with save_pretrained", trust_remote_code)
     if config.num_labels != 1:
         raise ValueError(f"path: the model in {path!r} has num_labels={config.num_labels}; "
                          "a reward model has exactly one (a scalar score)")

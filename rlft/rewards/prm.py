@@ -88,14 +88,9 @@ class ProcessRewardModel:
 
 def _check_checkpoint(path: str) -> None:
     """Raise ValueError unless ``path`` holds a process reward model's config (reads the config only)."""
-    from transformers import AutoConfig
+    from rlft.rewards.model import read_checkpoint_config
 
-    if not path or not Path(path).is_dir():
-        raise ValueError(f"path: {path!r} is not a directory (a process reward model saved by the prm stage)")
-    try:
-        config = AutoConfig.from_pretrained(path)
-    except Exception as e:  # no config.json, unknown model type, bad JSON
-        raise ValueError(f"path: no readable model config in {path!r} ({type(e).__name__}: {e})") from None
+    config = read_checkpoint_config(path, "a process reward model saved by the prm stage")
     if not getattr(config, PRM_KEY, False) or config.num_labels != 1:
         raise ValueError(f"path: the model in {path!r} is not a process reward model (a one-label token "
                          "classifier written by rlft's prm stage)")

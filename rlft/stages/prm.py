@@ -42,7 +42,7 @@ def prm_stage(cfg: Config, model_dir: str, out_dir: Path, echo=print, start: dic
     echo(f"rlft prm: {len(train)} training solutions, {len(held_out)} held-out "
          f"({sum(len(x.labels) for x in held_out)} steps)")
     before = evaluate_prm(model, held_out, tok.pad_token_id)
-    with step_log(out_dir, "prm_metrics.jsonl") as on_step:
+    with step_log(out_dir, "prm_metrics.jsonl", cfg.prm.steps, cfg.log.progress) as on_step:
         train_prm(model, tok.pad_token_id, train, p.steps, p.batch_size, p.lr, cfg.optim.weight_decay,
                   cfg.optim.grad_clip, cfg.train.seed, on_step=on_step)
     after = evaluate_prm(model, held_out, tok.pad_token_id)

@@ -30,7 +30,7 @@ def rft_stage(cfg: Config, model_dir: str, out_dir: Path, echo=print, start: dic
     before = start if start is not None else task_metrics(policy, tok, cfg)
     echo(f"rlft rft: {r.mode}, {r.rounds} rounds x {r.prompts_per_round} prompts x {r.samples_per_prompt} samples "
          f"({r.samples_total} completions), keep {r.keep}")
-    with step_log(out_dir, "rft_metrics.jsonl") as on_round:
+    with step_log(out_dir, "rft_metrics.jsonl", r.rounds, cfg.log.progress) as on_round:
         totals = train_rft(policy, tok, load_task(cfg)[0], cfg, on_round=on_round)
     after = task_metrics(policy, tok, cfg)
     save_to = save_model(policy, tok, Path(out_dir) / "policy")

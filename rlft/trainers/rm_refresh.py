@@ -130,5 +130,6 @@ class RMRefresh:
 
     def save(self, path: Path) -> None:
         """The refreshed reward model and its tokenizer, loadable by the ``reward_model`` reward."""
-        self.model.save_pretrained(path)
-        self.tokenizer.save_pretrained(path)
+        from rlft.stages.base import save_model
+
+        save_model(self.model, self.tokenizer, path)
