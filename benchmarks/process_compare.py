@@ -10,7 +10,8 @@ directory); they differ only in the advantage and the reward:
 Each run saves a checkpoint every ``--eval-every`` RL steps; every checkpoint is
 then evaluated greedily on the held-out problems (exact match of the #### line,
 the recipe's ``eval.correct_fn``), so the curves are held-out exact match per
-RL step. Writes ``results.json`` under ``--out`` and prints a Markdown table.
+RL step. Writes ``results.json`` under ``--out`` and prints a Markdown table
+(each run, then the median over seeds per mode and step).
 
     python benchmarks/process_compare.py --seeds 0 --steps 100 --eval-every 25 --out runs/process_compare
     python benchmarks/process_compare.py --start runs/x/0-sft/policy --seeds 0 1 2
@@ -100,7 +101,7 @@ def main() -> None:
             runs.append(rec)
             print(f"{mode} seed {seed}: {rec['exact_match_by_step']} ({rec['rl_seconds']:.0f} s)", flush=True)
     summary = {"start": str(start), "sft_seconds": sft_seconds, "start_exact_match": start_em, "runs": runs,
-               "overrides": a.overrides}
+               "medians": medians(runs), "overrides": a.overrides}
     (a.out / "results.json").write_text(json.dumps(summary, indent=2))
     steps = sorted({int(k) for r in runs for k in r["exact_match_by_step"]})
     print("| mode | seed | " + " | ".join(f"step {s}" for s in steps) + " | RL wall time |")
@@ -109,6 +110,23 @@ def main() -> None:
         ems = {int(k): v for k, v in r["exact_match_by_step"].items()}
         cells = " | ".join(f"{ems[s]:.3f}" if ems.get(s) is not None else "-" for s in steps)
         print(f"| {r['mode']} | {r['seed']} | {cells} | {r['rl_seconds']:.0f} s |")
+    for mode, med in medians(runs).items():  # per step, over the seeds that reached it
+        print(f"| {mode} | median | " + " | ".join(f"{med[s]:.3f}" if s in med else "-" for s in steps) + " | |")
+
+
+def medians(runs: list[dict]) -> dict[str, dict[int, float]]:
+    """Median held-out exact match per mode and RL step over the runs (seeds) that evaluated that step."""
+    import statistics
+
+    out: dict[str, dict[int, float]] = {}
+    for mode in dict.fromkeys(r["mode"] for r in runs):
+        by_step: dict[int, list[float]] = {}
+        for r in runs:
+            if r["mode"] == mode:
+                for k, v in r["exact_match_by_step"].items():
+                    by_step.setdefault(int(k), []).append(v)
+        out[mode] = {s: statistics.median(v) for s, v in sorted(by_step.items())}
+    return out
 
 
 if __name__ == "__main__":
