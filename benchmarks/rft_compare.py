@@ -10,6 +10,7 @@ so every run is scored on the same held-out problems.
 
     python benchmarks/rft_compare.py --seeds 0 1 2 --out runs/rft_compare
     python benchmarks/rft_compare.py --model runs/x/policy --seeds 0 --out runs/rft_cmp rft.keep=shortest
+    python benchmarks/rft_compare.py --model runs/x/policy --seeds 0 --out runs/rft_lin rft.step_schedule=linear
 
 Trailing ``key=value`` arguments (or a recipe first) go to every run. A finished run
 is not repeated. Prints a Markdown table and writes ``compare.json`` under ``--out``.
@@ -93,7 +94,8 @@ def main() -> None:
         {"args": a.args, "start": start, "start_seconds": start_s, "budget": r.samples_total, "runs": rows}, indent=2))
 
     print(f"start: {model}, exact match {start['exact_match']:.3f}; budget {r.samples_total} completions "
-          f"({r.rounds} x {r.prompts_per_round} x {r.samples_per_prompt}), {r.rounds * r.steps_per_round} updates")
+          f"({r.rounds} x {r.prompts_per_round} x {r.samples_per_prompt}), {r.rounds * r.steps_per_round} updates "
+          f"({r.step_schedule} step schedule), pool={r.pool}")
     print("| mode | seed | exact match | pass@1 | accept rate | kept | wall time |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for x in rows:

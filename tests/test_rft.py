@@ -143,6 +143,38 @@ def test_a_round_that_accepts_nothing_does_not_update(tmp_path, tiny_overrides, 
     assert all("rft/loss" not in m and m["rft/accept_rate"] == 0.0 for m in rounds)
 
 
+@pytest.mark.parametrize("rounds, per_round, want", [
+    (4, 10, [4, 8, 12, 16]),  # shares 1:2:3:4 of 40
+    (3, 2, [1, 2, 3]),
+    (1, 5, [5]),
+    (16, 0, [0] * 16),
+])
+def test_linear_step_schedule_by_hand(rounds, per_round, want):
+    assert rft_trainer.round_steps("linear", rounds, per_round) == want
+    assert rft_trainer.round_steps("constant", rounds, per_round) == [per_round] * rounds
+
+
+@pytest.mark.parametrize("rounds, per_round", [(16, 16), (16, 32), (7, 3), (5, 1), (32, 8)])
+def test_linear_step_schedule_keeps_the_total_and_grows(rounds, per_round):
+    steps = rft_trainer.round_steps("linear", rounds, per_round)
+    assert len(steps) == rounds and sum(steps) == rounds * per_round and min(steps) >= 0
+    assert all(a <= b + 1 for a, b in zip(steps, steps[1:]))  # non-decreasing up to rounding
+
+
+@pytest.mark.parametrize("mode", ["offline", "online"])
+def test_linear_step_schedule_in_the_loop(tmp_path, tiny_overrides, tiny_model_dir, recording_generate, mode):
+    from rlft.models.loading import load_policy
+    from rlft.run import load_task
+
+    cfg = load_config(None, tiny_overrides(tmp_path, f"rft.mode={mode}", "rft.pool=growing", *ROUNDS,
+                                           "rft.step_schedule=linear"))
+    policy, tok = load_policy(str(tiny_model_dir), cfg.model)
+    rounds = []
+    totals = rft_trainer.train_rft(policy, tok, load_task(cfg)[0], cfg, on_round=lambda r, m: rounds.append(m))
+    assert [m["rft/steps"] for m in rounds] == [1.0, 2.0, 3.0]  # 6 steps as 1:2:3, the same in both modes
+    assert totals["rft/steps_total"] == 6.0
+
+
 # ----------------------------------------------------------------------------- stage, CLI, config, pipelines
 
 
@@ -174,6 +206,7 @@ def test_rlft_rft_end_to_end(tmp_path, tiny_model_dir, digit_reward):
     ("rft.min_reward=.nan", "rft.min_reward: must be finite"),
     ("rft.loss_on=answer", "rft.loss_on: must be one of response, all"),
     ("rft.pool=all", "rft.pool: must be one of round, growing"),
+    ("rft.step_schedule=cosine", "rft.step_schedule: must be one of constant, linear"),
     ("rft.nope=1", "rft.nope: unknown key"),
 ])
 def test_config_errors_name_the_key(override, message):

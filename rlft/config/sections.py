@@ -545,6 +545,8 @@ class RFTConfig:
     """A completion is accepted when its weighted reward (reward.fns, scored as RL scores it) is >= this; unscorable completions never are."""
     steps_per_round: int = 16
     """Fine-tuning optimizer steps per round (offline: rounds x steps_per_round steps on the whole pool)."""
+    step_schedule: Literal["constant", "linear"] = "constant"
+    """How the rounds x steps_per_round steps are spread over the rounds: constant, steps_per_round each; linear, round i (1-based) gets a share proportional to i (with pool=growing, roughly proportional to the pool), rounded so the total is unchanged. Offline trains on one pool throughout, so it only moves when steps happen, not how many."""
     batch_size: int = 32
     """Accepted completions per fine-tuning step (drawn with replacement)."""
     lr: float = 3e-4

@@ -19,8 +19,11 @@ seeded walk through the training set):
   et al. 2023; expert iteration), or with ``rft.pool=growing`` on every completion
   accepted so far.
 
-One optimizer (AdamW, ``rft.lr``, constant after ``rft.warmup_steps``) lives
-across the rounds; the loss is SFT's (``rlft.trainers.sft``) on ``rft.loss_on``.
+``rft.step_schedule`` spreads the ``rounds x steps_per_round`` steps over the
+rounds: evenly (``constant``) or in proportion to the round number (``linear``,
+:func:`round_steps`), so an online run with a growing pool takes few steps while
+its pool is small. One optimizer (AdamW, ``rft.lr``, constant after
+``rft.warmup_steps``) lives across the rounds; the loss is SFT's (``rlft.trainers.sft``) on ``rft.loss_on``.
 Metrics per round: ``rft/accept_rate``, ``rft/kept``, ``rft/samples_total``
 (completions drawn so far: the budget), ``rft/prompts_solved`` (prompts of the
 round with an accepted completion), ``rft/kept_length/mean`` (tokens),
@@ -116,6 +119,25 @@ def offline(draw: Draw, rounds: int, pool: str) -> Iterator[tuple[list[Item], Co
         yield everything, counts if r == 0 else Counter()
 
 
+def round_steps(schedule: str, rounds: int, steps_per_round: int) -> list[int]:
+    """Optimizer steps of each round; ``rounds x steps_per_round`` in all, whatever the schedule.
+
+    >>> round_steps("constant", 4, 10)
+    [10, 10, 10, 10]
+    >>> round_steps("linear", 4, 10)  # shares 1:2:3:4 of 40
+    [4, 8, 12, 16]
+    >>> sum(round_steps("linear", 16, 16))
+    256
+    """
+    total = rounds * steps_per_round
+    if schedule == "constant":
+        return [steps_per_round] * rounds
+    if schedule == "linear":  # cumulative share i(i+1)/2 of rounds(rounds+1)/2, rounded: the parts sum to total
+        cum = [round(total * i * (i + 1) / (rounds * (rounds + 1))) for i in range(rounds + 1)]
+        return [b - a for a, b in zip(cum, cum[1:])]
+    raise ValueError(f"rft.step_schedule: unknown schedule {schedule!r}")
+
+
 def sample_round(policy, tokenizer, prompts: list[list[int]], examples: Sequence[Example],
                  cfg: Config) -> tuple[list[Item], Counter]:
     """Draw k completions for each of P prompts, score them, select; returns the kept (prompt, target, weights)
@@ -175,9 +197,10 @@ def train_rft(policy, tokenizer, examples: Sequence[Example], cfg: Config,
         totals.update(counts)
         return items, counts
 
+    schedule = round_steps(r.step_schedule, r.rounds, r.steps_per_round)
     for i, (items, counts) in enumerate(MODES.get(r.mode)(draw, r.rounds, r.pool)):
         t0 = time.perf_counter()
-        steps = r.steps_per_round if items else 0  # nothing accepted yet: no update this round
+        steps = schedule[i] if items else 0  # nothing accepted yet: no update this round
         policy.train()
         losses = []
         sft_updates(policy, items, opt, sched, steps=steps, batch_size=r.batch_size, pad_id=tokenizer.pad_token_id,
