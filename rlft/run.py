@@ -248,9 +248,7 @@ def _rl_state(policy, tokenizer, train_ex, train_prompts, cfg: Config) -> RLStat
     if a.ptx_coef > 0:
         from rlft.trainers.ptx import PtxData
 
-        d = cfg.data
-        state.ptx = PtxData(d.ptx_source, d.ptx_text_key, d.ptx_max_tokens, tokenizer, cfg.train.ptx_batch_size,
-                            cfg.train.seed)
+        state.ptx = PtxData.from_config(cfg, tokenizer, train_ex)  # data.ptx_source=task: train_ex as SFT renders them
     return state
 
 

@@ -82,7 +82,9 @@ class DataConfig:
     synth_ops: str = "+-"
     """Synthetic task: operators to draw from."""
     ptx_source: str = ""
-    """PPO-ptx pretraining text: a .jsonl/.json/.parquet file or directory (train split), one text per row."""
+    """PPO-ptx pretraining text: a .jsonl/.json/.parquet file or directory (train split), one text per row; or 'task':
+    the run's training rows (prompt + reference response) rendered and loss-masked as the SFT stage does
+    (data.template, sft.system_prompt, sft.loss_on)."""
     ptx_text_key: str = "text"
     """Field holding the text in ptx rows."""
     ptx_max_tokens: int = 256

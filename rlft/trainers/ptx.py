@@ -1,9 +1,18 @@
 """PPO-ptx: a pretraining language-modelling loss mixed into the RL update (InstructGPT, Ouyang et al. 2022, eq. 2).
 
-The texts come from ``data.ptx_source`` (jsonl / json / parquet file or directory,
-``train`` split), one text per row in ``data.ptx_text_key``, cut to
-``data.ptx_max_tokens`` tokens. Each optimizer step draws ``train.ptx_batch_size``
-of them from a seeded generator whose state is checkpointed.
+The texts come from ``data.ptx_source``:
+
+- a jsonl / json / parquet file or directory (``train`` split), one text per row
+  in ``data.ptx_text_key``; every token after the first carries the loss;
+- ``task`` (``TASK_SOURCE``): the run's own training rows, each rendered exactly
+  as the SFT stage renders it (prompt through ``data.template`` with
+  ``sft.system_prompt``, then the reference response and eos), with the SFT
+  stage's loss mask (``sft.loss_on``). The ptx term is then the SFT loss on the
+  task's reference answers, kept in every PPO update.
+
+Each text is cut to ``data.ptx_max_tokens`` tokens. Each optimizer step draws
+``train.ptx_batch_size`` of them from a seeded generator whose state is
+checkpointed.
 """
 
 from __future__ import annotations
@@ -18,29 +27,66 @@ from rlft.data.schema import DataError
 from rlft.rollout.batch import right_pad
 
 
+TASK_SOURCE = "task"
+"""``data.ptx_source`` value that means the run's training rows rendered as the SFT stage renders them."""
+
+
+def file_texts(source: str, text_key: str, tokenizer) -> tuple[list[list[int]], list[list[int]]]:
+    """(ids, loss weights) of the texts of a ptx file: every token carries the loss."""
+    rows = load_rows(source, "train")
+    ids = []
+    for i, row in enumerate(rows):
+        text = row.get(text_key) if isinstance(row, dict) else None
+        if not isinstance(text, str) or not text:
+            raise DataError(f"data.ptx_source {source}: row {i} has no non-empty string field {text_key!r}")
+        ids.append(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return ids, [[1] * len(x) for x in ids]
+
+
+def task_texts(examples, tokenizer, cfg) -> tuple[list[list[int]], list[list[int]]]:
+    """(ids, loss weights) of the training rows as SFT renders them: prompt ids then response ids (with eos), and
+    per token the weight of predicting it (the SFT mask of ``sft.loss_on``; 0 on the prompt unless ``all``)."""
+    from rlft.data.sft_data import with_system_prompt
+    from rlft.trainers.sft import sft_pairs
+
+    items = sft_pairs(with_system_prompt(list(examples), cfg.sft.system_prompt), tokenizer, cfg)
+    return [p + t for p, t, _ in items], [[0] * len(p) + w for p, _, w in items]
+
+
 class PtxData:
-    def __init__(self, source: str, text_key: str, max_tokens: int, tokenizer, batch_size: int, seed: int):
-        rows = load_rows(source, "train")
-        texts = []
-        for i, row in enumerate(rows):
-            text = row.get(text_key) if isinstance(row, dict) else None
-            if not isinstance(text, str) or not text:
-                raise DataError(f"data.ptx_source {source}: row {i} has no non-empty string field {text_key!r}")
-            texts.append(text)
-        if not texts:
+    """The ptx texts as token ids with a 0/1 loss weight per token (the weight of predicting that token)."""
+
+    def __init__(self, ids: list[list[int]], weights: list[list[int]], source: str, max_tokens: int, pad_id: int,
+                 batch_size: int, seed: int):
+        if not ids:
             raise DataError(f"data.ptx_source {source}: no rows")
-        self.ids = [tokenizer(t, add_special_tokens=False)["input_ids"][:max_tokens] for t in texts]
-        short = [i for i, x in enumerate(self.ids) if len(x) < 2]
-        if short:
-            raise DataError(f"data.ptx_source {source}: row {short[0]} has fewer than 2 tokens (nothing to predict)")
-        self.pad_id = tokenizer.pad_token_id
+        self.ids = [x[:max_tokens] for x in ids]
+        self.weights = [w[:max_tokens] for w in weights]
+        empty = [i for i, w in enumerate(self.weights) if sum(w[1:]) == 0]  # the first token is never predicted
+        if empty:
+            raise DataError(f"data.ptx_source {source}: row {empty[0]} has no token to predict within "
+                            f"data.ptx_max_tokens={max_tokens}")
+        self.pad_id = pad_id
         self.batch_size = batch_size
         self.gen = torch.Generator().manual_seed(seed)
 
-    def sample(self) -> tuple[Tensor, Tensor]:
-        """(ids, mask) (b, L) of a random batch of texts, right-padded."""
+    @classmethod
+    def from_config(cls, cfg, tokenizer, examples) -> "PtxData":
+        """The ptx data of ``data.ptx_source``: a file, or ``task`` (``examples`` rendered as SFT renders them)."""
+        d = cfg.data
+        if d.ptx_source == TASK_SOURCE:
+            ids, weights = task_texts(examples, tokenizer, cfg)
+        else:
+            ids, weights = file_texts(d.ptx_source, d.ptx_text_key, tokenizer)
+        return cls(ids, weights, d.ptx_source, d.ptx_max_tokens, tokenizer.pad_token_id, cfg.train.ptx_batch_size,
+                   cfg.train.seed)
+
+    def sample(self) -> tuple[Tensor, Tensor, Tensor]:
+        """(ids, mask, weights) (b, L) of a random batch of texts, right-padded (weights 0 on padding)."""
         idx = torch.randint(len(self.ids), (self.batch_size,), generator=self.gen).tolist()
-        return right_pad([self.ids[i] for i in idx], self.pad_id)
+        ids, mask = right_pad([self.ids[i] for i in idx], self.pad_id)
+        weights, _ = right_pad([self.weights[i] for i in idx], 0)
+        return ids, mask, weights
 
     def state_dict(self) -> dict:
         return {"gen": self.gen.get_state()}
@@ -49,10 +95,12 @@ class PtxData:
         self.gen.set_state(state["gen"])
 
 
-def lm_loss(model, ids: Tensor, mask: Tensor) -> Tensor:
-    """Token-mean next-token NLL of ``ids`` under ``model`` (every token after the first)."""
+def lm_loss(model, ids: Tensor, mask: Tensor, weights: Tensor | None = None) -> Tensor:
+    """Token-mean next-token NLL of ``ids`` under ``model`` over the tokens after the first whose ``weights`` are 1
+    (default: every non-padding token)."""
     device = next(model.parameters()).device
     ids, mask = ids.to(device), mask.to(device)
+    weights = mask if weights is None else weights.to(device)
     logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits[:, :-1]  # (b, L-1, V)
     logp = logprobs_from_logits(logits, ids[:, 1:])  # (b, L-1)
-    return sft_loss(logp, mask[:, 1:].float())
+    return sft_loss(logp, (weights[:, 1:] * mask[:, 1:]).float())
