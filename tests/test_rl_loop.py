@@ -18,6 +18,7 @@ from rlft.data.templates import encode_prompts
 from rlft.models.forward import response_logprobs
 from rlft.models.loading import load_model, load_tokenizer
 from rlft.rollout.batch import Batch, left_pad
+from rlft.rollout import decode, hf
 from rlft.rollout.hf import eos_ids, generate
 from rlft.trainers import rl
 from rlft.trainers import update as upd
@@ -157,14 +158,17 @@ def eos_boost(tok):
 
 # ----------------------------------------------------------------------------- (a) generate
 
+SAMPLERS = ["rlft", "generate"]  # rlft.rollout.decode and transformers' model.generate
 
-def test_generate_layout(model, tok, eos_boost):
+
+@pytest.mark.parametrize("sampler", SAMPLERS)
+def test_generate_layout(model, tok, eos_boost, sampler):
     eos_boost(model)
     prompts = [ids(tok, p) for p in PROMPTS]
     G, max_new = 3, 10
     for seed in range(20):  # find a sample with both stopped and truncated responses (seed 0 normally does)
         torch.manual_seed(seed)
-        batch = generate(model, tok, prompts, group_size=G, max_new_tokens=max_new)
+        batch = generate(model, tok, prompts, group_size=G, max_new_tokens=max_new, sampler=sampler)
         if batch.truncated.any() and not batch.truncated.all():
             break
     else:
@@ -202,20 +206,23 @@ def test_generate_layout(model, tok, eos_boost):
         assert batch.response_lengths[i].item() == sum(mask)
 
 
-def test_generate_restores_training_mode_and_greedy_is_deterministic(model, tok):
+@pytest.mark.parametrize("sampler", SAMPLERS)
+def test_generate_restores_training_mode_and_greedy_is_deterministic(model, tok, sampler):
     model.train()
     prompts = [ids(tok, p) for p in PROMPTS[:2]]
-    a = generate(model, tok, prompts, group_size=2, max_new_tokens=5, greedy=True)
+    a = generate(model, tok, prompts, group_size=2, max_new_tokens=5, greedy=True, sampler=sampler)
     assert model.training
-    b = generate(model, tok, prompts, group_size=2, max_new_tokens=5, greedy=True)
+    b = generate(model, tok, prompts, group_size=2, max_new_tokens=5, greedy=True, sampler=sampler)
     assert torch.equal(a.response_ids, b.response_ids)
     assert torch.equal(a.response_ids[0], a.response_ids[1])  # one greedy answer per prompt
     assert a.texts[0] == a.texts[1]
 
 
-def test_greedy_rollout_is_the_argmax_of_the_scored_distribution(model, tok):
+@pytest.mark.parametrize("sampler", SAMPLERS)
+def test_greedy_rollout_is_the_argmax_of_the_scored_distribution(model, tok, sampler):
     model.eval()
-    batch = generate(model, tok, [ids(tok, p) for p in PROMPTS], group_size=1, max_new_tokens=6, greedy=True)
+    batch = generate(model, tok, [ids(tok, p) for p in PROMPTS], group_size=1, max_new_tokens=6, greedy=True,
+                     sampler=sampler)
     with torch.no_grad():
         for i in range(len(batch)):
             prompt = batch.prompt_ids[i][batch.prompt_mask[i].bool()].tolist()
@@ -231,8 +238,10 @@ GEN_DEFAULTS = [  # (generation defaults shipped with a checkpoint, eos bonus th
 ]
 
 
+@pytest.mark.parametrize("sampler", SAMPLERS)
 @pytest.mark.parametrize("defaults, eos_bonus", GEN_DEFAULTS)
-def test_rollouts_ignore_the_checkpoints_generation_defaults(tiny_model_dir, tok, eos_boost, defaults, eos_bonus):
+def test_rollouts_ignore_the_checkpoints_generation_defaults(tiny_model_dir, tok, eos_boost, defaults, eos_bonus,
+                                                             sampler):
     prompts = [ids(tok, p) for p in PROMPTS]
     plain = load_model(str(tiny_model_dir))
     shipped = load_model(str(tiny_model_dir))
@@ -243,10 +252,99 @@ def test_rollouts_ignore_the_checkpoints_generation_defaults(tiny_model_dir, tok
         eos_boost(shipped, bonus=eos_bonus)
     for greedy in (True, False):
         torch.manual_seed(0)
-        a = generate(plain, tok, prompts, group_size=2, max_new_tokens=8, greedy=greedy)
+        a = generate(plain, tok, prompts, group_size=2, max_new_tokens=8, greedy=greedy, sampler=sampler)
         torch.manual_seed(0)
-        b = generate(shipped, tok, prompts, group_size=2, max_new_tokens=8, greedy=greedy)
+        b = generate(shipped, tok, prompts, group_size=2, max_new_tokens=8, greedy=greedy, sampler=sampler)
         assert torch.equal(a.response_ids, b.response_ids) and a.texts == b.texts
+
+
+def test_rlft_sampler_prefills_each_prompt_once_and_its_logprobs_are_the_forward_ones(model, tok, eos_boost,
+                                                                                    monkeypatch):
+    """The shared prompt cache, the growing decode cache and the dropping of finished rows give the same
+    log-probs as one unpadded forward of each finished sequence."""
+    from transformers import DynamicCache
+
+    boost = eos_boost(model, bonus=1.5)
+    rows_seen, compactions = [], []
+    model.register_forward_pre_hook(lambda mod, args, kw: rows_seen.append(kw["input_ids"].shape), with_kwargs=True)
+    real_select = DynamicCache.batch_select_indices
+    monkeypatch.setattr(DynamicCache, "batch_select_indices",
+                        lambda self, idx: (compactions.append(len(idx)), real_select(self, idx))[1])
+    prompts = [ids(tok, p) for p in PROMPTS]
+    G = 4
+    torch.manual_seed(0)
+    s = decode.sample(model, prompts, group_size=G, max_new_tokens=12, stops=eos_ids(model, tok),
+                      pad_id=tok.pad_token_id, temperature=0.8)
+    boost.remove()
+    assert rows_seen[0] == (len(prompts), max(map(len, prompts)))  # one prefill row per prompt, not per sample
+    assert all(shape[1] == 1 for shape in rows_seen[1:])  # then one token per live row and step
+    assert compactions and s.truncated.any() and not s.truncated.all()  # finished rows were dropped mid-way
+    assert sorted(shape[0] for shape in rows_seen[1:])[0] < len(prompts) * G
+    batch = Batch(prompt_ids=s.prompt_ids, prompt_mask=s.prompt_mask, response_ids=s.response_ids,
+                  response_mask=s.response_mask, truncated=s.truncated, group_size=G)
+    boost = eos_boost(model, bonus=1.5)
+    n_red = model_reduction_len(model, batch)
+    for i, (ref_logp, _, z_max) in enumerate(naive_logprobs(model, batch, temperature=0.8)):
+        n = len(ref_logp)
+        assert n == s.response_mask[i].sum() and (s.logprobs[i, n:] == 0).all()
+        assert_rounding_close(s.logprobs[i, :n], ref_logp, n_terms=n_red, scale=1 + z_max, depth=FORWARD_DEPTH,
+                              what=f"sampler log-probs of row {i}")
+    boost.remove()
+
+
+def test_rlft_sampler_pads_after_the_stop_token_even_when_pad_is_a_stop_token(model, tok, eos_boost):
+    eos_boost(model, bonus=2.5)
+    stops = sorted({tok.eos_token_id, tok.pad_token_id})  # Qwen-style checkpoints: pad = eos
+    torch.manual_seed(1)
+    s = decode.sample(model, [ids(tok, p) for p in PROMPTS], group_size=3, max_new_tokens=6, stops=stops,
+                      pad_id=tok.pad_token_id)
+    assert s.truncated.any() and not s.truncated.all()
+    for i in range(len(s.response_ids)):
+        n = int(s.response_mask[i].sum())
+        row = s.response_ids[i].tolist()
+        assert all(x not in stops for x in row[:n - 1])
+        assert (row[n - 1] in stops) != bool(s.truncated[i])  # stopped rows end on their stop token
+        assert all(x == tok.pad_token_id for x in row[n:])
+
+
+def test_sampling_warpers_are_generates():
+    """temperature, then top-k, then top-p, as model.generate applies them."""
+    logits = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0, -3.0]])
+    kept = lambda scores: torch.isfinite(scores[0]).nonzero().squeeze(1).tolist()  # noqa: E731
+    assert kept(decode.warp(logits, temperature=1.0, top_k=3, top_p=1.0)) == [0, 1, 2]
+    p = torch.softmax(logits / 0.5, -1)[0]  # at temperature 0.5 the first token alone holds more than 0.8
+    assert p[0] > 0.8 and kept(decode.warp(logits, temperature=0.5, top_k=0, top_p=0.8)) == [0]
+    assert kept(decode.warp(logits, temperature=1.0, top_k=0, top_p=0.8)) == [0, 1, 2]  # 0.56 + 0.21 + 0.13 > 0.8
+    scores = decode.warp(logits, temperature=2.0, top_k=2, top_p=1.0)
+    assert torch.allclose(torch.softmax(scores, -1)[0, :2], torch.softmax(logits[0, :2] / 2.0, -1))
+
+
+def test_top_k_one_samples_the_greedy_tokens(model, tok):
+    prompts = [ids(tok, p) for p in PROMPTS]
+    greedy = decode.sample(model, prompts, group_size=2, max_new_tokens=6, stops=eos_ids(model, tok),
+                           pad_id=tok.pad_token_id, greedy=True)
+    torch.manual_seed(0)
+    top1 = decode.sample(model, prompts, group_size=2, max_new_tokens=6, stops=eos_ids(model, tok),
+                         pad_id=tok.pad_token_id, top_k=1)
+    assert torch.equal(greedy.response_ids, top1.response_ids)
+
+
+def test_a_model_the_rlft_sampler_cannot_drive_falls_back_to_generate(model, tok, monkeypatch):
+    class NoCacheArgs(torch.nn.Module):
+        def forward(self, input_ids, attention_mask=None):
+            raise AssertionError("not called")
+
+    assert decode.supports_fast_sampling(type(model)) and not decode.supports_fast_sampling(NoCacheArgs)
+    calls = []
+    real = type(model).generate
+    monkeypatch.setattr(type(model), "generate", lambda self, **kw: (calls.append(1), real(self, **kw))[1])
+    generate(model, tok, [ids(tok, PROMPTS[0])], group_size=2, max_new_tokens=3)
+    assert calls == []
+    generate(model, tok, [ids(tok, PROMPTS[0])], group_size=2, max_new_tokens=3, sampler="generate")
+    assert calls == [1]
+    monkeypatch.setattr(hf, "supports_fast_sampling", lambda cls: False)
+    generate(model, tok, [ids(tok, PROMPTS[0])], group_size=2, max_new_tokens=3)
+    assert calls == [1, 1]
 
 
 # ----------------------------------------------------------------------------- (b) log-probs
@@ -276,10 +374,11 @@ def test_response_logprobs_match_unpadded_forward(model, tok, temperature):
                for i, (r, _, z_max) in enumerate(rows) if len(r))
 
 
-def test_response_logprobs_of_a_sampled_batch(model, tok, eos_boost):
+@pytest.mark.parametrize("sampler", SAMPLERS)
+def test_response_logprobs_of_a_sampled_batch(model, tok, eos_boost, sampler):
     boost = eos_boost(model)
     torch.manual_seed(0)
-    batch = generate(model, tok, [ids(tok, p) for p in PROMPTS], group_size=2, max_new_tokens=8)
+    batch = generate(model, tok, [ids(tok, p) for p in PROMPTS], group_size=2, max_new_tokens=8, sampler=sampler)
     boost.remove()  # score under the plain model
     model.eval()
     with torch.no_grad():

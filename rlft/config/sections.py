@@ -115,6 +115,8 @@ class RolloutConfig:
     top_p: float = 1.0
     top_k: int = 0
     """0 disables top-k."""
+    sampler: Literal["rlft", "generate"] = "rlft"
+    """rlft: rlft.rollout.decode (each prompt prefilled once per group, finished rows dropped; the same sampling distribution); generate: transformers' model.generate (also the fallback for a model the rlft sampler cannot drive)."""
 
     def __post_init__(self) -> None:
         _check(self.max_new_tokens >= 1, "rollout.max_new_tokens", "must be >= 1")

@@ -31,7 +31,7 @@ from rlft.rewards import score_batch
 from rlft.rewards.scoring import ScoreResult
 from rlft.rewards.steps import step_metrics, step_tensors
 from rlft.rollout.batch import Batch, cat_batches
-from rlft.rollout.hf import generate
+from rlft.rollout.hf import generate, sampling_args
 from rlft.trainers import hacking
 from rlft.trainers.update import micro_batches, update
 
@@ -203,8 +203,7 @@ def collect(state: RLState, cfg: Config, t: dict[str, float]) -> tuple[Batch, di
         idx = state.sampler.take(P)
         with _timed(t, "rollout"):
             batch = generate(state.policy, state.tokenizer, [state.prompts[i] for i in idx], group_size=G,
-                             max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature,
-                             top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k)
+                             **sampling_args(cfg.rollout))
         with _timed(t, "reward"):
             scored = score(batch, [state.examples[i] for i in idx], cfg)
             attach_steps(batch, scored, state.tokenizer, cfg)
