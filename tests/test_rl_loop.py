@@ -13,13 +13,16 @@ from rlft.config import load_config
 from rlft.core.advantages import group_norm
 from rlft.core.kl import make_kl_controller
 from rlft.core.losses import AGGREGATIONS, POLICY_LOSSES, aggregate
+from rlft.core.ops import masked_sum
 from rlft.data.synthetic import synthetic_task
 from rlft.data.templates import encode_prompts
-from rlft.models.forward import response_logprobs
+from rlft.models import forward as fwd
+from rlft.models.forward import prompt_groups, response_logprobs
 from rlft.models.loading import load_model, load_tokenizer
 from rlft.rollout.batch import Batch, left_pad
 from rlft.rollout import decode, hf
 from rlft.rollout.hf import eos_ids, generate
+from rlft import run
 from rlft.trainers import rl
 from rlft.trainers import update as upd
 from rlft.trainers.rl import PromptSampler, RLState, fill_logprobs, rl_step
@@ -388,6 +391,76 @@ def test_response_logprobs_of_a_sampled_batch(model, tok, eos_boost, sampler):
     for i, (ref_logp, _, z_max) in enumerate(naive_logprobs(model, batch)):
         assert_rounding_close(logp[i, :len(ref_logp)], ref_logp, n_terms=n_red, scale=1 + z_max,
                               depth=FORWARD_DEPTH, what=f"log-probs of row {i}")
+
+
+def test_prompt_groups_are_runs_of_identical_prompts():
+    ids_ = torch.tensor([[0, 5, 6], [0, 5, 6], [7, 8, 9], [0, 5, 6], [0, 5, 6], [0, 5, 6]])
+    mask = torch.ones_like(ids_)
+    mask[4:, 0] = 0  # same ids, different padding: another prompt
+    first, group = prompt_groups(ids_, mask)
+    assert first.tolist() == [0, 2, 3, 4] and group.tolist() == [0, 0, 1, 2, 3, 3]
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_shared_prefix_forward_gives_the_plain_forwards_logprobs_and_gradients(model, tok, temperature, monkeypatch):
+    """Each prompt computed once for its group (keys and values repeated, gradients summed back) is the same
+    function of the weights as the plain forward of every full row: log-probs, entropies and the gradient of a
+    loss over them agree within the rounding bound."""
+    batch = with_advantages(varied_batch(tok))  # 3 prompts x G=2, responses of every kind
+    mask = batch.response_mask.bool()
+    shared_calls = []
+    real = fwd._shared_prefix_logits
+    monkeypatch.setattr(fwd, "_shared_prefix_logits", lambda *a: (shared_calls.append(1), real(*a))[1])
+    model.train()
+
+    def forward_and_backward(rows, shared: bool):
+        model.zero_grad()
+        sub = batch.index(rows)
+        logp, ent = response_logprobs(model, sub.prompt_ids, sub.prompt_mask, sub.response_ids, sub.response_mask,
+                                      temperature=temperature, with_entropy=True, shared_prefix=shared)
+        loss = masked_sum(logp * sub.adv + 0.1 * ent, sub.response_mask)
+        loss.backward()
+        return logp.detach(), ent.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    logp, ent, grads = forward_and_backward(slice(None), shared=True)
+    assert shared_calls == [1]
+    ref_logp, ref_ent, ref_grads = forward_and_backward(slice(None), shared=False)
+    assert shared_calls == [1]
+    scale = {n: torch.zeros_like(g) for n, g in ref_grads.items()}  # sum over rows of |that row's gradient|
+    for i in range(len(batch)):
+        for n, g in forward_and_backward(slice(i, i + 1), shared=False)[2].items():
+            scale[n] += g.abs()
+    n_red = model_reduction_len(model, batch)
+    z_max = max(z for _, _, z in naive_logprobs(model, batch, temperature))
+    tol = dict(n_terms=n_red, scale=1 + z_max, depth=FORWARD_DEPTH)
+    assert_rounding_close(logp[mask], ref_logp[mask], **tol, what="log-probs")
+    assert_rounding_close(ent[mask], ref_ent[mask], **tol, what="entropies")
+    for n in grads:
+        assert_rounding_close(grads[n], ref_grads[n], n_terms=n_red, scale=max(scale[n].max().item(), 1e-30),
+                              depth=MODEL_DEPTH, what=n)
+    # the bound catches a wrong sharing: every row reading the first prompt's keys and values
+    monkeypatch.setattr(fwd, "prompt_groups", lambda ids_, m: (torch.tensor([0]), torch.zeros(len(ids_), dtype=torch.long)))
+    wrong = response_logprobs(model, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask,
+                              temperature=temperature)[0].detach()
+    assert rounding_differs(wrong[mask], ref_logp[mask], **tol)
+
+
+def test_shared_prefix_is_skipped_under_gradient_checkpointing_and_for_distinct_prompts(model, tok, monkeypatch):
+    batch = varied_batch(tok)
+    shared_calls = []
+    real = fwd._shared_prefix_logits
+    monkeypatch.setattr(fwd, "_shared_prefix_logits", lambda *a: (shared_calls.append(1), real(*a))[1])
+    one_per_prompt = batch.index(torch.tensor([0, 2, 4]))
+    response_logprobs(model, one_per_prompt.prompt_ids, one_per_prompt.prompt_mask, one_per_prompt.response_ids,
+                      one_per_prompt.response_mask)
+    assert shared_calls == []
+    run._enable_checkpointing(model)
+    model.train()
+    response_logprobs(model, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask)
+    assert shared_calls == []
+    model.eval()  # no activations are recomputed outside training
+    response_logprobs(model, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask)
+    assert shared_calls == [1]
 
 
 # ----------------------------------------------------------------------------- (c) exact micro-batching

@@ -630,6 +630,8 @@ class TrainConfig:
     """P: prompts per RL step; the batch holds P x G sequences."""
     micro_batch_size: int = 256
     """Sequences per forward/backward (gradient accumulation above it; the loss is unchanged)."""
+    shared_prefix: bool = True
+    """Log-prob forwards compute each group's prompt once and share its keys and values with the group's G responses (the same function of the weights; off: every row computes its own prompt). Needs a model with a KV cache; off by itself under gradient checkpointing."""
     seed: int = 0
     save_every: int = 0
     """Checkpoint every N RL steps (0: only the final policy is saved)."""
