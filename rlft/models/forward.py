@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from rlft.core.ops import entropy_from_logits, logprobs_from_logits
+from rlft.models.lora import core_model
 
 
 @lru_cache(maxsize=None)
@@ -36,10 +37,11 @@ def prompt_groups(prompt_ids: Tensor, prompt_mask: Tensor) -> tuple[Tensor, Tens
 def can_share_prefix(model) -> bool:
     """The model takes a KV cache and ``logits_to_keep``, and is not recomputing activations (gradient
     checkpointing turns the cache off)."""
-    flag = "is_activation_checkpointing" if hasattr(type(model), "is_activation_checkpointing") else \
+    core = core_model(model)
+    flag = "is_activation_checkpointing" if hasattr(type(core), "is_activation_checkpointing") else \
         "is_gradient_checkpointing"
-    checkpointing = getattr(model, flag, False) and model.training
-    return _accepts_logits_to_keep(type(model)) and not checkpointing
+    checkpointing = getattr(core, flag, False) and model.training
+    return _accepts_logits_to_keep(type(core_model(model))) and not checkpointing
 
 
 def response_logits(model, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor, response_mask: Tensor,
@@ -61,7 +63,7 @@ def response_logits(model, prompt_ids: Tensor, prompt_mask: Tensor, response_ids
     attn = torch.cat([prompt_mask, response_mask], dim=1).to(device)  # (B, Tp + T)
     position_ids = (attn.cumsum(-1) - 1).clamp(min=0)
     T = response_ids.shape[1]
-    kwargs = {"logits_to_keep": T + 1} if _accepts_logits_to_keep(type(model)) else {}
+    kwargs = {"logits_to_keep": T + 1} if _accepts_logits_to_keep(type(core_model(model))) else {}
     logits = model(input_ids=input_ids, attention_mask=attn, position_ids=position_ids, use_cache=False,
                    **kwargs).logits
     logits = logits[:, -(T + 1):-1]  # (B, T, V): position t predicts response token t

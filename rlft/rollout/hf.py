@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from rlft.models.lora import core_model
 from rlft.rollout.batch import Batch, left_pad
 from rlft.rollout.decode import Sampled, sample, supports_fast_sampling
 
@@ -41,7 +42,7 @@ def generate(model, tokenizer, prompts: list[list[int]], *, group_size: int, max
     was_training = model.training
     model.eval()
     try:
-        if sampler == "rlft" and supports_fast_sampling(type(model)):
+        if sampler == "rlft" and supports_fast_sampling(type(core_model(model))):
             run = sample
         else:
             run = _hf_generate
