@@ -34,11 +34,10 @@ import torch
 from rlft.config import load_config
 from rlft.data.schema import Example
 from rlft.data.templates import encode_prompts
-from rlft.models.loading import load_model, load_tokenizer, quiet_transformers
+from rlft.models.loading import quiet_transformers
 from rlft.models.tiny import build_tiny_model
-from rlft.run import load_task, seed_everything
-from rlft.trainers.optim import make_optimizer, make_scheduler
-from rlft.trainers.rl import PromptSampler, RLState, rl_step
+from rlft.run import _rl_state, load_task, seed_everything, training_policy
+from rlft.trainers.rl import rl_step
 
 
 def file_examples(path: str, n: int) -> list[Example]:
@@ -74,16 +73,14 @@ def run(args: argparse.Namespace, overrides: list[str]) -> dict:
     seed_everything(cfg.train.seed)
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = args.model or str(build_tiny_model(tmp))
-        tok, policy = load_tokenizer(model_dir), load_model(model_dir)
+        policy, tok = training_policy(cfg, model_dir, None, Path(tmp))  # as rlft train loads it (LoRA included)
     if args.data:
         examples = file_examples(args.data, P * args.steps)
     else:
         examples, _ = load_task(cfg)
     prompts = encode_prompts(examples, cfg.data.template, tok, cfg.data.max_prompt_tokens)
-    opt = make_optimizer(policy.parameters(), lr=cfg.optim.lr)
-    state = RLState(policy=policy, tokenizer=tok, optimizer=opt,
-                    scheduler=make_scheduler(opt, warmup=0, total=1, schedule="constant"),
-                    sampler=PromptSampler(len(examples), cfg.train.seed), examples=examples, prompts=prompts)
+    state = _rl_state(policy, tok, examples, prompts, cfg)  # the optimizer, schedule and reference of rlft train
+    policy.train()
     steps = []
     for _ in range(args.steps):
         t0 = time.perf_counter()
@@ -100,6 +97,7 @@ def run(args: argparse.Namespace, overrides: list[str]) -> dict:
         "peak_rss_mb": peak_rss_mb(),
         **{k: statistics.median(s[k] for s in timed) for k in timed[0] if k.startswith("timing_s/")},
         "params": sum(p.numel() for p in policy.parameters()),
+        "trainable_params": sum(p.numel() for p in policy.parameters() if p.requires_grad),
         "torch_threads": torch.get_num_threads(),
         "setup": {"model": args.model or "embedded tiny model", "data": args.data or cfg.data.source,
                   "template": args.template, "prompts": P, "group": G, "max_new_tokens": N, "steps": args.steps,
