@@ -265,13 +265,13 @@ def test_rlft_sampler_prefills_each_prompt_once_and_its_logprobs_are_the_forward
                                                                                     monkeypatch):
     """The shared prompt cache, the growing decode cache and the dropping of finished rows give the same
     log-probs as one unpadded forward of each finished sequence."""
-    from transformers import DynamicCache
+    from transformers.cache_utils import Cache
 
     boost = eos_boost(model, bonus=1.5)
     rows_seen, compactions = [], []
     model.register_forward_pre_hook(lambda mod, args, kw: rows_seen.append(kw["input_ids"].shape), with_kwargs=True)
-    real_select = DynamicCache.batch_select_indices
-    monkeypatch.setattr(DynamicCache, "batch_select_indices",
+    real_select = Cache.batch_select_indices
+    monkeypatch.setattr(Cache, "batch_select_indices",
                         lambda self, idx: (compactions.append(len(idx)), real_select(self, idx))[1])
     prompts = [ids(tok, p) for p in PROMPTS]
     G = 4
@@ -293,6 +293,30 @@ def test_rlft_sampler_prefills_each_prompt_once_and_its_logprobs_are_the_forward
         assert_rounding_close(s.logprobs[i, :n], ref_logp, n_terms=n_red, scale=1 + z_max, depth=FORWARD_DEPTH,
                               what=f"sampler log-probs of row {i}")
     boost.remove()
+
+
+def test_reserved_cache_appends_in_place_and_matches_a_dynamic_cache(model):
+    from transformers import DynamicCache
+
+    cache = decode.reserved_cache(model, capacity=6)
+    assert cache is not None and len(cache.layers) == model.config.num_hidden_layers
+    ref = DynamicCache()
+    g = torch.Generator().manual_seed(0)
+    steps = [torch.randn(3, 2, n, 4, generator=g) for n in (2, 1, 1)]
+    for x in steps:
+        k, v = cache.layers[0].update(x, -x)
+        rk, rv = ref.update(x, -x, 0)
+        assert torch.equal(k, rk) and torch.equal(v, rv)
+    buffer = cache.layers[0]._k
+    cache.layers[0].update(steps[1], -steps[1])  # within the reserved 6 tokens: no new buffer
+    assert cache.layers[0]._k is buffer and cache.get_seq_length() == 5
+    cache.layers[0].batch_repeat_interleave(2)
+    cache.layers[0].batch_select_indices(torch.tensor([5, 0]))
+    assert torch.equal(cache.layers[0].keys[0, :, :4], torch.cat(steps, 2)[2])
+    cache.layers[0].crop(-2)
+    assert cache.layers[0].keys.shape[2] == 3 and torch.equal(cache.layers[0].keys[1], torch.cat(steps, 2)[0, :, :3])
+    k, _ = cache.layers[0].update(torch.randn(2, 2, 9, 4, generator=g), torch.zeros(2, 2, 9, 4))  # past capacity
+    assert k.shape[2] == 12 and torch.equal(k[1, :, :3], torch.cat(steps, 2)[0, :, :3])
 
 
 def test_rlft_sampler_pads_after_the_stop_token_even_when_pad_is_a_stop_token(model, tok, eos_boost):

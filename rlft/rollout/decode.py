@@ -26,6 +26,7 @@ from functools import lru_cache
 import torch
 from torch import Tensor
 
+from rlft.models.lora import core_model
 from rlft.rollout.batch import left_pad
 
 # Compact the batch (drop finished rows from it and from the cache) once this share of its rows has finished:
@@ -41,6 +42,78 @@ class Sampled:
     response_mask: Tensor  # (B, T) 1 up to and including the stop token
     truncated: Tensor  # (B,) bool: no stop token within the budget
     logprobs: Tensor | None = None  # (B, T) log-prob of each token under softmax(logits / temperature); 0 on padding
+
+
+def _reserved_layer_class():
+    from transformers.cache_utils import DynamicLayer
+
+    class ReservedLayer(DynamicLayer):
+        """A ``DynamicLayer`` whose keys and values are the filled prefix of a buffer reserved for ``capacity``
+        tokens: a decode step writes its key and value in place, where ``DynamicLayer`` concatenates, copying the
+        whole cache at every step."""
+
+        def __init__(self, capacity: int):
+            super().__init__()
+            self.capacity = capacity
+            self.length = 0
+            self._k = self._v = None
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+            n = key_states.shape[-2]
+            if self._k is None or self.length + n > self._k.shape[-2]:
+                self._resize(key_states, max(self.capacity, self.length + n))
+            self._k[..., self.length:self.length + n, :] = key_states
+            self._v[..., self.length:self.length + n, :] = value_states
+            self.length += n
+            return self._views()
+
+        def _resize(self, like, size: int) -> None:
+            b, h, _, d = like.shape
+            k, v = like.new_empty(b, h, size, d), like.new_empty(b, h, size, d)
+            if self.length:
+                k[..., :self.length, :], v[..., :self.length, :] = self._views()
+            self._k, self._v = k, v
+
+        def _views(self):
+            self.keys, self.values = self._k[..., :self.length, :], self._v[..., :self.length, :]
+            return self.keys, self.values
+
+        def get_seq_length(self) -> int:
+            return self.length
+
+        def crop(self, tokens_to_remove: int) -> None:
+            if tokens_to_remove > 0:
+                raise ValueError("crop takes the (negative) number of tokens to remove")
+            self.length = max(0, self.length + tokens_to_remove)
+            if self._k is not None:
+                self._views()
+
+        def batch_repeat_interleave(self, repeats: int) -> None:
+            if self.length:
+                self._k, self._v = self._k.repeat_interleave(repeats, 0), self._v.repeat_interleave(repeats, 0)
+                self._views()
+
+        def batch_select_indices(self, indices) -> None:
+            if self.length:
+                self._k, self._v = self._k[indices], self._v[indices]
+                self._views()
+
+    return ReservedLayer
+
+
+def reserved_cache(model, capacity: int):
+    """A KV cache whose layers hold ``capacity`` tokens without reallocating, for a model whose every layer is full
+    attention; None for other models (sliding windows, linear attention: their own ``DynamicCache`` layers)."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import Cache, DynamicLayer
+
+    probe = DynamicCache(config=model.config)
+    if not probe.layers or any(type(layer) is not DynamicLayer for layer in probe.layers):
+        return None
+    layer = _reserved_layer_class()
+    return Cache(layers=[layer(capacity) for _ in probe.layers])
 
 
 @lru_cache(maxsize=None)
@@ -71,7 +144,7 @@ def sample(model, prompts: list[list[int]], *, group_size: int, max_new_tokens: 
     G = group_size
     ids, mask = left_pad(prompts, pad_id)  # (P, Tp)
     ids, mask = ids.to(device), mask.to(device)
-    cache = DynamicCache()
+    cache = reserved_cache(core_model(model), ids.shape[1] + max_new_tokens) or DynamicCache()
     out = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
                 past_key_values=cache, use_cache=True, logits_to_keep=1)
     logits = out.logits[:, -1].float()  # (P, V)
