@@ -744,6 +744,32 @@ def test_single_pass_fills_nothing(model, tok, make_cfg):
     assert metrics["actor/ppo_kl"] == 0.0 and metrics["actor/pg_clipfrac"] == 0.0
 
 
+def test_several_passes_take_the_old_logprobs_the_sampler_computed(model, tok, make_cfg, eos_boost, monkeypatch):
+    """No forward pass for log-probs already known: the rlft sampler's are the behaviour policy's, equal to a
+    forward of the sampled batch within the rounding bound; a batch without them (model.generate) gets the
+    forward."""
+    cfg = make_cfg("algo.epochs=2", "algo.kl_coef=0")
+    eos_boost(model)
+    torch.manual_seed(0)
+    batch = generate(model, tok, [ids(tok, p) for p in PROMPTS], group_size=2, max_new_tokens=T, temperature=0.7)
+    assert batch.rollout_logp is not None
+    forwards = []
+    monkeypatch.setattr(rl, "batch_logprobs", lambda *a, **k: (forwards.append(1), upd.batch_logprobs(*a, **k))[1])
+    fill_logprobs(make_state(model, tok), batch, make_cfg("algo.epochs=2", "algo.kl_coef=0", "rollout.temperature=0.7"))
+    assert forwards == [] and torch.equal(batch.old_logp, batch.rollout_logp * batch.response_mask)
+    model.eval()
+    with torch.no_grad():
+        fresh = upd.batch_logprobs(model, batch, make_cfg("rollout.temperature=0.7"))[0]
+    mask = batch.response_mask.bool()
+    z_max = max(z for _, _, z in naive_logprobs(model, batch, 0.7))
+    assert_rounding_close(batch.old_logp[mask], fresh[mask], n_terms=model_reduction_len(model, batch),
+                          scale=1 + z_max, depth=FORWARD_DEPTH, what="sampler vs forward log-probs")
+    plain = generate(model, tok, [ids(tok, p) for p in PROMPTS], group_size=2, max_new_tokens=T, sampler="generate")
+    assert plain.rollout_logp is None
+    fill_logprobs(make_state(model, tok), plain, cfg)
+    assert forwards and plain.old_logp is not None
+
+
 def test_kl_term_fills_ref_logprobs(model, tok, make_cfg):
     cfg = make_cfg("algo.kl_coef=0.1")
     state = make_state(model, tok, lr=0.5)

@@ -57,7 +57,7 @@ def generate(model, tokenizer, prompts: list[list[int]], *, group_size: int, max
     shown = s.response_ids.masked_fill(ends | (s.response_mask == 0), tokenizer.pad_token_id)
     return Batch(prompt_ids=s.prompt_ids, prompt_mask=s.prompt_mask, response_ids=s.response_ids,
                  response_mask=s.response_mask, truncated=s.truncated, group_size=group_size,
-                 texts=tokenizer.batch_decode(shown, skip_special_tokens=True))
+                 texts=tokenizer.batch_decode(shown, skip_special_tokens=True), rollout_logp=s.logprobs)
 
 
 def _hf_generate(model, prompts: list[list[int]], *, group_size: int, max_new_tokens: int, stops: list[int],

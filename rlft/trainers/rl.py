@@ -286,10 +286,15 @@ def reward_metrics(drawn: list[tuple[Batch, ScoreResult]], cfg: Config) -> dict[
 
 @torch.no_grad()
 def fill_logprobs(state: RLState, batch: Batch, cfg: Config) -> None:
-    """Old log-probs (only when not single pass), reference log-probs (only with a KL term), values (critic)."""
+    """Old log-probs (only when not single pass), reference log-probs (only with a KL term), values (critic).
+
+    The old log-probs are those the sampler computed while sampling, when it did (the rlft sampler): the same
+    policy and temperature, so a forward pass over the batch is saved."""
     a = cfg.algo
     models = {}
-    if not a.single_pass:
+    if not a.single_pass and batch.rollout_logp is not None:
+        batch.old_logp = batch.rollout_logp * batch.response_mask
+    elif not a.single_pass:
         models["old_logp"] = lambda mb: batch_logprobs(state.policy, mb, cfg)[0]
     if a.needs_ref:
         models["ref_logp"] = lambda mb: batch_logprobs(state.ref, mb, cfg)[0]
