@@ -1,69 +1,135 @@
-"""Seconds per GRPO step on the embedded demo model: P prompts x G samples x N new tokens.
+"""Seconds per GRPO step: P prompts x G samples x up to N new tokens, fp32 on CPU, with any causal-LM directory.
 
-    python benchmarks/grpo_step.py                      # 8 x 8 x 16, 20 timed steps after 3 warm-up
-    python benchmarks/grpo_step.py --prompts 16 --steps 10
+    python benchmarks/grpo_step.py                                  # embedded tiny model and task, 8 x 8 x 16
+    python benchmarks/make_model.py --out /tmp/m34 --hidden 512 --layers 8 --mlp 2048
+    python benchmarks/grpo_step.py --model /tmp/m34 --data ../shared/data/gsm8k/test.jsonl --template chat \\
+        --prompts 8 --group 8 --max-new-tokens 128 --steps 5 --json /tmp/long.json
 
-The model is the randomly initialised tiny model (no warm-up), which rarely emits
-eos, so nearly every response uses the full token budget (the worst case).
-Reports the median and quartiles of the step time and the median of each phase.
+The step is rlft's own ``rl_step`` with the defaults ``rlft train`` uses (so every lever that is
+on by default is measured): temperature 1.0, no reference model (``algo.kl_coef=0``), one update
+pass per batch, and the full update even when every advantage is zero (a random-init model's
+rewards are all equal; the update runs anyway). Prompts are the ``prompt`` field of each row of
+``--data`` (``question`` when there is no ``prompt``), taken in order; the embedded task when no
+file is given. Trailing ``key=value`` arguments are configuration overrides (for example
+``rollout.sampler=generate`` to measure transformers' ``model.generate`` instead of rlft's sampler).
+
+Writes (``--json``) and prints: ``sec_per_step`` (median of steps 2..S: step 1 warms up),
+``generated_tokens_per_s`` (median over those steps of response tokens / rollout seconds),
+``peak_rss_mb`` (the process's peak resident memory), per-phase medians ``timing_s/<phase>``,
+and every step's raw numbers.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import resource
 import statistics
 import tempfile
 import time
+from pathlib import Path
 
 import torch
 
 from rlft.config import load_config
+from rlft.data.schema import Example
 from rlft.data.templates import encode_prompts
-from rlft.models.loading import load_model, load_tokenizer, quiet_transformers
+from rlft.models.loading import quiet_transformers
 from rlft.models.tiny import build_tiny_model
-from rlft.run import load_task, seed_everything
-from rlft.trainers.optim import make_optimizer, make_scheduler
-from rlft.trainers.rl import PromptSampler, RLState, rl_step
+from rlft.run import _rl_state, load_task, seed_everything, training_policy
+from rlft.trainers.rl import rl_step
+
+
+def file_examples(path: str, n: int) -> list[Example]:
+    """The first ``n`` rows of a .jsonl file as prompts (``prompt`` or ``question``; the GSM8K answer if any)."""
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            row = json.loads(line)
+            prompt = row.get("prompt", row.get("question"))
+            if not isinstance(prompt, str):
+                raise SystemExit(f"{path}, line {line_no}: no string field 'prompt' or 'question'")
+            answer = str(row.get("answer", "")).split("####")[-1].strip()
+            out.append(Example(prompt=prompt, ground_truth=answer))
+            if len(out) == n:
+                break
+    if not out:
+        raise SystemExit(f"{path}: no rows")
+    return out
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+def run(args: argparse.Namespace, overrides: list[str]) -> dict:
+    P, G, N = args.prompts, args.group, args.max_new_tokens
+    cfg = load_config(None, [f"train.prompts_per_step={P}", f"algo.group_size={G}", f"rollout.max_new_tokens={N}",
+                             "rollout.temperature=1.0", "algo.kl_coef=0", "algo.epochs=1", "algo.minibatches=1",
+                             "model.dtype=float32", "model.device=cpu", f"data.template={args.template}",
+                             "data.max_prompt_tokens=100000", *overrides])
+    seed_everything(cfg.train.seed)
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = args.model or str(build_tiny_model(tmp))
+        policy, tok = training_policy(cfg, model_dir, None, Path(tmp))  # as rlft train loads it (LoRA included)
+    if args.data:
+        examples = file_examples(args.data, P * args.steps)
+    else:
+        examples, _ = load_task(cfg)
+    prompts = encode_prompts(examples, cfg.data.template, tok, cfg.data.max_prompt_tokens)
+    state = _rl_state(policy, tok, examples, prompts, cfg)  # the optimizer, schedule and reference of rlft train
+    policy.train()
+    steps = []
+    for _ in range(args.steps):
+        t0 = time.perf_counter()
+        m = rl_step(state, cfg)
+        seconds = time.perf_counter() - t0
+        generated = m["response_length/mean"] * P * G
+        steps.append({"sec": seconds, "generated_tokens": generated,
+                      "prompt_tokens_mean": statistics.mean(len(p) for p in prompts),
+                      **{k: v for k, v in m.items() if k.startswith("timing_s/")}})
+    timed = steps[1:] or steps
+    out = {
+        "sec_per_step": statistics.median(s["sec"] for s in timed),
+        "generated_tokens_per_s": statistics.median(s["generated_tokens"] / s["timing_s/rollout"] for s in timed),
+        "peak_rss_mb": peak_rss_mb(),
+        **{k: statistics.median(s[k] for s in timed) for k in timed[0] if k.startswith("timing_s/")},
+        "params": sum(p.numel() for p in policy.parameters()),
+        "trainable_params": sum(p.numel() for p in policy.parameters() if p.requires_grad),
+        "torch_threads": torch.get_num_threads(),
+        "setup": {"model": args.model or "embedded tiny model", "data": args.data or cfg.data.source,
+                  "template": args.template, "prompts": P, "group": G, "max_new_tokens": N, "steps": args.steps,
+                  "overrides": overrides},
+        "steps": steps,
+    }
+    return out
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="", help="a Hugging Face causal-LM directory (default: the embedded tiny model)")
+    ap.add_argument("--data", default="", help="a .jsonl file with a 'prompt' (or 'question') field")
+    ap.add_argument("--template", choices=["raw", "chat"], default="chat")
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--group", type=int, default=8)
-    ap.add_argument("--new-tokens", type=int, default=16)
-    ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--warmup", type=int, default=3)
-    args = ap.parse_args()
+    ap.add_argument("--max-new-tokens", type=int, default=16)
+    ap.add_argument("--steps", type=int, default=6, help="steps run; the first is a warm-up")
+    ap.add_argument("--json", default="", help="write the results here")
+    args, overrides = ap.parse_known_args()
     quiet_transformers()
-    cfg = load_config(None, [f"train.prompts_per_step={args.prompts}", f"algo.group_size={args.group}",
-                             f"rollout.max_new_tokens={args.new_tokens}"])
-    seed_everything(0)
-    with tempfile.TemporaryDirectory() as d:
-        build_tiny_model(d)
-        tok, policy = load_tokenizer(d), load_model(d)
-    train_ex, _ = load_task(cfg)
-    prompts = encode_prompts(train_ex, cfg.data.template, tok, cfg.data.max_prompt_tokens)
-    opt = make_optimizer(policy.parameters(), lr=cfg.optim.lr)
-    state = RLState(policy=policy, tokenizer=tok, optimizer=opt,
-                    scheduler=make_scheduler(opt, warmup=0, total=1, schedule="constant"),
-                    sampler=PromptSampler(len(train_ex), 0), examples=train_ex, prompts=prompts)
-    times, phases, lengths = [], {}, []
-    for i in range(args.warmup + args.steps):
-        t0 = time.perf_counter()
-        m = rl_step(state, cfg)
-        if i >= args.warmup:
-            times.append(time.perf_counter() - t0)
-            lengths.append(m["response_length/mean"])
-            for k, v in m.items():
-                if k.startswith("timing_s/"):
-                    phases.setdefault(k, []).append(v)
-    q = statistics.quantiles(times, n=4)
-    print(f"GRPO step, {args.prompts} prompts x {args.group} samples x {args.new_tokens} new tokens, "
-          f"{sum(p.numel() for p in policy.parameters()) / 1e6:.2f}M params, torch threads {torch.get_num_threads()}")
-    print(f"  seconds/step: median {statistics.median(times):.3f}  (q1 {q[0]:.3f}, q3 {q[2]:.3f}, n={len(times)})")
-    print(f"  mean response length: {statistics.mean(lengths):.1f} tokens")
-    for k, v in phases.items():
-        print(f"  {k}: median {statistics.median(v):.4f}")
+    out = run(args, overrides)
+    print(f"GRPO step, {args.prompts} prompts x {args.group} samples x up to {args.max_new_tokens} new tokens, "
+          f"{out['params'] / 1e6:.2f}M params, {out['torch_threads']} torch threads")
+    print(f"  sec/step: median {out['sec_per_step']:.3f} over steps 2..{args.steps}")
+    print(f"  generated tokens/s (rollout): {out['generated_tokens_per_s']:.1f}   peak RSS {out['peak_rss_mb']:.0f} MB")
+    for k, v in out.items():
+        if k.startswith("timing_s/"):
+            print(f"  {k}: median {v:.4f}")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(out, indent=2))
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ from rlft.config import Config
 from rlft.core.passk import mean_pass_at_k
 from rlft.data.schema import Example
 from rlft.rewards import score_batch
-from rlft.rollout.hf import generate
+from rlft.rollout.hf import generate, sampling_args
 
 
 def _responses(model, tokenizer, prompts: list[list[int]], n: int, cfg: Config, greedy: bool) -> list[str]:
@@ -16,9 +16,8 @@ def _responses(model, tokenizer, prompts: list[list[int]], n: int, cfg: Config, 
     per_chunk = max(1, cfg.eval.batch_size // n)
     texts: list[str] = []
     for start in range(0, len(prompts), per_chunk):
-        batch = generate(model, tokenizer, prompts[start:start + per_chunk], group_size=n,
-                         max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.eval.temperature,
-                         top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k, greedy=greedy)
+        batch = generate(model, tokenizer, prompts[start:start + per_chunk], group_size=n, greedy=greedy,
+                         **sampling_args(cfg.rollout, temperature=cfg.eval.temperature))
         texts.extend(batch.texts)
     return texts
 

@@ -37,6 +37,7 @@ from rlft.data.synthetic import synthetic_task
 from rlft.data.templates import encode_prompts
 from rlft.eval import evaluate
 from rlft.models.loading import load_policy, quiet_transformers, resolve_device
+from rlft.models.lora import AdaptersOff, add_lora, is_adapter_dir, is_peft, load_adapters, merged_copy, save_policy
 from rlft.models.tiny import build_tiny_model
 from rlft.rewards import REWARDS
 from rlft.rewards.pool import RewardPool
@@ -129,12 +130,12 @@ def train(cfg: Config, *, echo=print) -> RunResult:
     device = resolve_device(cfg.model.device)
 
     model_path = base_model_dir(cfg, run_dir)
-    load_from = str(ckpt / "policy") if ckpt else model_path
-    policy, tokenizer = load_policy(load_from, cfg.model)
-    if cfg.model.gradient_checkpointing:
-        _enable_checkpointing(policy)
+    policy, tokenizer = training_policy(cfg, model_path, ckpt, run_dir)
     n_params = sum(p.numel() for p in policy.parameters())
-    echo(f"rlft: run {run_dir}  model {cfg.model.path or 'embedded tiny'} ({n_params / 1e6:.2f}M params) on {device}")
+    n_train = sum(p.numel() for p in policy.parameters() if p.requires_grad)
+    trains = f", {n_train / 1e6:.3f}M of them LoRA adapters" if cfg.lora.rank else ""
+    echo(f"rlft: run {run_dir}  model {cfg.model.path or 'embedded tiny'} ({n_params / 1e6:.2f}M params{trains}) "
+         f"on {device}")
 
     train_ex, eval_ex = load_task(cfg)
     train_prompts = encode_prompts(train_ex, cfg.data.template, tokenizer, cfg.data.max_prompt_tokens, "train data")
@@ -154,8 +155,7 @@ def train(cfg: Config, *, echo=print) -> RunResult:
 
         results["after_rl"] = _eval(policy, tokenizer, eval_prompts, eval_ex, cfg, echo, "after RL")
         _write_json(run_dir / "eval.json", results)
-    policy.save_pretrained(run_dir / "policy")
-    tokenizer.save_pretrained(run_dir / "policy")
+    save_policy(policy, tokenizer, run_dir / "policy", cfg.lora.save)
     seconds = time.perf_counter() - t0
     echo(summary(results, seconds, run_dir))
     return RunResult(run_dir=run_dir, eval=results, seconds=seconds)
@@ -167,6 +167,26 @@ def _reward_pool(cfg: Config):
     if not any(getattr(fn, "runs_in_pool", False) for fn in fns):
         return contextlib.nullcontext()
     return RewardPool(workers=cfg.reward.workers, deadline_s=cfg.reward.timeout_s).activated()
+
+
+def training_policy(cfg: Config, model_path: str, ckpt: Path | None, work_dir: Path) -> tuple:
+    """(policy, tokenizer) to train: the model at ``model_path`` (or a checkpoint's), with LoRA adapters when
+    ``lora.rank`` > 0 (a checkpoint's own adapters when resuming) and activation checkpointing when asked.
+
+    New adapters on a directory of adapters (a pipeline's earlier LoRA stage) need their base on disk, since
+    saved adapters name the directory they apply to: the merged model is written once to ``work_dir/base_model``."""
+    if cfg.lora.rank:
+        if is_adapter_dir(model_path):
+            model_path = merged_copy(model_path, cfg.model, work_dir / "base_model")
+        policy, tokenizer = load_policy(model_path, cfg.model)
+        policy = load_adapters(policy, ckpt / "policy", trainable=True) if ckpt else add_lora(policy, cfg.lora)
+    else:
+        policy, tokenizer = load_policy(str(ckpt / "policy") if ckpt else model_path, cfg.model)
+    if cfg.model.gradient_checkpointing:
+        _enable_checkpointing(policy)
+        if cfg.lora.rank:  # frozen embeddings: the checkpointed blocks need an input that requires grad
+            policy.enable_input_require_grads()
+    return policy, tokenizer
 
 
 def _enable_checkpointing(model) -> None:
@@ -234,8 +254,8 @@ def _rl_state(policy, tokenizer, train_ex, train_prompts, cfg: Config) -> RLStat
     state.penalty_ctl = penalty_controller(state, cfg)  # PPO-penalty's adaptive beta, when the loss reads one
     if cfg.rm.refresh_every:  # the reward model the run scores with, retrained on its rollouts
         state.rm_refresh = RMRefresh(cfg)
-    if a.needs_ref:  # the frozen policy as it enters RL
-        state.ref = copy.deepcopy(policy).eval().requires_grad_(False)
+    if a.needs_ref:  # the frozen policy as it enters RL; under LoRA the base, i.e. the policy without its adapters
+        state.ref = AdaptersOff(policy) if is_peft(policy) else copy.deepcopy(policy).eval().requires_grad_(False)
         state.kl_ctl = make_kl_controller(a.kl_coef, a.kl_target, a.kl_horizon)
     if a.needs_critic:
         state.critic = _build_critic(policy, cfg)
@@ -260,7 +280,8 @@ def _build_critic(policy, cfg: Config):
     if cfg.critic.path:
         return load_critic(cfg.critic.path, dtype=cfg.model.dtype, device=device,
                            trust_remote_code=cfg.model.trust_remote_code).train()
-    backbone = copy.deepcopy(policy.base_model)  # the decoder without its LM head
+    whole = copy.deepcopy(policy).merge_and_unload() if is_peft(policy) else policy  # LoRA: base + adapters, merged
+    backbone = copy.deepcopy(whole.base_model)  # the decoder without its LM head
     return Critic(backbone).train()
 
 

@@ -188,6 +188,7 @@ def test_resume_with_other_data_is_a_config_error(tmp_path, tiny_overrides):
     pytest.param(["algo.kl_coef=0.1", "algo.epochs=2"], id="kl_two_epochs"),  # reference model restored too
     pytest.param(["algo.advantage=gae", "algo.kl_in=reward", "algo.kl_coef=0.1", "algo.kl_target=1e-3",
                   "critic.lr=1e-2"], id="critic_adaptive_kl"),  # critic, its optimizer and the KL coefficient too
+    pytest.param(["lora.rank=4", "algo.kl_coef=0.1", "algo.epochs=2"], id="lora_kl"),  # adapters on the base
 ])
 def test_resume_continues_from_the_latest_checkpoint(tmp_path, tiny_overrides, digit_reward, algo, monkeypatch):
     from rlft import checkpoint
@@ -207,7 +208,8 @@ def test_resume_continues_from_the_latest_checkpoint(tmp_path, tiny_overrides, d
     run_dir = train(first, echo=quiet).run_dir
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_000002"]  # the last step is final
     ckpt = run_dir / "checkpoints" / "step_000002"
-    assert (ckpt / "policy" / "config.json").is_file() and (ckpt / "state.pt").is_file()
+    saved_model = "adapter_config.json" if "lora.rank=4" in algo else "config.json"  # LoRA: the adapters only
+    assert (ckpt / "policy" / saved_model).is_file() and (ckpt / "state.pt").is_file()
     uninterrupted = read_jsonl(run_dir / "metrics.jsonl")
     assert [r["step"] for r in uninterrupted] == [1, 2, 3, 4]
     assert any(r["actor/grad_norm"] > 0 for r in uninterrupted[2:])  # the steps to repeat do update the policy

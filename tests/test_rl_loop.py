@@ -13,12 +13,16 @@ from rlft.config import load_config
 from rlft.core.advantages import group_norm
 from rlft.core.kl import make_kl_controller
 from rlft.core.losses import AGGREGATIONS, POLICY_LOSSES, aggregate
+from rlft.core.ops import masked_sum
 from rlft.data.synthetic import synthetic_task
 from rlft.data.templates import encode_prompts
-from rlft.models.forward import response_logprobs
+from rlft.models import forward as fwd
+from rlft.models.forward import prompt_groups, response_logprobs
 from rlft.models.loading import load_model, load_tokenizer
 from rlft.rollout.batch import Batch, left_pad
+from rlft.rollout import decode, hf
 from rlft.rollout.hf import eos_ids, generate
+from rlft import run
 from rlft.trainers import rl
 from rlft.trainers import update as upd
 from rlft.trainers.rl import PromptSampler, RLState, fill_logprobs, rl_step
@@ -157,14 +161,17 @@ def eos_boost(tok):
 
 # ----------------------------------------------------------------------------- (a) generate
 
+SAMPLERS = ["rlft", "generate"]  # rlft.rollout.decode and transformers' model.generate
 
-def test_generate_layout(model, tok, eos_boost):
+
+@pytest.mark.parametrize("sampler", SAMPLERS)
+def test_generate_layout(model, tok, eos_boost, sampler):
     eos_boost(model)
     prompts = [ids(tok, p) for p in PROMPTS]
     G, max_new = 3, 10
     for seed in range(20):  # find a sample with both stopped and truncated responses (seed 0 normally does)
         torch.manual_seed(seed)
-        batch = generate(model, tok, prompts, group_size=G, max_new_tokens=max_new)
+        batch = generate(model, tok, prompts, group_size=G, max_new_tokens=max_new, sampler=sampler)
         if batch.truncated.any() and not batch.truncated.all():
             break
     else:
@@ -202,20 +209,23 @@ def test_generate_layout(model, tok, eos_boost):
         assert batch.response_lengths[i].item() == sum(mask)
 
 
-def test_generate_restores_training_mode_and_greedy_is_deterministic(model, tok):
+@pytest.mark.parametrize("sampler", SAMPLERS)
+def test_generate_restores_training_mode_and_greedy_is_deterministic(model, tok, sampler):
     model.train()
     prompts = [ids(tok, p) for p in PROMPTS[:2]]
-    a = generate(model, tok, prompts, group_size=2, max_new_tokens=5, greedy=True)
+    a = generate(model, tok, prompts, group_size=2, max_new_tokens=5, greedy=True, sampler=sampler)
     assert model.training
-    b = generate(model, tok, prompts, group_size=2, max_new_tokens=5, greedy=True)
+    b = generate(model, tok, prompts, group_size=2, max_new_tokens=5, greedy=True, sampler=sampler)
     assert torch.equal(a.response_ids, b.response_ids)
     assert torch.equal(a.response_ids[0], a.response_ids[1])  # one greedy answer per prompt
     assert a.texts[0] == a.texts[1]
 
 
-def test_greedy_rollout_is_the_argmax_of_the_scored_distribution(model, tok):
+@pytest.mark.parametrize("sampler", SAMPLERS)
+def test_greedy_rollout_is_the_argmax_of_the_scored_distribution(model, tok, sampler):
     model.eval()
-    batch = generate(model, tok, [ids(tok, p) for p in PROMPTS], group_size=1, max_new_tokens=6, greedy=True)
+    batch = generate(model, tok, [ids(tok, p) for p in PROMPTS], group_size=1, max_new_tokens=6, greedy=True,
+                     sampler=sampler)
     with torch.no_grad():
         for i in range(len(batch)):
             prompt = batch.prompt_ids[i][batch.prompt_mask[i].bool()].tolist()
@@ -231,8 +241,10 @@ GEN_DEFAULTS = [  # (generation defaults shipped with a checkpoint, eos bonus th
 ]
 
 
+@pytest.mark.parametrize("sampler", SAMPLERS)
 @pytest.mark.parametrize("defaults, eos_bonus", GEN_DEFAULTS)
-def test_rollouts_ignore_the_checkpoints_generation_defaults(tiny_model_dir, tok, eos_boost, defaults, eos_bonus):
+def test_rollouts_ignore_the_checkpoints_generation_defaults(tiny_model_dir, tok, eos_boost, defaults, eos_bonus,
+                                                             sampler):
     prompts = [ids(tok, p) for p in PROMPTS]
     plain = load_model(str(tiny_model_dir))
     shipped = load_model(str(tiny_model_dir))
@@ -243,10 +255,123 @@ def test_rollouts_ignore_the_checkpoints_generation_defaults(tiny_model_dir, tok
         eos_boost(shipped, bonus=eos_bonus)
     for greedy in (True, False):
         torch.manual_seed(0)
-        a = generate(plain, tok, prompts, group_size=2, max_new_tokens=8, greedy=greedy)
+        a = generate(plain, tok, prompts, group_size=2, max_new_tokens=8, greedy=greedy, sampler=sampler)
         torch.manual_seed(0)
-        b = generate(shipped, tok, prompts, group_size=2, max_new_tokens=8, greedy=greedy)
+        b = generate(shipped, tok, prompts, group_size=2, max_new_tokens=8, greedy=greedy, sampler=sampler)
         assert torch.equal(a.response_ids, b.response_ids) and a.texts == b.texts
+
+
+def test_rlft_sampler_prefills_each_prompt_once_and_its_logprobs_are_the_forward_ones(model, tok, eos_boost,
+                                                                                    monkeypatch):
+    """The shared prompt cache, the growing decode cache and the dropping of finished rows give the same
+    log-probs as one unpadded forward of each finished sequence."""
+    from transformers.cache_utils import Cache
+
+    boost = eos_boost(model, bonus=1.5)
+    rows_seen, compactions = [], []
+    model.register_forward_pre_hook(lambda mod, args, kw: rows_seen.append(kw["input_ids"].shape), with_kwargs=True)
+    real_select = Cache.batch_select_indices
+    monkeypatch.setattr(Cache, "batch_select_indices",
+                        lambda self, idx: (compactions.append(len(idx)), real_select(self, idx))[1])
+    prompts = [ids(tok, p) for p in PROMPTS]
+    G = 4
+    torch.manual_seed(0)
+    s = decode.sample(model, prompts, group_size=G, max_new_tokens=12, stops=eos_ids(model, tok),
+                      pad_id=tok.pad_token_id, temperature=0.8)
+    boost.remove()
+    assert rows_seen[0] == (len(prompts), max(map(len, prompts)))  # one prefill row per prompt, not per sample
+    assert all(shape[1] == 1 for shape in rows_seen[1:])  # then one token per live row and step
+    assert compactions and s.truncated.any() and not s.truncated.all()  # finished rows were dropped mid-way
+    assert sorted(shape[0] for shape in rows_seen[1:])[0] < len(prompts) * G
+    batch = Batch(prompt_ids=s.prompt_ids, prompt_mask=s.prompt_mask, response_ids=s.response_ids,
+                  response_mask=s.response_mask, truncated=s.truncated, group_size=G)
+    boost = eos_boost(model, bonus=1.5)
+    n_red = model_reduction_len(model, batch)
+    for i, (ref_logp, _, z_max) in enumerate(naive_logprobs(model, batch, temperature=0.8)):
+        n = len(ref_logp)
+        assert n == s.response_mask[i].sum() and (s.logprobs[i, n:] == 0).all()
+        assert_rounding_close(s.logprobs[i, :n], ref_logp, n_terms=n_red, scale=1 + z_max, depth=FORWARD_DEPTH,
+                              what=f"sampler log-probs of row {i}")
+    boost.remove()
+
+
+def test_reserved_cache_appends_in_place_and_matches_a_dynamic_cache(model):
+    from transformers import DynamicCache
+
+    cache = decode.reserved_cache(model, capacity=6)
+    assert cache is not None and len(cache.layers) == model.config.num_hidden_layers
+    ref = DynamicCache()
+    g = torch.Generator().manual_seed(0)
+    steps = [torch.randn(3, 2, n, 4, generator=g) for n in (2, 1, 1)]
+    for x in steps:
+        k, v = cache.layers[0].update(x, -x)
+        rk, rv = ref.update(x, -x, 0)
+        assert torch.equal(k, rk) and torch.equal(v, rv)
+    buffer = cache.layers[0]._k
+    cache.layers[0].update(steps[1], -steps[1])  # within the reserved 6 tokens: no new buffer
+    assert cache.layers[0]._k is buffer and cache.get_seq_length() == 5
+    cache.layers[0].batch_repeat_interleave(2)
+    cache.layers[0].batch_select_indices(torch.tensor([5, 0]))
+    assert torch.equal(cache.layers[0].keys[0, :, :4], torch.cat(steps, 2)[2])
+    cache.layers[0].crop(-2)
+    assert cache.layers[0].keys.shape[2] == 3 and torch.equal(cache.layers[0].keys[1], torch.cat(steps, 2)[0, :, :3])
+    k, _ = cache.layers[0].update(torch.randn(2, 2, 9, 4, generator=g), torch.zeros(2, 2, 9, 4))  # past capacity
+    assert k.shape[2] == 12 and torch.equal(k[1, :, :3], torch.cat(steps, 2)[0, :, :3])
+
+
+def test_rlft_sampler_pads_after_the_stop_token_even_when_pad_is_a_stop_token(model, tok, eos_boost):
+    eos_boost(model, bonus=2.5)
+    stops = sorted({tok.eos_token_id, tok.pad_token_id})  # Qwen-style checkpoints: pad = eos
+    torch.manual_seed(1)
+    s = decode.sample(model, [ids(tok, p) for p in PROMPTS], group_size=3, max_new_tokens=6, stops=stops,
+                      pad_id=tok.pad_token_id)
+    assert s.truncated.any() and not s.truncated.all()
+    for i in range(len(s.response_ids)):
+        n = int(s.response_mask[i].sum())
+        row = s.response_ids[i].tolist()
+        assert all(x not in stops for x in row[:n - 1])
+        assert (row[n - 1] in stops) != bool(s.truncated[i])  # stopped rows end on their stop token
+        assert all(x == tok.pad_token_id for x in row[n:])
+
+
+def test_sampling_warpers_are_generates():
+    """temperature, then top-k, then top-p, as model.generate applies them."""
+    logits = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0, -3.0]])
+    kept = lambda scores: torch.isfinite(scores[0]).nonzero().squeeze(1).tolist()  # noqa: E731
+    assert kept(decode.warp(logits, temperature=1.0, top_k=3, top_p=1.0)) == [0, 1, 2]
+    p = torch.softmax(logits / 0.5, -1)[0]  # at temperature 0.5 the first token alone holds more than 0.8
+    assert p[0] > 0.8 and kept(decode.warp(logits, temperature=0.5, top_k=0, top_p=0.8)) == [0]
+    assert kept(decode.warp(logits, temperature=1.0, top_k=0, top_p=0.8)) == [0, 1, 2]  # 0.56 + 0.21 + 0.13 > 0.8
+    scores = decode.warp(logits, temperature=2.0, top_k=2, top_p=1.0)
+    assert torch.allclose(torch.softmax(scores, -1)[0, :2], torch.softmax(logits[0, :2] / 2.0, -1))
+
+
+def test_top_k_one_samples_the_greedy_tokens(model, tok):
+    prompts = [ids(tok, p) for p in PROMPTS]
+    greedy = decode.sample(model, prompts, group_size=2, max_new_tokens=6, stops=eos_ids(model, tok),
+                           pad_id=tok.pad_token_id, greedy=True)
+    torch.manual_seed(0)
+    top1 = decode.sample(model, prompts, group_size=2, max_new_tokens=6, stops=eos_ids(model, tok),
+                         pad_id=tok.pad_token_id, top_k=1)
+    assert torch.equal(greedy.response_ids, top1.response_ids)
+
+
+def test_a_model_the_rlft_sampler_cannot_drive_falls_back_to_generate(model, tok, monkeypatch):
+    class NoCacheArgs(torch.nn.Module):
+        def forward(self, input_ids, attention_mask=None):
+            raise AssertionError("not called")
+
+    assert decode.supports_fast_sampling(type(model)) and not decode.supports_fast_sampling(NoCacheArgs)
+    calls = []
+    real = type(model).generate
+    monkeypatch.setattr(type(model), "generate", lambda self, **kw: (calls.append(1), real(self, **kw))[1])
+    generate(model, tok, [ids(tok, PROMPTS[0])], group_size=2, max_new_tokens=3)
+    assert calls == []
+    generate(model, tok, [ids(tok, PROMPTS[0])], group_size=2, max_new_tokens=3, sampler="generate")
+    assert calls == [1]
+    monkeypatch.setattr(hf, "supports_fast_sampling", lambda cls: False)
+    generate(model, tok, [ids(tok, PROMPTS[0])], group_size=2, max_new_tokens=3)
+    assert calls == [1, 1]
 
 
 # ----------------------------------------------------------------------------- (b) log-probs
@@ -276,10 +401,11 @@ def test_response_logprobs_match_unpadded_forward(model, tok, temperature):
                for i, (r, _, z_max) in enumerate(rows) if len(r))
 
 
-def test_response_logprobs_of_a_sampled_batch(model, tok, eos_boost):
+@pytest.mark.parametrize("sampler", SAMPLERS)
+def test_response_logprobs_of_a_sampled_batch(model, tok, eos_boost, sampler):
     boost = eos_boost(model)
     torch.manual_seed(0)
-    batch = generate(model, tok, [ids(tok, p) for p in PROMPTS], group_size=2, max_new_tokens=8)
+    batch = generate(model, tok, [ids(tok, p) for p in PROMPTS], group_size=2, max_new_tokens=8, sampler=sampler)
     boost.remove()  # score under the plain model
     model.eval()
     with torch.no_grad():
@@ -289,6 +415,76 @@ def test_response_logprobs_of_a_sampled_batch(model, tok, eos_boost):
     for i, (ref_logp, _, z_max) in enumerate(naive_logprobs(model, batch)):
         assert_rounding_close(logp[i, :len(ref_logp)], ref_logp, n_terms=n_red, scale=1 + z_max,
                               depth=FORWARD_DEPTH, what=f"log-probs of row {i}")
+
+
+def test_prompt_groups_are_runs_of_identical_prompts():
+    ids_ = torch.tensor([[0, 5, 6], [0, 5, 6], [7, 8, 9], [0, 5, 6], [0, 5, 6], [0, 5, 6]])
+    mask = torch.ones_like(ids_)
+    mask[4:, 0] = 0  # same ids, different padding: another prompt
+    first, group = prompt_groups(ids_, mask)
+    assert first.tolist() == [0, 2, 3, 4] and group.tolist() == [0, 0, 1, 2, 3, 3]
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_shared_prefix_forward_gives_the_plain_forwards_logprobs_and_gradients(model, tok, temperature, monkeypatch):
+    """Each prompt computed once for its group (keys and values repeated, gradients summed back) is the same
+    function of the weights as the plain forward of every full row: log-probs, entropies and the gradient of a
+    loss over them agree within the rounding bound."""
+    batch = with_advantages(varied_batch(tok))  # 3 prompts x G=2, responses of every kind
+    mask = batch.response_mask.bool()
+    shared_calls = []
+    real = fwd._shared_prefix_logits
+    monkeypatch.setattr(fwd, "_shared_prefix_logits", lambda *a: (shared_calls.append(1), real(*a))[1])
+    model.train()
+
+    def forward_and_backward(rows, shared: bool):
+        model.zero_grad()
+        sub = batch.index(rows)
+        logp, ent = response_logprobs(model, sub.prompt_ids, sub.prompt_mask, sub.response_ids, sub.response_mask,
+                                      temperature=temperature, with_entropy=True, shared_prefix=shared)
+        loss = masked_sum(logp * sub.adv + 0.1 * ent, sub.response_mask)
+        loss.backward()
+        return logp.detach(), ent.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    logp, ent, grads = forward_and_backward(slice(None), shared=True)
+    assert shared_calls == [1]
+    ref_logp, ref_ent, ref_grads = forward_and_backward(slice(None), shared=False)
+    assert shared_calls == [1]
+    scale = {n: torch.zeros_like(g) for n, g in ref_grads.items()}  # sum over rows of |that row's gradient|
+    for i in range(len(batch)):
+        for n, g in forward_and_backward(slice(i, i + 1), shared=False)[2].items():
+            scale[n] += g.abs()
+    n_red = model_reduction_len(model, batch)
+    z_max = max(z for _, _, z in naive_logprobs(model, batch, temperature))
+    tol = dict(n_terms=n_red, scale=1 + z_max, depth=FORWARD_DEPTH)
+    assert_rounding_close(logp[mask], ref_logp[mask], **tol, what="log-probs")
+    assert_rounding_close(ent[mask], ref_ent[mask], **tol, what="entropies")
+    for n in grads:
+        assert_rounding_close(grads[n], ref_grads[n], n_terms=n_red, scale=max(scale[n].max().item(), 1e-30),
+                              depth=MODEL_DEPTH, what=n)
+    # the bound catches a wrong sharing: every row reading the first prompt's keys and values
+    monkeypatch.setattr(fwd, "prompt_groups", lambda ids_, m: (torch.tensor([0]), torch.zeros(len(ids_), dtype=torch.long)))
+    wrong = response_logprobs(model, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask,
+                              temperature=temperature)[0].detach()
+    assert rounding_differs(wrong[mask], ref_logp[mask], **tol)
+
+
+def test_shared_prefix_is_skipped_under_gradient_checkpointing_and_for_distinct_prompts(model, tok, monkeypatch):
+    batch = varied_batch(tok)
+    shared_calls = []
+    real = fwd._shared_prefix_logits
+    monkeypatch.setattr(fwd, "_shared_prefix_logits", lambda *a: (shared_calls.append(1), real(*a))[1])
+    one_per_prompt = batch.index(torch.tensor([0, 2, 4]))
+    response_logprobs(model, one_per_prompt.prompt_ids, one_per_prompt.prompt_mask, one_per_prompt.response_ids,
+                      one_per_prompt.response_mask)
+    assert shared_calls == []
+    run._enable_checkpointing(model)
+    model.train()
+    response_logprobs(model, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask)
+    assert shared_calls == []
+    model.eval()  # no activations are recomputed outside training
+    response_logprobs(model, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask)
+    assert shared_calls == [1]
 
 
 # ----------------------------------------------------------------------------- (c) exact micro-batching
@@ -546,6 +742,32 @@ def test_single_pass_fills_nothing(model, tok, make_cfg):
     assert batch.old_logp is None and batch.ref_logp is None
     metrics = update_policy(make_state(model, tok, lr=0.1), batch, cfg)
     assert metrics["actor/ppo_kl"] == 0.0 and metrics["actor/pg_clipfrac"] == 0.0
+
+
+def test_several_passes_take_the_old_logprobs_the_sampler_computed(model, tok, make_cfg, eos_boost, monkeypatch):
+    """No forward pass for log-probs already known: the rlft sampler's are the behaviour policy's, equal to a
+    forward of the sampled batch within the rounding bound; a batch without them (model.generate) gets the
+    forward."""
+    cfg = make_cfg("algo.epochs=2", "algo.kl_coef=0")
+    eos_boost(model)
+    torch.manual_seed(0)
+    batch = generate(model, tok, [ids(tok, p) for p in PROMPTS], group_size=2, max_new_tokens=T, temperature=0.7)
+    assert batch.rollout_logp is not None
+    forwards = []
+    monkeypatch.setattr(rl, "batch_logprobs", lambda *a, **k: (forwards.append(1), upd.batch_logprobs(*a, **k))[1])
+    fill_logprobs(make_state(model, tok), batch, make_cfg("algo.epochs=2", "algo.kl_coef=0", "rollout.temperature=0.7"))
+    assert forwards == [] and torch.equal(batch.old_logp, batch.rollout_logp * batch.response_mask)
+    model.eval()
+    with torch.no_grad():
+        fresh = upd.batch_logprobs(model, batch, make_cfg("rollout.temperature=0.7"))[0]
+    mask = batch.response_mask.bool()
+    z_max = max(z for _, _, z in naive_logprobs(model, batch, 0.7))
+    assert_rounding_close(batch.old_logp[mask], fresh[mask], n_terms=model_reduction_len(model, batch),
+                          scale=1 + z_max, depth=FORWARD_DEPTH, what="sampler vs forward log-probs")
+    plain = generate(model, tok, [ids(tok, p) for p in PROMPTS], group_size=2, max_new_tokens=T, sampler="generate")
+    assert plain.rollout_logp is None
+    fill_logprobs(make_state(model, tok), plain, cfg)
+    assert forwards and plain.old_logp is not None
 
 
 def test_kl_term_fills_ref_logprobs(model, tok, make_cfg):

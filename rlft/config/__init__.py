@@ -12,10 +12,9 @@ what is allowed; nothing is adjusted silently.
 
 from rlft.config.parse import help_text, load_config, parse_override, with_name
 from rlft.config.sections import (AlgoConfig, Config, ConfigError, CriticConfig, DataConfig, DPOConfig, EvalConfig,
-                                  LogConfig,
-                                  ModelConfig, OptimConfig, RewardConfig, RFTConfig, RMConfig, RolloutConfig,
+                                  LogConfig, LoraConfig, ModelConfig, OptimConfig, RewardConfig, RFTConfig, RMConfig, RolloutConfig,
                                   SFTConfig, TrainConfig)
 
 __all__ = ["AlgoConfig", "Config", "ConfigError", "CriticConfig", "DataConfig", "DPOConfig", "EvalConfig", "LogConfig",
-           "ModelConfig", "OptimConfig", "RewardConfig", "RFTConfig", "RMConfig", "RolloutConfig", "SFTConfig", "TrainConfig", "help_text",
+           "LoraConfig", "ModelConfig", "OptimConfig", "RewardConfig", "RFTConfig", "RMConfig", "RolloutConfig", "SFTConfig", "TrainConfig", "help_text",
            "load_config", "parse_override", "with_name"]

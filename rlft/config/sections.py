@@ -56,6 +56,27 @@ class ModelConfig:
 
 
 @dataclass(frozen=True)
+class LoraConfig:
+    rank: int = 0
+    """LoRA through PEFT: train rank-r adapters on lora.target_modules instead of every weight (0: full fine-tuning). The reference policy is the same model with its adapters disabled (no second copy)."""
+    alpha: float = 16.0
+    """LoRA alpha: the adapters' update is scaled by alpha / rank."""
+    dropout: float = 0.0
+    """Dropout on the adapters' input."""
+    target_modules: tuple[str, ...] = ("all-linear",)
+    """Names (or name suffixes) of the linear modules that get adapters, e.g. [q_proj, v_proj]; [all-linear]: every linear layer but the LM head."""
+    save: Literal["adapter", "merged"] = "adapter"
+    """What a run's final policy/ holds: the adapters (with the path of their base model; `rlft eval` and later stages load them onto it) or the base with the adapters merged in (a plain Hugging Face model). Checkpoints always hold the adapters."""
+
+    def __post_init__(self) -> None:
+        _check(self.rank >= 0, "lora.rank", "must be >= 0 (0: full fine-tuning)")
+        _check(self.alpha > 0, "lora.alpha", "must be > 0")
+        _check(0 <= self.dropout < 1, "lora.dropout", "must be in [0, 1)")
+        _check(bool(self.target_modules) and all(self.target_modules), "lora.target_modules",
+               "must name at least one module (or [all-linear])")
+
+
+@dataclass(frozen=True)
 class DataConfig:
     source: str = "synthetic:max"
     """'synthetic:<task>' (max, arith, chain), a .jsonl/.json/.parquet file, a directory with <split>.parquet|jsonl, or 'hf:<name>[:<config>]'."""
@@ -117,6 +138,8 @@ class RolloutConfig:
     top_p: float = 1.0
     top_k: int = 0
     """0 disables top-k."""
+    sampler: Literal["rlft", "generate"] = "rlft"
+    """rlft: rlft.rollout.decode (each prompt prefilled once per group, finished rows dropped; the same sampling distribution); generate: transformers' model.generate (also the fallback for a model the rlft sampler cannot drive)."""
 
     def __post_init__(self) -> None:
         _check(self.max_new_tokens >= 1, "rollout.max_new_tokens", "must be >= 1")
@@ -632,6 +655,8 @@ class TrainConfig:
     """P: prompts per RL step; the batch holds P x G sequences."""
     micro_batch_size: int = 256
     """Sequences per forward/backward (gradient accumulation above it; the loss is unchanged)."""
+    shared_prefix: bool = True
+    """Log-prob forwards compute each group's prompt once and share its keys and values with the group's G responses (the same function of the weights; off: every row computes its own prompt). Needs a model with a KV cache; off by itself under gradient checkpointing."""
     seed: int = 0
     save_every: int = 0
     """Checkpoint every N RL steps (0: only the final policy is saved)."""
@@ -708,6 +733,7 @@ class Config:
     stages: tuple[str, ...] = ()
     """A pipeline run by `rlft train`, in order (e.g. [sft, grpo], [sft, rm, ppo], [sft, dpo]); each stage starts from the previous stage's model. Names: sft, rm, dpo, rft (rft_offline / rft_online force rft.mode), rl, or an algorithm preset (which also selects algo.preset). Empty: SFT warm-up (sft.steps) then RL, in one directory."""
     model: ModelConfig = field(default_factory=ModelConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
     data: DataConfig = field(default_factory=DataConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)

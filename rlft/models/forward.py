@@ -1,4 +1,13 @@
-"""One forward pass over prompt + response that returns per-token response log-probs (and entropy)."""
+"""The forward pass over prompt + response that returns per-token response log-probs (and entropy).
+
+Rows that share a prompt (a GRPO group: G consecutive rows with identical prompt
+ids) compute it once: the distinct prompts go through the model first, their keys
+and values are repeated to every row of their group (gradients sum back through
+the repeat), and then only the responses go through the model, attending to that
+cache. This is the same function of the weights as the plain forward over each
+full row, with the prompt's cost divided by G; a test checks log-probs and
+gradients against the plain path within the rounding bound.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +18,7 @@ import torch
 from torch import Tensor
 
 from rlft.core.ops import entropy_from_logits, logprobs_from_logits
+from rlft.models.lora import core_model
 
 
 @lru_cache(maxsize=None)
@@ -16,34 +26,84 @@ def _accepts_logits_to_keep(cls: type) -> bool:
     return "logits_to_keep" in inspect.signature(cls.forward).parameters
 
 
+def prompt_groups(prompt_ids: Tensor, prompt_mask: Tensor) -> tuple[Tensor, Tensor]:
+    """(first, group): the first row of each run of consecutive rows with identical prompts (U,) and each row's
+    run index (B,)."""
+    same = (prompt_ids[1:] == prompt_ids[:-1]).all(1) & (prompt_mask[1:] == prompt_mask[:-1]).all(1)  # (B-1,)
+    starts = torch.cat([torch.ones(1, dtype=torch.bool, device=prompt_ids.device), ~same])  # (B,)
+    return starts.nonzero().squeeze(1), starts.long().cumsum(0) - 1
+
+
+def can_share_prefix(model) -> bool:
+    """The model takes a KV cache and ``logits_to_keep``, and is not recomputing activations (gradient
+    checkpointing turns the cache off)."""
+    core = core_model(model)
+    flag = "is_activation_checkpointing" if hasattr(type(core), "is_activation_checkpointing") else \
+        "is_gradient_checkpointing"
+    checkpointing = getattr(core, flag, False) and model.training
+    return _accepts_logits_to_keep(type(core_model(model))) and not checkpointing
+
+
 def response_logits(model, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor, response_mask: Tensor,
-                    *, temperature: float = 1.0) -> Tensor:
+                    *, temperature: float = 1.0, shared_prefix: bool = True) -> Tensor:
     """Logits (B, T, V) at the positions that predict each response token, divided by ``temperature``.
 
     Prompts are left-padded, so position ids come from the attention mask. Only the
-    last T + 1 positions go through the LM head when the model supports it.
+    last T + 1 positions go through the LM head when the model supports it. With
+    ``shared_prefix``, rows with the same prompt as the row before share its forward
+    (see the module docstring) when the model allows it.
     """
+    if shared_prefix and len(prompt_ids) > 1 and response_ids.shape[1] > 0 and can_share_prefix(model):
+        first, group = prompt_groups(prompt_ids, prompt_mask)
+        if len(first) < len(prompt_ids):
+            logits = _shared_prefix_logits(model, prompt_ids, prompt_mask, response_ids, response_mask, first, group)
+            return logits / temperature if temperature != 1.0 else logits
     device = next(model.parameters()).device
     input_ids = torch.cat([prompt_ids, response_ids], dim=1).to(device)  # (B, Tp + T)
     attn = torch.cat([prompt_mask, response_mask], dim=1).to(device)  # (B, Tp + T)
     position_ids = (attn.cumsum(-1) - 1).clamp(min=0)
     T = response_ids.shape[1]
-    kwargs = {"logits_to_keep": T + 1} if _accepts_logits_to_keep(type(model)) else {}
+    kwargs = {"logits_to_keep": T + 1} if _accepts_logits_to_keep(type(core_model(model))) else {}
     logits = model(input_ids=input_ids, attention_mask=attn, position_ids=position_ids, use_cache=False,
                    **kwargs).logits
     logits = logits[:, -(T + 1):-1]  # (B, T, V): position t predicts response token t
     return logits / temperature if temperature != 1.0 else logits
 
 
+def _shared_prefix_logits(model, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor, response_mask: Tensor,
+                          first: Tensor, group: Tensor) -> Tensor:
+    """``response_logits`` with each distinct prompt computed once: prompts (U rows), then responses (B rows)."""
+    from transformers import DynamicCache
+
+    device = next(model.parameters()).device
+    first, group = first.to(device), group.to(device)
+    p_ids, p_mask = prompt_ids.to(device)[first], prompt_mask.to(device)[first]  # (U, Tp)
+    out = model(input_ids=p_ids, attention_mask=p_mask, position_ids=(p_mask.cumsum(-1) - 1).clamp(min=0),
+                past_key_values=DynamicCache(), use_cache=True, logits_to_keep=1)
+    head = out.logits[:, -1:][group]  # (B, 1, V): the last prompt position predicts response token 0
+    T = response_ids.shape[1]
+    if T == 1:
+        return head
+    cache = out.past_key_values
+    cache.batch_select_indices(group)  # row b reads the keys and values of its prompt; gradients sum back
+    attn = torch.cat([p_mask[group], response_mask.to(device)[:, :-1]], dim=1)  # (B, Tp + T - 1)
+    start = p_mask.sum(1)[group]  # (B,) position id of response token 0
+    position_ids = start[:, None] + torch.arange(T - 1, device=device)  # (B, T - 1)
+    rest = model(input_ids=response_ids.to(device)[:, :-1], attention_mask=attn, position_ids=position_ids,
+                 past_key_values=cache, use_cache=True).logits  # (B, T - 1, V): token t predicts token t + 1
+    return torch.cat([head, rest], dim=1)  # (B, T, V)
+
+
 def response_logprobs(model, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor, response_mask: Tensor,
-                      *, temperature: float = 1.0, with_entropy: bool = False,
-                      entropy_grad: bool = False) -> tuple[Tensor, Tensor | None]:
+                      *, temperature: float = 1.0, with_entropy: bool = False, entropy_grad: bool = False,
+                      shared_prefix: bool = True) -> tuple[Tensor, Tensor | None]:
     """Log-probs (B, T) of ``response_ids`` under ``model``, and the token entropy (B, T) if asked.
 
     Logits are divided by the sampling temperature, so the log-probs are those of
     the distribution that generated the responses.
     """
-    logits = response_logits(model, prompt_ids, prompt_mask, response_ids, response_mask, temperature=temperature)
+    logits = response_logits(model, prompt_ids, prompt_mask, response_ids, response_mask, temperature=temperature,
+                             shared_prefix=shared_prefix)
     logp = logprobs_from_logits(logits, response_ids.to(logits.device))  # (B, T)
     ent = None
     if with_entropy:  # a metric unless an entropy bonus needs its gradient

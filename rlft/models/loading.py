@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -40,10 +42,18 @@ def load_model(path: str, *, dtype: str = "float32", device: torch.device | str 
 
 
 def load_policy(path: str, m) -> tuple:
-    """(model, tokenizer) at ``path``, loaded as the ``model`` configuration section ``m`` says."""
+    """(model, tokenizer) at ``path``, loaded as the ``model`` configuration section ``m`` says.
+
+    A directory of LoRA adapters (``adapter_config.json``) is loaded onto its base model and merged into it."""
+    from rlft.models.lora import adapter_base, is_adapter_dir, load_adapters
+
+    path = str(Path(path).resolve()) if Path(path).is_dir() else path  # adapters record their base by this path
     tok = load_tokenizer(path, m.trust_remote_code)
-    model = load_model(path, dtype=m.dtype, device=resolve_device(m.device), attn_implementation=m.attn_implementation,
-                       trust_remote_code=m.trust_remote_code)
+    adapters = is_adapter_dir(path)
+    model = load_model(adapter_base(path) if adapters else path, dtype=m.dtype, device=resolve_device(m.device),
+                       attn_implementation=m.attn_implementation, trust_remote_code=m.trust_remote_code)
+    if adapters:
+        model = load_adapters(model, path, trainable=False).merge_and_unload()
     return model, tok
 
 

@@ -45,7 +45,7 @@ def build_tokenizer():
 
 
 def build_tiny_model(out_dir: str | Path, *, hidden_size: int = 128, layers: int = 4, heads: int = 4,
-                     max_positions: int = 512, seed: int = 0) -> Path:
+                     max_positions: int = 512, intermediate_size: int = 0, seed: int = 0) -> Path:
     """Write a randomly initialised tiny Llama and its tokenizer to ``out_dir``; return the path."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -54,7 +54,7 @@ def build_tiny_model(out_dir: str | Path, *, hidden_size: int = 128, layers: int
     config = LlamaConfig(
         vocab_size=len(tok),
         hidden_size=hidden_size,
-        intermediate_size=3 * hidden_size,
+        intermediate_size=intermediate_size or 3 * hidden_size,
         num_hidden_layers=layers,
         num_attention_heads=heads,
         num_key_value_heads=heads,

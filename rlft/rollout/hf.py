@@ -1,10 +1,24 @@
-"""Generation with Hugging Face ``generate``: all P x G sequences in one batched call with a KV cache."""
+"""Rollout generation: all P x G sequences in one batched call with a KV cache.
+
+The default sampler is ``rlft.rollout.decode`` (each prompt prefilled once per group,
+finished rows dropped); ``rollout.sampler=generate`` uses transformers'
+``model.generate``, as does a model the rlft sampler cannot drive. Both sample the
+same distribution.
+"""
 
 from __future__ import annotations
 
 import torch
 
+from rlft.models.lora import core_model
 from rlft.rollout.batch import Batch, left_pad
+from rlft.rollout.decode import Sampled, sample, supports_fast_sampling
+
+
+def sampling_args(rollout, *, temperature: float | None = None) -> dict:
+    """The ``generate`` keywords of a ``rollout`` config section (``temperature`` overrides its own)."""
+    return {"max_new_tokens": rollout.max_new_tokens, "top_p": rollout.top_p, "top_k": rollout.top_k,
+            "temperature": rollout.temperature if temperature is None else temperature, "sampler": rollout.sampler}
 
 
 def eos_ids(model, tokenizer) -> list[int]:
@@ -21,30 +35,49 @@ def eos_ids(model, tokenizer) -> list[int]:
 
 @torch.no_grad()
 def generate(model, tokenizer, prompts: list[list[int]], *, group_size: int, max_new_tokens: int,
-             temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, greedy: bool = False) -> Batch:
+             temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, greedy: bool = False,
+             sampler: str = "rlft") -> Batch:
     """Sample ``group_size`` responses per prompt; rows ``[i*G, (i+1)*G)`` belong to prompt ``i``."""
+    stops = eos_ids(model, tokenizer)
+    was_training = model.training
+    model.eval()
+    try:
+        if sampler == "rlft" and supports_fast_sampling(type(core_model(model))):
+            run = sample
+        else:
+            run = _hf_generate
+        s = run(model, prompts, group_size=group_size, max_new_tokens=max_new_tokens, stops=stops,
+                pad_id=tokenizer.pad_token_id, temperature=temperature, top_p=top_p, top_k=top_k, greedy=greedy)
+    finally:
+        model.train(was_training)
+    ends = torch.zeros_like(s.response_mask, dtype=torch.bool)  # the stop token of each finished row
+    lengths = s.response_mask.sum(1)
+    done = ~s.truncated & (lengths > 0)
+    ends[done.nonzero().squeeze(1), lengths[done] - 1] = True
+    shown = s.response_ids.masked_fill(ends | (s.response_mask == 0), tokenizer.pad_token_id)
+    return Batch(prompt_ids=s.prompt_ids, prompt_mask=s.prompt_mask, response_ids=s.response_ids,
+                 response_mask=s.response_mask, truncated=s.truncated, group_size=group_size,
+                 texts=tokenizer.batch_decode(shown, skip_special_tokens=True), rollout_logp=s.logprobs)
+
+
+def _hf_generate(model, prompts: list[list[int]], *, group_size: int, max_new_tokens: int, stops: list[int],
+                 pad_id: int, temperature: float, top_p: float, top_k: int, greedy: bool) -> Sampled:
+    """The same rollout from transformers' ``model.generate`` (every prompt prefilled G times)."""
     from transformers import GenerationConfig
 
     device = next(model.parameters()).device
-    stops = eos_ids(model, tokenizer)
-    prompt_ids, prompt_mask = left_pad([p for p in prompts for _ in range(group_size)], tokenizer.pad_token_id)
+    prompt_ids, prompt_mask = left_pad([p for p in prompts for _ in range(group_size)], pad_id)
     sampling = {} if greedy else {"temperature": temperature, "top_p": top_p, "top_k": top_k}
     # Pin every logits processor a checkpoint's generation_config could switch on (transformers fills unset
     # fields from it): the rollout must sample the plain temperature softmax whose log-probs the loss uses.
     neutral = {"repetition_penalty": 1.0, "no_repeat_ngram_size": 0, "min_p": 0.0, "typical_p": 1.0,
                "epsilon_cutoff": 0.0, "eta_cutoff": 0.0, "min_length": 0, "min_new_tokens": 0}
-    gen_cfg = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=not greedy, pad_token_id=tokenizer.pad_token_id,
+    gen_cfg = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=not greedy, pad_token_id=pad_id,
                                eos_token_id=stops, use_cache=True, **neutral, **sampling)
-    was_training = model.training
-    model.eval()
     out = model.generate(input_ids=prompt_ids.to(device), attention_mask=prompt_mask.to(device),
                          generation_config=gen_cfg)
-    model.train(was_training)
     response_ids = out[:, prompt_ids.shape[1]:].cpu()  # (B, T)
     is_eos = torch.isin(response_ids, torch.tensor(stops))
     after_eos = (is_eos.long().cumsum(1) - is_eos.long()) > 0  # strictly after the first eos
-    response_mask = (~after_eos).long()
-    response_ids = response_ids.masked_fill(after_eos, tokenizer.pad_token_id)
-    texts = tokenizer.batch_decode(response_ids.masked_fill(is_eos, tokenizer.pad_token_id), skip_special_tokens=True)
-    return Batch(prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=response_ids,
-                 response_mask=response_mask, truncated=~is_eos.any(1), group_size=group_size, texts=texts)
+    return Sampled(prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=response_ids.masked_fill(after_eos, pad_id),
+                   response_mask=(~after_eos).long(), truncated=~is_eos.any(1))

@@ -17,8 +17,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from rlft.config import Config
-from rlft.models.loading import load_policy
-from rlft.stages.base import STAGES, StageResult, save_model, step_log, task_metrics, write_json
+from rlft.models.lora import save_policy
+from rlft.stages.base import STAGES, StageResult, step_log, task_metrics, write_json
 from rlft.stages.data import load_rankings
 from rlft.trainers.dpo import encode_pairs, evaluate_dpo, reference_logps, train_dpo
 
@@ -26,8 +26,10 @@ from rlft.trainers.dpo import encode_pairs, evaluate_dpo, reference_logps, train
 @STAGES.register("dpo")
 def dpo_stage(cfg: Config, model_dir: str, out_dir: Path, echo=print, start: dict | None = None) -> StageResult:
     """Train the policy at ``model_dir`` with DPO/IPO; the result's model is the trained policy."""
+    from rlft.run import training_policy
+
     d = cfg.dpo
-    policy, tok = load_policy(model_dir, cfg.model)
+    policy, tok = training_policy(cfg, model_dir, None, Path(out_dir))
     train, held_out = load_rankings(cfg, d, "dpo")
     pairs = encode_pairs(train, tok, cfg.data.template, cfg.data.max_prompt_tokens)
     held_pairs = encode_pairs(held_out, tok, cfg.data.template, cfg.data.max_prompt_tokens)
@@ -39,7 +41,7 @@ def dpo_stage(cfg: Config, model_dir: str, out_dir: Path, echo=print, start: dic
         train_dpo(policy, pairs, ref, tok.pad_token_id, d, cfg.optim, cfg.train.seed, on_step=on_step)
     prefs = evaluate_dpo(policy, held_pairs, held_ref, tok.pad_token_id, d)
     task_after = task_metrics(policy, tok, cfg)
-    save_to = save_model(policy, tok, Path(out_dir) / "policy")
+    save_to = save_policy(policy, tok, Path(out_dir) / "policy", cfg.lora.save)
     write_json(Path(out_dir) / "dpo_eval.json", {"preferences": prefs, "task_before": task_before,
                                                  "task_after": task_after})
     line = (f"dpo: held-out preference accuracy {prefs['dpo/rewards/accuracies']:.3f}; exact match "

@@ -15,25 +15,25 @@ from __future__ import annotations
 from pathlib import Path
 
 from rlft.config import Config
-from rlft.models.loading import load_policy
-from rlft.stages.base import STAGES, StageResult, save_model, step_log, task_metrics, write_json
+from rlft.models.lora import save_policy
+from rlft.stages.base import STAGES, StageResult, step_log, task_metrics, write_json
 from rlft.trainers.rft import forced_mode, train_rft
 
 
 @STAGES.register("rft")
 def rft_stage(cfg: Config, model_dir: str, out_dir: Path, echo=print, start: dict | None = None) -> StageResult:
     """RFT (``rft.mode``) of the model at ``model_dir``; the result's model is the fine-tuned one."""
-    from rlft.run import load_task
+    from rlft.run import load_task, training_policy
 
     r = cfg.rft
-    policy, tok = load_policy(model_dir, cfg.model)
+    policy, tok = training_policy(cfg, model_dir, None, Path(out_dir))
     before = start if start is not None else task_metrics(policy, tok, cfg)
     echo(f"rlft rft: {r.mode}, {r.rounds} rounds x {r.prompts_per_round} prompts x {r.samples_per_prompt} samples "
          f"({r.samples_total} completions), keep {r.keep}")
     with step_log(out_dir, "rft_metrics.jsonl", r.rounds, cfg.log.progress) as on_round:
         totals = train_rft(policy, tok, load_task(cfg)[0], cfg, on_round=on_round)
     after = task_metrics(policy, tok, cfg)
-    save_to = save_model(policy, tok, Path(out_dir) / "policy")
+    save_to = save_policy(policy, tok, Path(out_dir) / "policy", cfg.lora.save)
     write_json(Path(out_dir) / "rft_eval.json", {"rft": totals, "task_before": before, "task_after": after})
     line = (f"rft ({r.mode}): exact match {before['exact_match']:.3f} -> {after['exact_match']:.3f} after "
             f"{int(totals['rft/samples_total'])} completions, {totals['rft/accept_rate']:.2f} accepted; "

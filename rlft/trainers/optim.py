@@ -10,7 +10,10 @@ import torch
 def make_optimizer(params, *, lr: float, weight_decay: float = 0.0, betas=(0.9, 0.99),
                    eps: float = 1e-8) -> torch.optim.Optimizer:
     params = [p for p in params if p.requires_grad]
-    fused = bool(params) and all(p.is_cuda for p in params)
+    # the fused kernel (CUDA and CPU) updates every tensor in one pass: on CPU 6.5x faster than the per-op
+    # (foreach) update for a 34M model's parameters (benchmarks/README.md)
+    devices = {p.device.type for p in params}
+    fused = len(devices) == 1 and devices <= {"cuda", "cpu"} and all(p.is_floating_point() for p in params)
     return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=betas, eps=eps, fused=fused or None)
 
 

@@ -25,7 +25,7 @@ from rlft.config import Config, ConfigError
 from rlft.data.preferences import Ranking
 from rlft.data.schema import Example
 from rlft.data.templates import encode_prompts
-from rlft.rollout.hf import generate
+from rlft.rollout.hf import generate, sampling_args
 from rlft.trainers.hacking import rule_correct
 from rlft.trainers.rm_refresh import outcome_pairs
 
@@ -41,9 +41,7 @@ def sample_outcomes(policy, tokenizer, examples: Sequence[Example], cfg: Config,
     out = []
     for start in range(0, len(prompts), CHUNK):
         exs = list(examples[start:start + CHUNK])
-        batch = generate(policy, tokenizer, prompts[start:start + CHUNK], group_size=k,
-                         max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature,
-                         top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k)
+        batch = generate(policy, tokenizer, prompts[start:start + CHUNK], group_size=k, **sampling_args(cfg.rollout))
         correct = rule_correct(batch.texts, exs, k, cfg)  # (len(exs) * k,)
         if correct is None:
             raise ConfigError(f"rm.pairs_from: 'policy' judges samples with eval.correct_fn="

@@ -46,7 +46,7 @@ from rlft.config import Config
 from rlft.data.schema import Example
 from rlft.data.templates import encode_prompts
 from rlft.registry import Registry
-from rlft.rollout.hf import generate
+from rlft.rollout.hf import generate, sampling_args
 from rlft.trainers.optim import make_optimizer, make_scheduler
 from rlft.trainers.rl import PromptSampler, score
 from rlft.trainers.sft import Item, sft_item, sft_updates
@@ -143,8 +143,7 @@ def sample_round(policy, tokenizer, prompts: list[list[int]], examples: Sequence
     """Draw k completions for each of P prompts, score them, select; returns the kept (prompt, target, weights)
     items and the round's counts (see :func:`round_metrics`)."""
     r, k = cfg.rft, cfg.rft.samples_per_prompt
-    batch = generate(policy, tokenizer, prompts, group_size=k, max_new_tokens=cfg.rollout.max_new_tokens,
-                     temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k)
+    batch = generate(policy, tokenizer, prompts, group_size=k, **sampling_args(cfg.rollout))
     score(batch, examples, cfg)  # batch.scores (P*k,), NaN where unscorable
     rewards = [None if math.isnan(s) else s for s in batch.scores.tolist()]  # (P*k,)
     lengths = batch.response_lengths.tolist()  # (P*k,) tokens, eos included

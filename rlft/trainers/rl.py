@@ -26,14 +26,13 @@ from rlft.core.ops import masked_mean, masked_sum
 from rlft.core.shaping import informative_groups, overlong_filter, soft_overlong_penalty
 from rlft.core.value import explained_variance
 from rlft.data.schema import Example
-from rlft.models.forward import response_logprobs
 from rlft.rewards import score_batch
 from rlft.rewards.scoring import ScoreResult
 from rlft.rewards.steps import step_metrics, step_tensors
 from rlft.rollout.batch import Batch, cat_batches
-from rlft.rollout.hf import generate
+from rlft.rollout.hf import generate, sampling_args
 from rlft.trainers import hacking
-from rlft.trainers.update import micro_batches, update
+from rlft.trainers.update import batch_logprobs, micro_batches, update
 
 
 class PromptSampler:
@@ -176,8 +175,7 @@ def penalty_kl(state: RLState, batch: Batch, cfg: Config) -> float:
     """
     num, den = 0.0, 0.0
     for mb in micro_batches(batch, cfg.train.micro_batch_size):
-        logp = response_logprobs(state.policy, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask,
-                                 temperature=cfg.rollout.temperature)[0].cpu()  # (b, T)
+        logp = batch_logprobs(state.policy, mb, cfg)[0].cpu()  # (b, T)
         kl = k3(mb.old_logp, logp)  # (b, T)  r = pi / pi_old, samples of pi_old: (r - 1) - log r
         num += masked_sum(kl, mb.loss_mask).item()
         den += (mb.loss_mask != 0).sum().item()
@@ -203,8 +201,7 @@ def collect(state: RLState, cfg: Config, t: dict[str, float]) -> tuple[Batch, di
         idx = state.sampler.take(P)
         with _timed(t, "rollout"):
             batch = generate(state.policy, state.tokenizer, [state.prompts[i] for i in idx], group_size=G,
-                             max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature,
-                             top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k)
+                             **sampling_args(cfg.rollout))
         with _timed(t, "reward"):
             scored = score(batch, [state.examples[i] for i in idx], cfg)
             attach_steps(batch, scored, state.tokenizer, cfg)
@@ -289,15 +286,18 @@ def reward_metrics(drawn: list[tuple[Batch, ScoreResult]], cfg: Config) -> dict[
 
 @torch.no_grad()
 def fill_logprobs(state: RLState, batch: Batch, cfg: Config) -> None:
-    """Old log-probs (only when not single pass), reference log-probs (only with a KL term), values (critic)."""
+    """Old log-probs (only when not single pass), reference log-probs (only with a KL term), values (critic).
+
+    The old log-probs are those the sampler computed while sampling, when it did (the rlft sampler): the same
+    policy and temperature, so a forward pass over the batch is saved."""
     a = cfg.algo
     models = {}
-    if not a.single_pass:
-        models["old_logp"] = lambda mb: response_logprobs(state.policy, mb.prompt_ids, mb.prompt_mask, mb.response_ids,
-                                                          mb.response_mask, temperature=cfg.rollout.temperature)[0]
+    if not a.single_pass and batch.rollout_logp is not None:
+        batch.old_logp = batch.rollout_logp * batch.response_mask
+    elif not a.single_pass:
+        models["old_logp"] = lambda mb: batch_logprobs(state.policy, mb, cfg)[0]
     if a.needs_ref:
-        models["ref_logp"] = lambda mb: response_logprobs(state.ref, mb.prompt_ids, mb.prompt_mask, mb.response_ids,
-                                                          mb.response_mask, temperature=cfg.rollout.temperature)[0]
+        models["ref_logp"] = lambda mb: batch_logprobs(state.ref, mb, cfg)[0]
     if state.critic is not None:
         models["values"] = lambda mb: state.critic.values(mb.prompt_ids, mb.prompt_mask, mb.response_ids,
                                                           mb.response_mask)

@@ -30,6 +30,12 @@ def micro_batches(batch: Batch, size: int) -> Iterator[Batch]:
         yield batch.index(slice(s, s + size))
 
 
+def batch_logprobs(model, mb: Batch, cfg: Config, **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``response_logprobs`` of ``mb``'s responses under ``model`` at the rollout temperature."""
+    return response_logprobs(model, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask,
+                             temperature=cfg.rollout.temperature, shared_prefix=cfg.train.shared_prefix, **kwargs)
+
+
 def update(state: "RLState", batch: Batch, cfg: Config, *, train_policy: bool = True) -> dict[str, float]:
     """Run the optimizer steps over ``batch``; returns metrics averaged over them."""
     a = cfg.algo
@@ -72,9 +78,7 @@ def _policy_step(state: "RLState", mb: Batch, cfg: Config) -> dict[str, float]:
     n_tok = full_mask.sum().item()
     for micro in micro_batches(mb, cfg.train.micro_batch_size):
         mask = _loss_mask(micro).to(device)  # (b, T)
-        logp, ent = response_logprobs(policy, micro.prompt_ids, micro.prompt_mask, micro.response_ids,
-                                      micro.response_mask, temperature=cfg.rollout.temperature,
-                                      with_entropy=True, entropy_grad=a.entropy_coef > 0)
+        logp, ent = batch_logprobs(policy, micro, cfg, with_entropy=True, entropy_grad=a.entropy_coef > 0)
         old_logp = logp.detach() if a.single_pass else micro.old_logp.to(device)
         pg_mat, pg_metrics = POLICY_LOSSES.get(a.policy_loss)(logp, old_logp, micro.adv.to(device), mask,
                                                           loss_cfg)

@@ -1,0 +1,132 @@
+"""Side-by-side GRPO step times: rlft (defaults), rlft with its levers off, and TRL's GRPOTrainer, in one run.
+
+    python benchmarks/make_model.py --out /tmp/m05 --hidden 128 --layers 2
+    python benchmarks/make_model.py --out /tmp/m34 --hidden 512 --layers 8 --mlp 2048
+    python benchmarks/speed_table.py --models /tmp/m05 /tmp/m34 --gsm8k ../shared/data/gsm8k/test.jsonl \\
+        --trl-python /tmp/trlvenv/bin/python --repeats 3 --out runs/speed
+
+Workloads (benchmarks/grpo_step.py): ``short`` = ``a+b=`` prompts (benchmarks/short_prompts.py, raw
+template, about 6 tokens), up to 16 new tokens; ``long`` = GSM8K test questions through the chat template,
+up to 128 new tokens. 8 prompts x 8 samples, ``--steps`` steps per run (the first a warm-up). Every
+configuration runs in a fresh process, the configurations of one repeat back to back and the repeats
+interleaved, so a slow spell of a shared machine hits all of them; the table shows medians over repeats
+of each run's ``sec_per_step`` and the ratio rlft / TRL of those medians. ``--trl-python`` is a Python
+with TRL installed (see benchmarks/trl_grpo_step.py); without it the TRL column is left out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+CONFIGS = {  # name -> extra arguments of benchmarks/grpo_step.py
+    "rlft": [],
+    "rlft_plain": ["rollout.sampler=generate", "train.shared_prefix=false"],
+}
+
+
+def workloads(gsm8k: str, out: Path) -> dict[str, list[str]]:
+    short = out / "short.jsonl"
+    subprocess.run([sys.executable, str(HERE / "short_prompts.py"), "--out", str(short)], check=True)
+    loads = {"short": ["--data", str(short), "--template", "raw", "--max-new-tokens", "16"]}
+    if gsm8k:
+        loads["long"] = ["--data", gsm8k, "--template", "chat", "--max-new-tokens", "128"]
+    return loads
+
+
+def run_one(cmd: list[str], out_json: Path, threads: int) -> dict:
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    done = subprocess.run([*cmd, "--json", str(out_json)], capture_output=True, text=True, env=env)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{done.stderr[-3000:]}")
+    return json.loads(out_json.read_text())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", nargs="+", required=True)
+    ap.add_argument("--gsm8k", default="", help="GSM8K test.jsonl for the long workload (left out when empty)")
+    ap.add_argument("--workloads", nargs="+", default=["short", "long"])
+    ap.add_argument("--trl-python", default="")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "2")))
+    ap.add_argument("--out", default="runs/speed")
+    a = ap.parse_args()
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    loads = {k: v for k, v in workloads(a.gsm8k, out).items() if k in a.workloads}
+    results: dict[str, list[dict]] = {}
+    for rep in range(a.repeats):
+        for model in a.models:
+            for load, load_args in loads.items():
+                common = ["--model", model, *load_args, "--prompts", "8", "--group", "8", "--steps", str(a.steps)]
+                runs = {name: [sys.executable, str(HERE / "grpo_step.py"), *common, *extra, f"train.threads={a.threads}"]
+                        for name, extra in CONFIGS.items()}
+                if a.trl_python:
+                    runs["trl"] = [a.trl_python, str(HERE / "trl_grpo_step.py"), *common]
+                for name, cmd in runs.items():
+                    key = f"{Path(model).name}/{load}/{name}"
+                    r = run_one(cmd, out / f"{key.replace('/', '_')}_{rep}.json", a.threads)
+                    results.setdefault(key, []).append(r)
+                    print(f"repeat {rep} {key}: {r['sec_per_step']:.3f} s/step", flush=True)
+    table = summarize(results, a)
+    (out / "speed.json").write_text(json.dumps({"setup": vars(a), "runs": results, "table": table}, indent=2))
+    print(markdown(table, bool(a.trl_python)))
+
+
+def summarize(results: dict[str, list[dict]], a) -> list[dict]:
+    rows = []
+    for model in a.models:
+        for load in a.workloads:
+            base = f"{Path(model).name}/{load}"
+            if f"{base}/rlft" not in results:
+                continue
+            row = {"model": Path(model).name, "workload": load}
+            for name in [*CONFIGS, "trl"]:
+                runs = results.get(f"{base}/{name}")
+                if not runs:
+                    continue
+                row[f"{name}/sec_per_step"] = statistics.median(r["sec_per_step"] for r in runs)
+                row[f"{name}/peak_rss_mb"] = statistics.median(r["peak_rss_mb"] for r in runs)
+                for phase in ("rollout", "update"):
+                    vals = [r[f"timing_s/{phase}"] for r in runs if f"timing_s/{phase}" in r]
+                    if vals:
+                        row[f"{name}/timing_s/{phase}"] = statistics.median(vals)
+                if "generated_tokens_per_s" in runs[0]:
+                    row[f"{name}/generated_tokens_per_s"] = statistics.median(r["generated_tokens_per_s"]
+                                                                             for r in runs)
+            if "trl/sec_per_step" in row:
+                row["rlft_over_trl"] = row["rlft/sec_per_step"] / row["trl/sec_per_step"]
+            row["rlft_over_plain"] = row["rlft/sec_per_step"] / row["rlft_plain/sec_per_step"]
+            row["generation_speedup"] = (row["rlft/generated_tokens_per_s"]
+                                         / row["rlft_plain/generated_tokens_per_s"])
+            rows.append(row)
+    return rows
+
+
+def markdown(rows: list[dict], with_trl: bool) -> str:
+    head = "| model | workload | rlft s/step (rollout, update) | levers off s/step | generation x |"
+    rule = "|---|---|---:|---:|---:|"
+    if with_trl:
+        head += " TRL s/step | rlft / TRL |"
+        rule += "---:|---:|"
+    lines = [head, rule]
+    for r in rows:
+        line = (f"| {r['model']} | {r['workload']} | {r['rlft/sec_per_step']:.3f} ({r['rlft/timing_s/rollout']:.3f}, "
+                f"{r['rlft/timing_s/update']:.3f}) | {r['rlft_plain/sec_per_step']:.3f} | "
+                f"{r['generation_speedup']:.2f} |")
+        if with_trl and "trl/sec_per_step" in r:
+            line += f" {r['trl/sec_per_step']:.3f} | {r['rlft_over_trl']:.2f} |"
+        lines.append(line)
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

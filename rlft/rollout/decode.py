@@ -1,0 +1,196 @@
+"""A lean sampling loop for rollouts: each prompt prefilled once per group, finished rows dropped.
+
+``model.generate`` on P prompts x G samples prefills every prompt G times and keeps
+computing rows that have already emitted eos. This loop
+
+* prefills the P distinct prompts once and repeats their KV cache G times
+  (``DynamicCache.batch_repeat_interleave``), so prompt compute does not grow with G;
+* drops finished rows from the batch and the cache, so a decode step costs the rows
+  still generating, not the longest one's batch;
+* samples exactly as ``generate`` does for the same settings: logits in float32,
+  temperature, then top-k, then top-p (transformers' own warpers), then
+  ``torch.multinomial``; greedy takes the argmax.
+
+It needs a causal LM that accepts ``position_ids``, ``past_key_values`` with a
+``DynamicCache`` and ``logits_to_keep`` (every decoder-only model of transformers
+does); ``supports_fast_sampling`` says whether one does, and ``rlft.rollout.hf``
+falls back to ``model.generate`` when it does not.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+from torch import Tensor
+
+from rlft.models.lora import core_model
+from rlft.rollout.batch import left_pad
+
+# Compact the batch (drop finished rows from it and from the cache) once this share of its rows has finished:
+# dropping rows copies the whole cache, so doing it for every single finished row would cost more than it saves.
+COMPACT_SHARE = 0.25
+
+
+@dataclass
+class Sampled:
+    prompt_ids: Tensor  # (B, Tp) the prompts, each repeated G times, left-padded
+    prompt_mask: Tensor  # (B, Tp)
+    response_ids: Tensor  # (B, T) right-padded with pad_id after the stop token
+    response_mask: Tensor  # (B, T) 1 up to and including the stop token
+    truncated: Tensor  # (B,) bool: no stop token within the budget
+    logprobs: Tensor | None = None  # (B, T) log-prob of each token under softmax(logits / temperature); 0 on padding
+
+
+def _reserved_layer_class():
+    from transformers.cache_utils import DynamicLayer
+
+    class ReservedLayer(DynamicLayer):
+        """A ``DynamicLayer`` whose keys and values are the filled prefix of a buffer reserved for ``capacity``
+        tokens: a decode step writes its key and value in place, where ``DynamicLayer`` concatenates, copying the
+        whole cache at every step."""
+
+        def __init__(self, capacity: int):
+            super().__init__()
+            self.capacity = capacity
+            self.length = 0
+            self._k = self._v = None
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+            n = key_states.shape[-2]
+            if self._k is None or self.length + n > self._k.shape[-2]:
+                self._resize(key_states, max(self.capacity, self.length + n))
+            self._k[..., self.length:self.length + n, :] = key_states
+            self._v[..., self.length:self.length + n, :] = value_states
+            self.length += n
+            return self._views()
+
+        def _resize(self, like, size: int) -> None:
+            b, h, _, d = like.shape
+            k, v = like.new_empty(b, h, size, d), like.new_empty(b, h, size, d)
+            if self.length:
+                k[..., :self.length, :], v[..., :self.length, :] = self._views()
+            self._k, self._v = k, v
+
+        def _views(self):
+            self.keys, self.values = self._k[..., :self.length, :], self._v[..., :self.length, :]
+            return self.keys, self.values
+
+        def get_seq_length(self) -> int:
+            return self.length
+
+        def crop(self, tokens_to_remove: int) -> None:
+            if tokens_to_remove > 0:
+                raise ValueError("crop takes the (negative) number of tokens to remove")
+            self.length = max(0, self.length + tokens_to_remove)
+            if self._k is not None:
+                self._views()
+
+        def batch_repeat_interleave(self, repeats: int) -> None:
+            if self.length:
+                self._k, self._v = self._k.repeat_interleave(repeats, 0), self._v.repeat_interleave(repeats, 0)
+                self._views()
+
+        def batch_select_indices(self, indices) -> None:
+            if self.length:
+                self._k, self._v = self._k[indices], self._v[indices]
+                self._views()
+
+    return ReservedLayer
+
+
+def reserved_cache(model, capacity: int):
+    """A KV cache whose layers hold ``capacity`` tokens without reallocating, for a model whose every layer is full
+    attention; None for other models (sliding windows, linear attention: their own ``DynamicCache`` layers)."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import Cache, DynamicLayer
+
+    probe = DynamicCache(config=model.config)
+    if not probe.layers or any(type(layer) is not DynamicLayer for layer in probe.layers):
+        return None
+    layer = _reserved_layer_class()
+    return Cache(layers=[layer(capacity) for _ in probe.layers])
+
+
+@lru_cache(maxsize=None)
+def supports_fast_sampling(cls: type) -> bool:
+    params = inspect.signature(cls.forward).parameters
+    return all(p in params for p in ("position_ids", "past_key_values", "logits_to_keep"))
+
+
+def warp(logits: Tensor, *, temperature: float, top_k: int, top_p: float) -> Tensor:
+    """Sampling scores from float32 logits (b, V): ``generate``'s temperature, top-k and top-p warpers, in its order."""
+    from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+    scores = TemperatureLogitsWarper(temperature)(None, logits) if temperature != 1.0 else logits
+    if top_k > 0:
+        scores = TopKLogitsWarper(top_k=top_k)(None, scores)
+    if top_p < 1.0:
+        scores = TopPLogitsWarper(top_p=top_p)(None, scores)
+    return scores
+
+
+@torch.no_grad()
+def sample(model, prompts: list[list[int]], *, group_size: int, max_new_tokens: int, stops: list[int], pad_id: int,
+           temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, greedy: bool = False) -> Sampled:
+    """Sample ``group_size`` responses per prompt; rows ``[i*G, (i+1)*G)`` belong to prompt ``i``."""
+    from transformers import DynamicCache
+
+    device = next(model.parameters()).device
+    G = group_size
+    ids, mask = left_pad(prompts, pad_id)  # (P, Tp)
+    ids, mask = ids.to(device), mask.to(device)
+    cache = reserved_cache(core_model(model), ids.shape[1] + max_new_tokens) or DynamicCache()
+    out = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+                past_key_values=cache, use_cache=True, logits_to_keep=1)
+    logits = out.logits[:, -1].float()  # (P, V)
+    cache = out.past_key_values
+    if G > 1:
+        cache.batch_repeat_interleave(G)
+        logits = logits.repeat_interleave(G, 0)  # (B, V)
+    attn = mask.repeat_interleave(G, 0)  # (B, Tp): grows by one column per decode step
+    pos = attn.sum(1)  # (B,) position id of the next token
+    B = attn.shape[0]
+    tokens = torch.full((B, max_new_tokens), pad_id, dtype=torch.long, device=device)
+    logps = torch.zeros((B, max_new_tokens), device=device)
+    lengths = torch.full((B,), max_new_tokens, dtype=torch.long, device=device)
+    ended = torch.zeros(B, dtype=torch.bool, device=device)  # (B,) emitted a stop token
+    rows = torch.arange(B, device=device)  # original row of each row still in the batch
+    live = torch.ones(B, dtype=torch.bool, device=device)  # rows in the batch that have not stopped
+    stop_ids = torch.tensor(stops, dtype=torch.long, device=device)
+    for t in range(max_new_tokens):
+        if greedy:
+            nxt = logits.argmax(-1)
+        else:
+            probs = torch.softmax(warp(logits, temperature=temperature, top_k=top_k, top_p=top_p), dim=-1)
+            nxt = torch.multinomial(probs, num_samples=1).squeeze(1)  # (b,)
+        scaled = logits / temperature if temperature != 1.0 else logits
+        lp = scaled.gather(1, nxt[:, None]).squeeze(1) - torch.logsumexp(scaled, dim=-1)
+        tokens[rows[live], t] = nxt[live]
+        logps[rows[live], t] = lp[live]
+        stopped = live & torch.isin(nxt, stop_ids)
+        lengths[rows[stopped]] = t + 1
+        ended[rows[stopped]] = True
+        live &= ~stopped
+        n_live = int(live.sum())
+        if n_live == 0 or t == max_new_tokens - 1:
+            break
+        if len(live) - n_live >= COMPACT_SHARE * len(live):
+            keep = live.nonzero().squeeze(1)
+            cache.batch_select_indices(keep)
+            rows, nxt, attn, pos, live = rows[keep], nxt[keep], attn[keep], pos[keep], live[keep]
+        attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)
+        out = model(input_ids=nxt[:, None], attention_mask=attn, position_ids=pos[:, None], past_key_values=cache,
+                    use_cache=True, logits_to_keep=1)
+        logits = out.logits[:, -1].float()
+        cache = out.past_key_values
+        pos = pos + 1
+    width = int(lengths.max())
+    response_mask = (torch.arange(width, device=device)[None, :] < lengths[:, None]).long()
+    prompt_ids, prompt_mask = ids.repeat_interleave(G, 0), mask.repeat_interleave(G, 0)
+    return Sampled(prompt_ids=prompt_ids.cpu(), prompt_mask=prompt_mask.cpu(), response_ids=tokens[:, :width].cpu(),
+                   response_mask=response_mask.cpu(), truncated=(~ended).cpu(), logprobs=logps[:, :width].cpu())
