@@ -117,6 +117,3 @@ class AdaptersOff:
     @property
     def training(self) -> bool:
         return self.policy.training
-
-    def eval(self) -> "AdaptersOff":
-        return self  # the policy's own mode applies; disabling adapters has no train/eval state

@@ -44,7 +44,8 @@ class Sampled:
     logprobs: Tensor | None = None  # (B, T) log-prob of each token under softmax(logits / temperature); 0 on padding
 
 
-def _reserved_layer_class():
+@lru_cache(maxsize=None)
+def _reserved_layer_class():  # built once, on first use: transformers is imported lazily
     from transformers.cache_utils import DynamicLayer
 
     class ReservedLayer(DynamicLayer):
