@@ -31,7 +31,8 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def save(run_dir: Path, step: int, *, model, tokenizer, optimizer, scheduler, trainer_state: dict,
-         keep: int = 2) -> Path:
+         keep: int = 2, process_rngs: list[dict] | None = None) -> Path:
+    """Write ``step_N``; ``process_rngs``: the random states of every process of a multi-process run."""
     root = Path(run_dir) / "checkpoints"
     final = root / f"step_{step:06d}"
     tmp = root / f".tmp_step_{step:06d}"
@@ -40,7 +41,7 @@ def save(run_dir: Path, step: int, *, model, tokenizer, optimizer, scheduler, tr
     model.save_pretrained(tmp / "policy")
     tokenizer.save_pretrained(tmp / "policy")
     torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                "rng": rng_state(), "trainer": trainer_state}, tmp / "state.pt")
+                "rng": rng_state(), "process_rngs": process_rngs, "trainer": trainer_state}, tmp / "state.pt")
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
     for old in sorted(root.glob("step_*"))[:-keep]:

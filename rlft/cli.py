@@ -42,6 +42,9 @@ def cmd_train(ns: argparse.Namespace) -> int:
         run_pipeline(cfg)
     else:
         train(cfg)
+    from rlft.dist import shutdown
+
+    shutdown()  # several processes: all done before any leaves (a failing one is stopped by the launcher instead)
     return 0
 
 

@@ -12,6 +12,9 @@ Run directory layout::
     runs/<name>/critic_pretrain_metrics.jsonl  VAPO value pre-training (critic.pretrain_steps > 0)
     runs/<name>/checkpoints/       step_N/{policy/, state.pt} every train.save_every steps
     runs/<name>/base_model/        the embedded tiny model (only when model.path is empty)
+
+Under ``accelerate launch`` / ``torchrun`` the RL steps are data-parallel (``rlft.dist``); the SFT warm-up
+and the evaluations run in the main process while the others wait, and only the main process writes.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from rlft.data.loaders import load_examples
 from rlft.data.schema import Example
 from rlft.data.synthetic import synthetic_task
 from rlft.data.templates import encode_prompts
+from rlft.dist import current, init_dist
 from rlft.eval import evaluate
 from rlft.models.loading import load_policy, quiet_transformers, resolve_device
 from rlft.models.lora import AdaptersOff, add_lora, is_adapter_dir, is_peft, load_adapters, merged_copy, save_policy
@@ -79,9 +83,18 @@ def load_task(cfg: Config) -> tuple[list[Example], list[Example]]:
 
 
 def prepare_run_dir(cfg: Config) -> Config:
-    """Resolve the run name, create the directory and write config.yaml (refusing to clobber another run)."""
+    """Resolve the run name, create the directory and write config.yaml (refusing to clobber another run); with
+    several processes the main one does it, and they all take its name."""
+    dist = current()
     if not cfg.log.name:
-        cfg = with_name(cfg, time.strftime("%Y%m%d-%H%M%S"))
+        cfg = with_name(cfg, dist.broadcast(time.strftime("%Y%m%d-%H%M%S")))
+    with dist.main_first():
+        if dist.is_main:
+            _make_run_dir(cfg)
+    return cfg
+
+
+def _make_run_dir(cfg: Config) -> None:
     path = cfg.log.path
     if path.exists() and any(path.iterdir()) and not cfg.train.resume:
         raise ConfigError(f"log.name: run directory {path} already exists; choose another name, "
@@ -92,7 +105,6 @@ def prepare_run_dir(cfg: Config) -> Config:
     tmp = path / "config.yaml.tmp"
     tmp.write_text(yaml.safe_dump(saved, sort_keys=False))
     tmp.replace(path / "config.yaml")
-    return cfg
 
 
 def base_model_dir(cfg: Config, run_dir: Path) -> str:
@@ -100,14 +112,22 @@ def base_model_dir(cfg: Config, run_dir: Path) -> str:
     if cfg.model.path:
         return cfg.model.path
     path = run_dir / "base_model"
-    if not (path / "config.json").exists():
-        m = cfg.model
-        build_tiny_model(str(path), hidden_size=m.tiny_hidden_size, layers=m.tiny_layers, heads=m.tiny_heads,
-                         seed=cfg.train.seed)
+    dist = current()
+    with dist.main_first():
+        if dist.is_main and not (path / "config.json").exists():
+            m = cfg.model
+            build_tiny_model(str(path), hidden_size=m.tiny_hidden_size, layers=m.tiny_layers, heads=m.tiny_heads,
+                             seed=cfg.train.seed)
     return str(path)
 
 
+def _silent(*args, **kwargs) -> None:
+    """The ``echo`` of the processes other than the main one."""
+
+
 def _write_json(path: Path, obj: dict) -> None:
+    if not current().is_main:
+        return
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(obj, indent=2))
     tmp.replace(path)
@@ -118,6 +138,8 @@ def train(cfg: Config, *, echo=print) -> RunResult:
     t0 = time.perf_counter()
     quiet_transformers()
     set_threads(cfg)
+    dist = init_dist(cfg.model.device)
+    echo = echo if dist.is_main else _silent
     ckpt = None
     if cfg.train.resume:  # checked before anything is written: a wrong name must not leave a directory behind
         ckpt = checkpoint.latest(cfg.log.path)
@@ -125,12 +147,14 @@ def train(cfg: Config, *, echo=print) -> RunResult:
             raise ConfigError(f"train.resume: no checkpoint under {cfg.log.path / 'checkpoints'}")
     cfg = prepare_run_dir(cfg)
     run_dir = cfg.log.path
-    cfg = own_reward_model(cfg, run_dir)  # rm.refresh_every: the run scores with (and refreshes) its own copy
+    with dist.main_first():  # rm.refresh_every: the run scores with (and refreshes) its own copy
+        cfg = own_reward_model(cfg, run_dir)
     seed_everything(cfg.train.seed)
     device = resolve_device(cfg.model.device)
 
     model_path = base_model_dir(cfg, run_dir)
-    policy, tokenizer = training_policy(cfg, model_path, ckpt, run_dir)
+    with dist.main_first():  # LoRA on a pipeline's adapters writes their merged base once
+        policy, tokenizer = training_policy(cfg, model_path, ckpt, run_dir)
     n_params = sum(p.numel() for p in policy.parameters())
     n_train = sum(p.numel() for p in policy.parameters() if p.requires_grad)
     trains = f", {n_train / 1e6:.3f}M of them LoRA adapters" if cfg.lora.rank else ""
@@ -140,13 +164,18 @@ def train(cfg: Config, *, echo=print) -> RunResult:
     train_ex, eval_ex = load_task(cfg)
     train_prompts = encode_prompts(train_ex, cfg.data.template, tokenizer, cfg.data.max_prompt_tokens, "train data")
     eval_prompts = encode_prompts(eval_ex, cfg.data.template, tokenizer, cfg.data.max_prompt_tokens, "eval data")
-    echo(f"rlft: {len(train_ex)} training prompts, {len(eval_ex)} held-out")
+    echo(f"rlft: {len(train_ex)} training prompts, {len(eval_ex)} held-out"
+         + (f"; {dist.world} processes" if dist.active else ""))
+    if cfg.train.prompts_per_step < dist.world:
+        raise ConfigError(f"train.prompts_per_step: {cfg.train.prompts_per_step} prompts cannot be shared by "
+                          f"{dist.world} processes; use at least one per process")
 
     results = json.loads((run_dir / "eval.json").read_text()) if ckpt and (run_dir / "eval.json").exists() else {}
     with _reward_pool(cfg):
         if ckpt is None:
-            if cfg.sft.steps:
-                _run_sft(policy, tokenizer, train_ex, cfg, run_dir)
+            if cfg.sft.steps:  # in the main process; the others then take its weights
+                dist.on_main(lambda: _run_sft(policy, tokenizer, train_ex, cfg, run_dir))
+                dist.sync_params_(policy)
             if cfg.eval.before_rl:
                 results["before_rl"] = _eval(policy, tokenizer, eval_prompts, eval_ex, cfg, echo, "before RL")
                 _write_json(run_dir / "eval.json", results)
@@ -155,7 +184,9 @@ def train(cfg: Config, *, echo=print) -> RunResult:
 
         results["after_rl"] = _eval(policy, tokenizer, eval_prompts, eval_ex, cfg, echo, "after RL")
         _write_json(run_dir / "eval.json", results)
-    save_policy(policy, tokenizer, run_dir / "policy", cfg.lora.save)
+    if dist.is_main:
+        save_policy(policy, tokenizer, run_dir / "policy", cfg.lora.save)
+    dist.barrier()  # the run's files are complete when any process returns
     seconds = time.perf_counter() - t0
     echo(summary(results, seconds, run_dir))
     return RunResult(run_dir=run_dir, eval=results, seconds=seconds)
@@ -211,35 +242,52 @@ def _run_sft(policy, tokenizer, train_ex, cfg: Config, run_dir: Path) -> None:
 
 def _run_rl(policy, tokenizer, train_ex, train_prompts, cfg: Config, run_dir: Path, ckpt, echo) -> None:
     t0 = time.perf_counter()
+    dist = current()
     state = _rl_state(policy, tokenizer, train_ex, train_prompts, cfg)
+    state.dist = dist
     if ckpt is not None:
         _restore(state, ckpt, run_dir, echo)
-    elif state.critic is not None and cfg.critic.pretrain_steps:
-        _pretrain_critic(state, cfg, run_dir)
-    log = MetricsLog(run_dir, tensorboard=cfg.log.tensorboard)
+    else:
+        if dist.rank:  # each process samples its own share of the groups: its own random stream
+            seed_everything(cfg.train.seed + PROCESS_SEED_STRIDE * dist.rank)
+        if state.critic is not None and cfg.critic.pretrain_steps:
+            _pretrain_critic(state, cfg, run_dir)
+    log = MetricsLog(run_dir, tensorboard=cfg.log.tensorboard) if dist.is_main else None
     bar = _bar(cfg.train.steps, "rl", cfg, initial=state.step)
     policy.train()
     try:
         budget = cfg.train.time_budget_s
         while state.step < cfg.train.steps:
-            if budget and time.perf_counter() - t0 > budget:
+            if dist.broadcast(bool(budget) and time.perf_counter() - t0 > budget):  # the main process's clock
                 echo(f"rlft: time budget of {budget:g} s spent after {state.step} RL steps")
                 break
             metrics = rl_step(state, cfg)
-            log.log(state.step, metrics)
+            if log is not None:
+                log.log(state.step, metrics)
             bar.update(1)
             bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", len=f"{metrics['response_length/mean']:.1f}")
             if cfg.train.save_every and state.step % cfg.train.save_every == 0 and state.step < cfg.train.steps:
-                checkpoint.save(run_dir, state.step, model=policy, tokenizer=tokenizer, optimizer=state.optimizer,
-                                scheduler=state.scheduler, keep=cfg.train.keep_checkpoints,
-                                trainer_state=state.trainer_state())
+                _save_checkpoint(state, cfg, run_dir)
     finally:
         bar.close()
-        log.close()
-    if state.critic is not None:
+        if log is not None:
+            log.close()
+    if dist.is_main and state.critic is not None:
         state.critic.save_pretrained(run_dir / "critic")
-    if state.rm_refresh is not None:
+    if dist.is_main and state.rm_refresh is not None:
         state.rm_refresh.save(run_dir / RUN_RM)
+
+
+PROCESS_SEED_STRIDE = 1_000_003  # process r > 0 of a multi-process run seeds its sampling with seed + r * this
+
+
+def _save_checkpoint(state: RLState, cfg: Config, run_dir: Path) -> None:
+    """A checkpoint of the run, written by the main process with the random states of every process."""
+    rngs = state.dist.gather(checkpoint.rng_state())
+    if state.dist.is_main:
+        checkpoint.save(run_dir, state.step, model=state.policy, tokenizer=state.tokenizer,
+                        optimizer=state.optimizer, scheduler=state.scheduler, keep=cfg.train.keep_checkpoints,
+                        trainer_state=state.trainer_state(), process_rngs=rngs)
 
 
 def _rl_state(policy, tokenizer, train_ex, train_prompts, cfg: Config) -> RLState:
@@ -287,41 +335,53 @@ def _build_critic(policy, cfg: Config):
 
 def _pretrain_critic(state: RLState, cfg: Config, run_dir: Path) -> None:
     """VAPO value pre-training (Yuan et al. 2025 §3.1): critic-only steps on rollouts of the frozen initial policy."""
-    log = MetricsLog(run_dir, tensorboard=False, filename="critic_pretrain_metrics.jsonl")
+    log = MetricsLog(run_dir, tensorboard=False, filename="critic_pretrain_metrics.jsonl") if state.dist.is_main \
+        else None
     bar = _bar(cfg.critic.pretrain_steps, "critic", cfg)
     try:
         for step in range(1, cfg.critic.pretrain_steps + 1):
             m = rl_step(state, cfg, train_policy=False)
-            log.log(step, {k: v for k, v in m.items() if k.startswith(("critic/", "reward/mean", "timing_s/"))})
+            if log is not None:
+                log.log(step, {k: v for k, v in m.items() if k.startswith(("critic/", "reward/mean", "timing_s/"))})
             bar.update(1)
             bar.set_postfix(vf_loss=f"{m['critic/vf_loss']:.4f}")
     finally:
         bar.close()
-        log.close()
+        if log is not None:
+            log.close()
 
 
 def _restore(state: RLState, ckpt: Path, run_dir: Path, echo) -> None:
     saved = checkpoint.load_state(ckpt)
     state.optimizer.load_state_dict(saved["optimizer"])
     state.scheduler.load_state_dict(saved["scheduler"])
-    checkpoint.set_rng_state(saved["rng"])
+    rngs, dist = saved.get("process_rngs") or [saved["rng"]], state.dist
+    if len(rngs) == dist.world:
+        checkpoint.set_rng_state(rngs[dist.rank])
+    else:  # saved by another number of processes: the main stream continues, the others start afresh
+        checkpoint.set_rng_state(saved["rng"])
+        if dist.rank:
+            seed_everything(state.step + PROCESS_SEED_STRIDE * dist.rank)
     try:
         state.load_trainer_state(saved["trainer"])
     except ValueError as e:  # the data changed since the checkpoint: the position in it means nothing
         raise ConfigError(f"train.resume: {e}; resume with the run's own data settings") from None
-    truncate_jsonl(run_dir / "metrics.jsonl", state.step)
+    if dist.is_main:
+        truncate_jsonl(run_dir / "metrics.jsonl", state.step)
     echo(f"rlft: resumed from {ckpt} at step {state.step}")
 
 
 def _eval(policy, tokenizer, prompts, examples, cfg: Config, echo, label: str) -> dict:
+    """The held-out evaluation, run by the main process; every process gets its results."""
     echo(f"rlft: evaluating {label} on {len(examples)} held-out problems")
-    return evaluate(policy, tokenizer, prompts, examples, cfg)
+    return current().on_main(lambda: evaluate(policy, tokenizer, prompts, examples, cfg))
 
 
 def _bar(total: int, desc: str, cfg: Config, initial: int = 0):
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, initial=initial, desc=desc, disable=not cfg.log.progress, dynamic_ncols=True)
+    return tqdm(total=total, initial=initial, desc=desc, disable=not (cfg.log.progress and current().is_main),
+                dynamic_ncols=True)
 
 
 def summary(results: dict, seconds: float, run_dir: Path) -> str:

@@ -197,10 +197,10 @@ def test_resume_continues_from_the_latest_checkpoint(tmp_path, tiny_overrides, d
     saved_live: dict[int, dict] = {}  # the trainer's state in memory when a checkpoint was written
     save = checkpoint.save
 
-    def recording_save(run_dir, step, *, model, tokenizer, optimizer, scheduler, trainer_state, keep=2):
+    def recording_save(run_dir, step, *, model, tokenizer, optimizer, scheduler, trainer_state, **kwargs):
         saved_live[step] = snapshot(model, optimizer, scheduler, trainer_state)
         return save(run_dir, step, model=model, tokenizer=tokenizer, optimizer=optimizer, scheduler=scheduler,
-                    trainer_state=trainer_state, keep=keep)
+                    trainer_state=trainer_state, **kwargs)
 
     monkeypatch.setattr(checkpoint, "save", recording_save)
     first = load_config(None, tiny_overrides(tmp_path, "log.name=r", "train.steps=4", "train.save_every=2",

@@ -425,6 +425,46 @@ def test_prompt_groups_are_runs_of_identical_prompts():
     assert first.tolist() == [0, 2, 3, 4] and group.tolist() == [0, 0, 1, 2, 3, 3]
 
 
+def test_trimmed_drops_only_columns_no_row_uses(tok):
+    batch = with_advantages(varied_batch(tok))
+    part = batch.index(torch.tensor([0, 1])).trimmed()  # the shortest prompt; responses "#### 3$" and "12$"
+    p_len = int(batch.prompt_mask[0].sum())
+    r_len = int(batch.response_mask[:2].sum(1).max())
+    assert part.prompt_ids.shape[1] == p_len < batch.prompt_ids.shape[1]
+    assert part.response_ids.shape[1] == r_len < batch.response_ids.shape[1]
+    assert torch.equal(part.prompt_ids, batch.prompt_ids[:2, -p_len:])
+    for name in ("response_ids", "response_mask", "adv"):
+        assert torch.equal(getattr(part, name), getattr(batch, name)[:2, :r_len]), name
+    assert part.texts == batch.texts[:2] and torch.equal(part.scores, batch.scores[:2])
+
+
+@pytest.mark.parametrize("budget", [1, 20, 40, 60, 10_000])
+@pytest.mark.parametrize("size", [1, 3, 256])
+def test_token_budget_micro_batches_cover_every_row_once_within_the_budget(tok, budget, size):
+    batch = with_advantages(varied_batch(tok))
+    chunks = list(upd.micro_batches(batch, size, budget))
+    rows = torch.cat([r for r, _ in chunks])
+    assert sorted(rows.tolist()) == list(range(len(batch)))
+    for r, mb in chunks:
+        assert len(r) <= size and torch.equal(mb.response_ids, batch.index(r).trimmed().response_ids)
+        tokens = len(r) * (mb.prompt_ids.shape[1] + mb.response_ids.shape[1])
+        assert tokens <= budget or len(r) == 1  # a row over the budget alone is its own micro-batch
+        runs = prompt_groups(mb.prompt_ids, mb.prompt_mask)[0]
+        if len(r) > 1:  # whole groups of G = 2, packed side by side
+            assert len(r) == 2 * len(runs)
+    if budget == 10_000 and size == 256:
+        assert len(chunks) == 1
+    p_len, r_len = batch.prompt_mask.sum(1), batch.response_mask.sum(1).clamp(min=1)
+    group_len = [int(p_len[g * 2:g * 2 + 2].max() + r_len[g * 2:g * 2 + 2].max()) for g in range(len(batch) // 2)]
+    order = [max(group_len[i // 2] for i in r.tolist()) for r, _ in chunks]
+    assert order == sorted(order)  # groups taken in order of their padded length
+
+
+def test_micro_batches_without_a_budget_are_consecutive_rows(tok):
+    batch = varied_batch(tok)
+    assert [r.tolist() for r, _ in upd.micro_batches(batch, 4)] == [[0, 1, 2, 3], [4, 5]]
+
+
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_shared_prefix_forward_gives_the_plain_forwards_logprobs_and_gradients(model, tok, temperature, monkeypatch):
     """Each prompt computed once for its group (keys and values repeated, gradients summed back) is the same
@@ -573,8 +613,10 @@ def metric_scale(model, mb: Batch, cfg) -> float:
 
 @pytest.mark.parametrize("agg", AGGREGATIONS.names())
 @pytest.mark.parametrize("mode", ["single_pass", "epochs_minibatches_kl"])
-def test_micro_batching_is_exact(tiny_model_dir, tok, make_cfg, agg, mode, monkeypatch):
-    """One sequence per micro-batch and the whole mini-batch at once take the same optimizer steps."""
+@pytest.mark.parametrize("split", ["train.micro_batch_size=1", "train.micro_batch_tokens=40"])
+def test_micro_batching_is_exact(tiny_model_dir, tok, make_cfg, agg, mode, split, monkeypatch):
+    """One sequence per micro-batch, or token-budget micro-batches (groups packed by length, each trimmed to its
+    own widths), and the whole mini-batch at once take the same optimizer steps."""
     extra = [f"algo.loss_agg={agg}"]
     kl_coef = 0.0
     if mode != "single_pass":
@@ -585,7 +627,7 @@ def test_micro_batching_is_exact(tiny_model_dir, tok, make_cfg, agg, mode, monke
     if mode != "single_pass":
         _perturbed_old_and_ref(base, batch, make_cfg(*extra))
     cfg_b = make_cfg(*extra, f"train.micro_batch_size={len(batch)}")
-    cfg_1 = make_cfg(*extra, "train.micro_batch_size=1")
+    cfg_1 = make_cfg(*extra, split)
     records = lockstep(monkeypatch, base, tok, (batch, cfg_b), (batch, cfg_1), kl_coef)
     assert len(records) == (1 if mode == "single_pass" else 4)
     assert_same_gradients(records, base, batch)

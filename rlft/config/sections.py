@@ -655,6 +655,8 @@ class TrainConfig:
     """P: prompts per RL step; the batch holds P x G sequences."""
     micro_batch_size: int = 256
     """Sequences per forward/backward (gradient accumulation above it; the loss is unchanged)."""
+    micro_batch_tokens: int = 0
+    """Token budget of a forward/backward, padding included (rows x (prompt width + response width)): groups are ordered by length and packed whole while they fit, each micro-batch padded only to its own longest row (0: no budget, micro-batches of micro_batch_size rows in batch order). The loss is unchanged."""
     shared_prefix: bool = True
     """Log-prob forwards compute each group's prompt once and share its keys and values with the group's G responses (the same function of the weights; off: every row computes its own prompt). Needs a model with a KV cache; off by itself under gradient checkpointing."""
     seed: int = 0
@@ -676,6 +678,7 @@ class TrainConfig:
         _check(self.threads >= 0, "train.threads", "must be >= 0 (0: torch's default)")
         _check(self.prompts_per_step >= 1, "train.prompts_per_step", "must be >= 1")
         _check(self.micro_batch_size >= 1, "train.micro_batch_size", "must be >= 1")
+        _check(self.micro_batch_tokens >= 0, "train.micro_batch_tokens", "must be >= 0 (0: no token budget)")
         _check(self.save_every >= 0, "train.save_every", "must be >= 0")
         _check(self.time_budget_s >= 0, "train.time_budget_s", "must be >= 0 (0: no limit)")
         _check(self.ptx_batch_size >= 1, "train.ptx_batch_size", "must be >= 1")

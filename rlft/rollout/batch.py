@@ -64,6 +64,20 @@ class Batch:
                 out[f.name] = v
         return Batch(**out)
 
+    def trimmed(self) -> "Batch":
+        """The same rows without the padding columns none of them uses: prompt columns on the left, response
+        columns on the right (position ids come from the masks, so the model computes the same function)."""
+        tp = max(int(self.prompt_mask.sum(1).max()), 1) if len(self) else self.prompt_ids.shape[1]
+        t = max(int(self.response_mask.sum(1).max()), 1) if len(self) else self.response_ids.shape[1]
+        full_tp = self.prompt_ids.shape[1]
+        out = {}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, Tensor) and v.dim() == 2:
+                v = v[:, full_tp - tp:] if f.name.startswith("prompt") else v[:, :t]
+            out[f.name] = v
+        return Batch(**out)
+
     def to(self, device: torch.device) -> "Batch":
         return dataclasses.replace(self, **{f.name: getattr(self, f.name).to(device) for f in dataclasses.fields(self)
                                             if isinstance(getattr(self, f.name), Tensor)})

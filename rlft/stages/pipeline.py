@@ -14,7 +14,9 @@ them). Layout::
 ``train.resume=true`` skips the stages that finished and continues the one that
 did not (the RL stage from its last checkpoint; the others from their start).
 Every stage starts from ``train.seed``, so a resumed pipeline repeats the stage
-it lost.
+it lost. Under ``accelerate launch`` / ``torchrun`` the RL stages run in every
+process (data-parallel, ``rlft.dist``); the other stages run in the main process
+while the others wait for its result.
 """
 
 from __future__ import annotations
@@ -38,8 +40,11 @@ def stage_kind(name: str) -> str:
 def run_pipeline(cfg: Config, echo=print) -> list[dict]:
     """Run ``cfg.stages`` in order; returns the summary entries (also in ``summary.json``)."""
     from rlft.models.loading import quiet_transformers
+    from rlft.dist import init_dist
     from rlft.run import base_model_dir, prepare_run_dir, seed_everything, set_threads
 
+    dist = init_dist(cfg.model.device)
+    echo = echo if dist.is_main else (lambda *args, **kwargs: None)
     if cfg.train.resume and not (cfg.log.path / "config.yaml").is_file():
         raise ConfigError(f"train.resume: no pipeline run in {cfg.log.path}")
     cfg = prepare_run_dir(cfg)
@@ -52,14 +57,16 @@ def run_pipeline(cfg: Config, echo=print) -> list[dict]:
     for i, name in enumerate(cfg.stages):
         out = run_dir / f"{i}-{name}"
         done = _finished(out)
+        dist.barrier()  # every process has looked before the main one writes
         if done is None:
             seed_everything(cfg.train.seed)
-            out.mkdir(parents=True, exist_ok=True)
             echo(f"rlft: stage {i} {name} in {out}")
-            result = _run_stage(name, cfg, model_dir, out, echo, policy_metrics, scorers)
+            run = lambda: _run_stage(name, cfg, model_dir, out, echo, policy_metrics, scorers)  # noqa: E731
+            result = run() if stage_kind(name) == "rl" else dist.on_main(run)  # RL is the data-parallel stage
             done = {"stage": name, "model_dir": str(result.model_dir), "metrics": result.metrics,
                     "summary": result.summary}
-            write_json(out / "stage.json", done)
+            if dist.is_main:
+                write_json(out / "stage.json", done)
         else:
             echo(f"rlft: stage {i} {name} finished earlier ({done['summary']})")
         if name in SCORER_STAGES:
@@ -67,7 +74,8 @@ def run_pipeline(cfg: Config, echo=print) -> list[dict]:
         else:
             model_dir, policy_metrics = Path(done["model_dir"]), task_part(done["metrics"])
         entries.append(done)
-        write_json(run_dir / SUMMARY, {"stages": entries})
+        if dist.is_main:
+            write_json(run_dir / SUMMARY, {"stages": entries})
     echo(summary_table(entries, time.perf_counter() - t0, run_dir))
     return entries
 
@@ -85,6 +93,7 @@ def _finished(out: Path) -> dict | None:
 
 def _run_stage(name: str, cfg: Config, model_dir: Path, out: Path, echo, start: dict | None,
                scorers: dict[str, Path]) -> StageResult:
+    out.mkdir(parents=True, exist_ok=True)
     fn = STAGES.get(stage_kind(name))
     if stage_kind(name) == "rl":
         extra = {"prm_dir": scorers["prm"]} if "prm" in scorers else {}

@@ -42,10 +42,13 @@ def rl_stage(cfg: Config, model_dir: str, out_dir: Path, echo=print, start: dict
     held-out metrics of ``model_dir``) the evaluation before RL is not repeated."""
     from rlft.run import train
 
+    from rlft.dist import current
+
     out_dir = Path(out_dir)
     resume = checkpoint.latest(out_dir) is not None
-    if not resume and out_dir.exists():  # started but left no checkpoint: start the stage again
-        shutil.rmtree(out_dir)
+    with current().main_first():
+        if current().is_main and not resume and out_dir.exists():  # started, no checkpoint: start the stage again
+            shutil.rmtree(out_dir)
     stage_cfg = with_reward_model(cfg, rm_dir, prm_dir)
     stage_cfg = dataclasses.replace(
         stage_cfg, stages=(), model=dataclasses.replace(cfg.model, path=str(model_dir)),

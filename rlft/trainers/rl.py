@@ -26,6 +26,7 @@ from rlft.core.ops import masked_mean, masked_sum
 from rlft.core.shaping import informative_groups, overlong_filter, soft_overlong_penalty
 from rlft.core.value import explained_variance
 from rlft.data.schema import Example
+from rlft.dist import Dist
 from rlft.rewards import score_batch
 from rlft.rewards.scoring import ScoreResult
 from rlft.rewards.steps import step_metrics, step_tensors
@@ -85,6 +86,7 @@ class RLState:
     baseline: float | None = None  # moving-average REINFORCE baseline (algo.baseline='ema')
     hacking: HackingTracker = field(default_factory=HackingTracker)  # reward-up-rule-not running state
     rm_refresh: object | None = None  # rlft.trainers.rm_refresh.RMRefresh (rm.refresh_every > 0)
+    dist: Dist = field(default_factory=Dist)  # this process's share of the work (rlft.dist)
     step: int = 0
 
     def trainer_state(self) -> dict:
@@ -174,12 +176,14 @@ def penalty_kl(state: RLState, batch: Batch, cfg: Config) -> float:
     (the first is 0), which would bias d low by the number of optimizer steps.
     """
     num, den = 0.0, 0.0
-    for mb in micro_batches(batch, cfg.train.micro_batch_size):
+    for _, mb in micro_batches(batch.index(state.dist.share(len(batch))), cfg.train.micro_batch_size,
+                               cfg.train.micro_batch_tokens):
         logp = batch_logprobs(state.policy, mb, cfg)[0].cpu()  # (b, T)
         kl = k3(mb.old_logp, logp)  # (b, T)  r = pi / pi_old, samples of pi_old: (r - 1) - log r
         num += masked_sum(kl, mb.loss_mask).item()
         den += (mb.loss_mask != 0).sum().item()
-    return num / max(den, 1.0)
+    total = state.dist.sum_floats({"num": num, "den": den})  # over every process's rows
+    return total["num"] / max(total["den"], 1.0)
 
 
 # --------------------------------------------------------------------------- rollout and reward
@@ -198,17 +202,13 @@ def collect(state: RLState, cfg: Config, t: dict[str, float]) -> tuple[Batch, di
     kept: list[Batch] = []
     n_kept = 0
     for _ in range(1 + (a.max_sample_rounds if a.dynamic_sampling else 0)):
-        idx = state.sampler.take(P)
-        with _timed(t, "rollout"):
-            batch = generate(state.policy, state.tokenizer, [state.prompts[i] for i in idx], group_size=G,
-                             **sampling_args(cfg.rollout))
-        with _timed(t, "reward"):
-            scored = score(batch, [state.examples[i] for i in idx], cfg)
-            attach_steps(batch, scored, state.tokenizer, cfg)
-        with _timed(t, "rule_check"):  # the evaluation's rule on each rollout: reward-hacking metrics, RM refresh
-            batch.correct = hacking.rule_correct(batch.texts, [state.examples[i] for i in idx], G, cfg, scored)
-            if state.rm_refresh is not None:
-                state.rm_refresh.record([state.examples[i] for i in idx], batch.texts, batch.correct)
+        idx = state.sampler.take(P)  # the same P prompts in every process
+        batch, scored = _rollout_share(state, cfg, idx[state.dist.share(P)], t)
+        if state.dist.active:  # every process gets the whole round, in prompt order
+            parts = state.dist.gather((batch.to(torch.device("cpu")), scored))
+            batch, scored = cat_batches([b for b, _ in parts]), merge_scores([s for _, s in parts])
+        if state.rm_refresh is not None:
+            state.rm_refresh.record([state.examples[i] for i in idx], batch.texts, batch.correct)
         drawn.append((batch, scored))
         if not a.dynamic_sampling:
             break
@@ -228,6 +228,30 @@ def collect(state: RLState, cfg: Config, t: dict[str, float]) -> tuple[Batch, di
                         "dynamic_sampling/groups_kept": float(n_kept)})
     batch = cat_batches(kept) if kept else drawn[-1][0]
     return batch, metrics
+
+
+def _rollout_share(state: RLState, cfg: Config, idx: list[int], t: dict[str, float]) -> tuple[Batch, ScoreResult]:
+    """Generate and score the groups of prompts ``idx`` in this process."""
+    examples = [state.examples[i] for i in idx]
+    with _timed(t, "rollout"):
+        batch = generate(state.policy, state.tokenizer, [state.prompts[i] for i in idx],
+                         group_size=cfg.algo.group_size, **sampling_args(cfg.rollout))
+    with _timed(t, "reward"):
+        scored = score(batch, examples, cfg)
+        attach_steps(batch, scored, state.tokenizer, cfg)
+    with _timed(t, "rule_check"):  # the evaluation's rule on each rollout: reward-hacking metrics, RM refresh
+        batch.correct = hacking.rule_correct(batch.texts, examples, cfg.algo.group_size, cfg, scored)
+    return batch, scored
+
+
+def merge_scores(parts: Sequence[ScoreResult]) -> ScoreResult:
+    """The ``ScoreResult`` of consecutive batches scored apart (the processes' shares, in rank order)."""
+    names = list(parts[0].per_fn)
+    steps = {name: [x for p in parts for x in p.steps.get(name, [])] for name in parts[0].steps}
+    return ScoreResult(total=[x for p in parts for x in p.total],
+                       per_fn={n: [x for p in parts for x in p.per_fn[n]] for n in names},
+                       errors={n: sum(p.errors.get(n, 0) for p in parts) for n in {k for p in parts for k in p.errors}},
+                       steps=steps)
 
 
 def score(batch: Batch, examples: Sequence[Example], cfg: Config) -> ScoreResult:
@@ -301,9 +325,12 @@ def fill_logprobs(state: RLState, batch: Batch, cfg: Config) -> None:
     if state.critic is not None:
         models["values"] = lambda mb: state.critic.values(mb.prompt_ids, mb.prompt_mask, mb.response_ids,
                                                           mb.response_mask)
+    own = batch.index(state.dist.share(len(batch)))  # this process's rows; the others compute theirs
     for name, fn in models.items():
-        parts = [fn(mb).cpu() for mb in micro_batches(batch, cfg.train.micro_batch_size)]
-        setattr(batch, name, torch.cat(parts))
+        out = torch.zeros(own.response_ids.shape)  # (b, T)
+        for rows, mb in micro_batches(own, cfg.train.micro_batch_size, cfg.train.micro_batch_tokens):
+            out[rows, :mb.response_ids.shape[1]] = fn(mb).cpu()  # (rows, t <= T): trimmed columns stay 0
+        setattr(batch, name, torch.cat(state.dist.gather(out)))
 
 
 def compute_advantages(state: RLState, batch: Batch, cfg: Config) -> dict[str, float]:

@@ -3,6 +3,8 @@
 Micro-batches accumulate gradients of exactly the mini-batch's loss: each
 aggregation's denominator is computed over the whole mini-batch first, then every
 micro-batch back-propagates its numerator over that total (see ``rlft.core.losses``).
+With several processes (``rlft.dist``) each takes its share of every mini-batch's
+rows; their gradients and their additive metrics are summed before the step.
 """
 
 from __future__ import annotations
@@ -11,12 +13,14 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Iterator
 
 import torch
+from torch import Tensor
 
 from rlft.config import Config
 from rlft.core.kl import KL_ESTIMATORS
 from rlft.core.losses import POLICY_LOSSES, aggregate_parts, aggregation_weight, positive_lm_parts
 from rlft.core.ops import masked_mean, masked_sum
 from rlft.core.value import value_loss
+from rlft.dist import Dist
 from rlft.models.forward import response_logprobs
 from rlft.rollout.batch import Batch
 from rlft.trainers.ptx import lm_loss
@@ -25,9 +29,53 @@ if TYPE_CHECKING:
     from rlft.trainers.rl import RLState
 
 
-def micro_batches(batch: Batch, size: int) -> Iterator[Batch]:
-    for s in range(0, len(batch), size):
-        yield batch.index(slice(s, s + size))
+def micro_batches(batch: Batch, size: int, max_tokens: int = 0) -> Iterator[tuple[Tensor, Batch]]:
+    """``(rows, micro-batch)`` pairs that cover ``batch`` once: at most ``size`` rows each and, with ``max_tokens``
+    > 0, at most that many tokens counted with padding (rows x (prompt width + response width)). Each micro-batch is
+    trimmed to its own widths (``Batch.trimmed``).
+
+    Without a budget the micro-batches are consecutive rows. With one, runs of rows that share a prompt (groups)
+    are ordered by their padded length and packed whole while they fit, so that short responses are not padded to
+    the longest and the shared-prefix forward still sees whole groups; a group over the budget alone is cut into
+    rows."""
+    n = len(batch)
+    if not max_tokens:
+        chunks = [torch.arange(s, min(s + size, n)) for s in range(0, n, size)]
+    else:
+        chunks = _packed(batch, size, max_tokens)
+    for rows in chunks:
+        yield rows, batch.index(rows).trimmed()
+
+
+def _packed(batch: Batch, size: int, max_tokens: int) -> list[Tensor]:
+    """Row indices of the token-budget micro-batches of ``batch`` (see ``micro_batches``)."""
+    from rlft.models.forward import prompt_groups
+
+    if not len(batch):
+        return []
+    p_len, r_len = batch.prompt_mask.sum(1), batch.response_mask.sum(1).clamp(min=1)  # (B,) each
+    _, run = prompt_groups(batch.prompt_ids, batch.prompt_mask)  # (B,) index of each row's run of one prompt
+    units = [(run == u).nonzero().squeeze(1) for u in range(int(run.max()) + 1)]
+    units.sort(key=lambda r: (int(p_len[r].max() + r_len[r].max()), int(r[0])))
+    chunks: list[Tensor] = []
+    cur: list[Tensor] = []
+    tp = t = rows = 0
+    for unit in units:
+        u_tp, u_t = int(p_len[unit].max()), int(r_len[unit].max())
+        w_tp, w_t = max(tp, u_tp), max(t, u_t)
+        if cur and (rows + len(unit) > size or (rows + len(unit)) * (w_tp + w_t) > max_tokens):
+            chunks.append(torch.cat(cur))
+            cur, tp, t, rows = [], 0, 0, 0
+            w_tp, w_t = u_tp, u_t
+        if len(unit) > size or len(unit) * (w_tp + w_t) > max_tokens:  # alone over the budget: cut into rows
+            per = max(1, min(size, max_tokens // (w_tp + w_t)))
+            chunks += list(unit.split(per))
+            continue
+        cur.append(unit)
+        tp, t, rows = w_tp, w_t, rows + len(unit)
+    if cur:
+        chunks.append(torch.cat(cur))
+    return chunks
 
 
 def batch_logprobs(model, mb: Batch, cfg: Config, **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -76,7 +124,9 @@ def _policy_step(state: "RLState", mb: Batch, cfg: Config) -> dict[str, float]:
     loss_cfg = replace(a, penalty_coef=state.penalty_ctl.value) if state.penalty_ctl is not None else a
     totals: dict[str, float] = {}
     n_tok = full_mask.sum().item()
-    for micro in micro_batches(mb, cfg.train.micro_batch_size):
+    dist = state.dist
+    for _, micro in micro_batches(mb.index(dist.share(len(mb))), cfg.train.micro_batch_size,
+                                  cfg.train.micro_batch_tokens):
         mask = _loss_mask(micro).to(device)  # (b, T)
         logp, ent = batch_logprobs(policy, micro, cfg, with_entropy=True, entropy_grad=a.entropy_coef > 0)
         old_logp = logp.detach() if a.single_pass else micro.old_logp.to(device)
@@ -107,16 +157,17 @@ def _policy_step(state: "RLState", mb: Batch, cfg: Config) -> dict[str, float]:
             totals["actor/entropy"] = totals.get("actor/entropy", 0.0) + masked_mean(ent.detach(), mask).item() * share
             for k, v in pg_metrics.items():
                 totals[f"actor/{k}"] = totals.get(f"actor/{k}", 0.0) + float(v) * share
-    if a.ptx_coef > 0:  # PPO-ptx (InstructGPT eq. 2): gamma * pretraining NLL
+    if a.ptx_coef > 0 and dist.is_main:  # PPO-ptx (InstructGPT eq. 2): gamma * pretraining NLL, in one process
         ptx = lm_loss(policy, *state.ptx.sample())
         (a.ptx_coef * ptx).backward()
         totals["actor/ptx_loss"] = ptx.item()
+    totals = dist.sum_floats(totals)  # each process's share of the mini-batch's loss terms
     if a.needs_ref and a.kl_in == "loss":
         totals["actor/kl_coef"] = kl_coef
     if state.penalty_ctl is not None:
         totals["actor/ppo_penalty_coef"] = loss_cfg.penalty_coef
     totals["actor/positive_frac"] = positive.float().mean().item()
-    totals.update(_optimizer_step(policy, state.optimizer, state.scheduler, cfg.optim.grad_clip, "actor"))
+    totals.update(_optimizer_step(policy, state.optimizer, state.scheduler, cfg.optim.grad_clip, "actor", dist))
     return totals
 
 
@@ -132,7 +183,8 @@ def _critic_step(state: "RLState", mb: Batch, cfg: Config) -> dict[str, float]:
     device = next(critic.parameters()).device
     total = _loss_mask(mb).sum().clamp(min=1.0)
     totals = {"critic/vf_loss": 0.0, "critic/vf_clipfrac": 0.0}
-    for micro in micro_batches(mb, cfg.train.micro_batch_size):
+    for _, micro in micro_batches(mb.index(state.dist.share(len(mb))), cfg.train.micro_batch_size,
+                                  cfg.train.micro_batch_tokens):
         mask = _loss_mask(micro).to(device)
         values = critic.values(micro.prompt_ids, micro.prompt_mask, micro.response_ids, micro.response_mask)
         loss_mat, m = value_loss(values, micro.values.to(device), micro.ret.to(device), mask, cfg.algo.vf_clip)
@@ -140,13 +192,16 @@ def _critic_step(state: "RLState", mb: Batch, cfg: Config) -> dict[str, float]:
         loss.backward()
         totals["critic/vf_loss"] += loss.item()
         totals["critic/vf_clipfrac"] += float(m["vf_clipfrac"]) * mask.sum().item() / total.item()
+    totals = state.dist.sum_floats(totals)
     totals.update(_optimizer_step(critic, state.critic_optimizer, state.critic_scheduler, cfg.critic.grad_clip,
-                                  "critic"))
+                                  "critic", state.dist))
     return totals
 
 
-def _optimizer_step(model, optimizer, scheduler, grad_clip: float, prefix: str) -> dict[str, float]:
-    """Clip, step (skipped on a non-finite gradient norm), advance the schedule, clear gradients."""
+def _optimizer_step(model, optimizer, scheduler, grad_clip: float, prefix: str, dist: Dist) -> dict[str, float]:
+    """Sum the gradients over the processes, clip, step (skipped on a non-finite gradient norm), advance the
+    schedule, clear gradients."""
+    dist.sum_grads_(model.parameters())
     clip = grad_clip if grad_clip > 0 else float("inf")
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
     out = {f"{prefix}/lr": scheduler.get_last_lr()[0], f"{prefix}/grad_norm": grad_norm.item(),

@@ -1,0 +1,184 @@
+"""Data-parallel RL over several processes, started by ``accelerate launch`` or ``torchrun``.
+
+Every process holds the whole policy. An RL step splits the P prompts into
+contiguous shares, one per process; each process generates and scores its
+share, then the scored samples are gathered so that every process holds the
+same global batch. What depends on the whole batch (group baselines, batch
+whitening, dynamic sampling, metrics, the KL controller) is then computed
+identically everywhere, exactly as one process would. The forward and backward
+passes are split again: each process takes its share of every mini-batch,
+divides its loss by the whole mini-batch's normaliser, and the gradients are
+summed over the processes before the optimizer step, so the update is the one
+process's update (up to the order of float additions) whatever the number of
+processes. Only the main process writes logs, checkpoints and models, and
+evaluates.
+
+The process group comes from ``accelerate``'s ``PartialState``: NCCL on GPUs
+(one device per process), gloo on CPU. A one-process run never touches
+``torch.distributed``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Iterator
+
+import torch
+
+# a process waits this long for the others, e.g. while the main process alone runs an evaluation or an SFT stage
+TIMEOUT = datetime.timedelta(hours=6)
+
+
+@dataclass(frozen=True)
+class Dist:
+    """Which of ``world`` processes this is (``rank``); the default is the one-process run."""
+
+    rank: int = 0
+    world: int = 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def active(self) -> bool:
+        return self.world > 1
+
+    def share(self, n: int) -> slice:
+        """This process's contiguous part of ``n`` items; the first ``n % world`` processes take one more."""
+        base, extra = divmod(n, self.world)
+        start = self.rank * base + min(self.rank, extra)
+        return slice(start, start + base + int(self.rank < extra))
+
+    def gather(self, obj: Any) -> list[Any]:
+        """``obj`` of every process, in rank order (picklable objects; tensors should be on the CPU)."""
+        if not self.active:
+            return [obj]
+        out: list[Any] = [None] * self.world
+        torch.distributed.all_gather_object(out, obj)
+        return out
+
+    def broadcast(self, obj: Any) -> Any:
+        """The main process's ``obj``, on every process."""
+        if not self.active:
+            return obj
+        box = [obj]
+        torch.distributed.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def barrier(self) -> None:
+        if self.active:
+            torch.distributed.barrier()
+
+    def on_main(self, fn: Callable[[], Any]) -> Any:
+        """``fn()`` run by the main process alone (writing files, evaluating); its result on every process.
+
+        The others wait; if the main process fails, the launcher stops them. While ``fn`` runs, ``current()`` is
+        the one-process ``Dist``, so nothing inside waits for the others."""
+        global _SOLO
+        if not self.is_main:
+            return self.broadcast(None)
+        _SOLO = True
+        try:
+            result = fn()
+        finally:
+            _SOLO = False
+        return self.broadcast(result)
+
+    @contextmanager
+    def main_first(self) -> Iterator[None]:
+        """The block runs in the main process, then in the others (the main one writes what they then read)."""
+        if not self.is_main:
+            self.barrier()
+        yield
+        if self.is_main:
+            self.barrier()
+
+    def sum_floats(self, values: dict[str, float]) -> dict[str, float]:
+        """Per key, the sum over the processes (a key missing in a process counts 0 there)."""
+        if not self.active:
+            return values
+        out: dict[str, float] = {}
+        for part in self.gather(values):
+            for k, v in part.items():
+                out[k] = out.get(k, 0.0) + v
+        return out
+
+    def sum_grads_(self, params: Iterable[torch.nn.Parameter]) -> None:
+        """Replace each trainable parameter's gradient by its sum over the processes (one collective)."""
+        if not self.active:
+            return
+        params = [p for p in params if p.requires_grad]
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
+        torch.distributed.all_reduce(flat)  # (N,) SUM
+        for p, g in zip(params, flat.split([p.numel() for p in params])):
+            p.grad = g.view_as(p).clone()
+
+    def sync_params_(self, module: torch.nn.Module) -> None:
+        """Copy the main process's parameters and buffers into ``module`` on every process."""
+        if not self.active:
+            return
+        with torch.no_grad():
+            for t in [*module.parameters(), *module.buffers()]:
+                torch.distributed.broadcast(t.data, src=0)
+
+
+_DIST: Dist | None = None
+_SOLO = False  # the main process is running something alone (Dist.on_main)
+
+
+def init_dist(device: str = "auto") -> Dist:
+    """This process's place, set up once: one process unless a launcher set ``WORLD_SIZE`` > 1.
+
+    ``device`` is ``model.device``: on CPU (or ``auto`` without CUDA) the processes talk over gloo.
+    """
+    global _DIST
+    if _SOLO:
+        return Dist()
+    if _DIST is not None:
+        return _DIST
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        _refuse_cpu_simple_launcher()
+        _DIST = Dist()
+        return _DIST
+    sharded = [k for k in ("ACCELERATE_USE_FSDP", "ACCELERATE_USE_DEEPSPEED")
+               if os.environ.get(k, "").lower() in ("true", "1")]
+    if sharded:
+        raise RuntimeError(f"{sharded[0]} is set: rlft's multi-process RL keeps a whole policy in every process "
+                           "(data-parallel); launch it without FSDP / DeepSpeed (e.g. recipes/accelerate/ddp.yaml)")
+    from accelerate import PartialState
+
+    cpu = device == "cpu" or (device == "auto" and not torch.cuda.is_available())
+    state = PartialState(cpu=cpu, timeout=TIMEOUT)
+    _DIST = Dist(rank=state.process_index, world=state.num_processes)
+    return _DIST
+
+
+def shutdown() -> None:
+    """Wait for every process, then close the process group (left open, gloo can abort the exiting process)."""
+    global _DIST
+    if _DIST is not None and _DIST.active and torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
+    _DIST = None
+
+
+def current() -> Dist:
+    """The ``Dist`` of this process (one process until ``init_dist`` ran under a launcher)."""
+    return _DIST if _DIST is not None and not _SOLO else Dist()
+
+
+def _refuse_cpu_simple_launcher() -> None:
+    """``accelerate launch --cpu --num_processes N`` (N > 1) starts ONE process unless it is given an MPI hostfile;
+    it then sets MASTER_ADDR but no WORLD_SIZE. Training alone while N were asked for would mislead."""
+    from_accelerate = os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("true", "1")
+    if from_accelerate and os.environ.get("MASTER_ADDR") and "WORLD_SIZE" not in os.environ:
+        raise RuntimeError(
+            "accelerate launch --cpu with --num_processes > 1 started a single process (accelerate's CPU launcher "
+            "needs an MPI hostfile for more). Start the processes with torch's launcher instead: "
+            "`accelerate launch --multi_gpu --num_processes N -m rlft train ...` (rlft uses gloo when there is no "
+            "GPU) or `torchrun --nproc_per_node N -m rlft train ...`")

@@ -1,0 +1,198 @@
+"""Data-parallel RL (rlft.dist): process shares, and two CPU processes (gloo) that train like one.
+
+The two-process checks launch real processes with ``accelerate launch`` (its torchrun launcher; rlft picks gloo
+without a GPU). Each compares one RL step of two processes with the same step of one process on the same global
+batch (tests/dist_worker.py generates each prompt's group with a seed of its own, so the batch does not depend on
+the process layout): the rows and advantages must be equal, and the gradient each optimizer step applies must
+agree within the rounding bound of tests/numerics.py (the two runs add the same per-row gradients in another
+order). A planted bug (gradients not summed over the processes) must break that bound.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from numerics import MODEL_DEPTH, assert_rounding_close, rounding_differs, rounding_tol
+from rlft import dist as rdist
+from rlft.dist import Dist
+from rlft.rewards.scoring import ScoreResult
+from rlft.trainers.rl import merge_scores
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKER = Path(__file__).resolve().parent / "dist_worker.py"
+# one step of 4 prompts x 4 samples, one row per micro-batch, so that each process's gradient is a sum of whole rows
+STEP = ["model.device=cpu", "model.dtype=float32", "data.source=synthetic:max", "data.template=chat",
+        "data.synth_train_size=16", "data.num_eval=4", "train.prompts_per_step=4", "algo.group_size=4",
+        "train.micro_batch_size=1", "rollout.max_new_tokens=8", "optim.grad_clip=0", "critic.grad_clip=0",
+        "algo.epochs=1", "algo.minibatches=1", "log.progress=false", "log.tensorboard=false",
+        f"reward.fns=[{{name: custom, fn: {WORKER}:char_codes}}]", "reward.weights=[1.0]"]  # varies on random text
+PRESETS = {"grpo": ["algo.preset=grpo", "algo.kl_coef=0.05"],  # group baseline, KL in the loss (a reference)
+           "ppo": ["algo.preset=ppo"]}  # critic, GAE with batch whitening, old log-probs, KL in the reward
+
+
+# --------------------------------------------------------------------------- shares and the one-process Dist
+
+
+def test_share_hand_cases():
+    assert [Dist(r, 3).share(10) for r in range(3)] == [slice(0, 4), slice(4, 7), slice(7, 10)]
+    assert [Dist(r, 4).share(2) for r in range(4)] == [slice(0, 1), slice(1, 2), slice(2, 2), slice(2, 2)]
+    assert Dist().share(5) == slice(0, 5)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 5, 8])
+def test_shares_partition_the_items_in_order(world):
+    for n in range(0, 20):
+        rows = [i for r in range(world) for i in range(n)[Dist(r, world).share(n)]]
+        sizes = [len(range(n)[Dist(r, world).share(n)]) for r in range(world)]
+        assert rows == list(range(n)), (n, world)
+        assert max(sizes) - min(sizes) <= 1 and sizes == sorted(sizes, reverse=True)
+
+
+def test_one_process_collectives_are_the_identity():
+    d = Dist()
+    assert d.is_main and not d.active
+    assert d.gather({"a": 1}) == [{"a": 1}]
+    assert d.broadcast(3) == 3
+    assert d.sum_floats({"x": 1.5}) == {"x": 1.5}
+    assert d.on_main(lambda: "ran") == "ran"
+    p = torch.nn.Parameter(torch.ones(2))
+    p.grad = torch.full((2,), 0.5)
+    d.sum_grads_([p])
+    assert p.grad.tolist() == [0.5, 0.5]
+
+
+def test_merge_scores_concatenates_in_order_and_adds_errors():
+    a = ScoreResult(total=[1.0, None], per_fn={"f": [1.0, None]}, errors={"f": 1}, steps={"s": [[(1, 1.0)], []]})
+    b = ScoreResult(total=[0.0], per_fn={"f": [0.0]}, errors={}, steps={"s": [[(2, 0.0)]]})
+    m = merge_scores([a, b])
+    assert m.total == [1.0, None, 0.0] and m.per_fn == {"f": [1.0, None, 0.0]}
+    assert m.errors == {"f": 1} and m.steps == {"s": [[(1, 1.0)], [], [(2, 0.0)]]}
+
+
+def test_accelerate_cpu_simple_launcher_is_refused(monkeypatch):
+    """`accelerate launch --cpu --num_processes 2` starts one process with MASTER_ADDR and no WORLD_SIZE."""
+    monkeypatch.setattr(rdist, "_DIST", None)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "True")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    with pytest.raises(RuntimeError, match="torchrun --nproc_per_node"):
+        rdist.init_dist("cpu")
+    assert rdist._DIST is None
+
+
+# --------------------------------------------------------------------------- two processes
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env(**extra: str) -> dict:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+           **extra}
+    for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "ACCELERATE_USE_CPU"):
+        env.pop(key, None)
+    return env
+
+
+def launch(processes: int, args: list[str], *, module: bool = False, **env: str) -> subprocess.CompletedProcess:
+    """``args`` (a script and its arguments, or ``-m`` module arguments) in ``processes`` processes."""
+    if processes == 1:
+        cmd = [sys.executable, *(["-m"] if module else []), *args]
+    else:
+        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(processes),
+               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+               "--main_process_port", str(_free_port()), *(["-m"] if module else []), *args]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=_env(**env), timeout=600, cwd=ROOT)
+    assert done.returncode == 0, f"{' '.join(cmd)} failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
+    return done
+
+
+@pytest.fixture(scope="module")
+def step_runs(tiny_model_dir, tmp_path_factory):
+    """Per preset: the one-process step, the two-process step, and the two-process step with the planted bug."""
+    out = tmp_path_factory.mktemp("dist")
+    runs = {}
+    for name, preset in PRESETS.items():
+        got = {}
+        for label, procs, env in (("one", 1, {}), ("two", 2, {}), ("planted", 2, {"RLFT_PLANT": "no_grad_sum"})):
+            path = out / f"{name}_{label}.pt"
+            launch(procs, [str(WORKER), str(path), str(tiny_model_dir), *STEP, *preset], **env)
+            got[label] = torch.load(path, weights_only=False)
+        runs[name] = got
+    return runs
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_two_processes_train_on_the_one_process_global_batch(step_runs, preset):
+    one, two = step_runs[preset]["one"], step_runs[preset]["two"]
+    assert (one["world"], two["world"]) == (1, 2)
+    assert torch.equal(two["response_ids"], one["response_ids"])
+    assert torch.equal(two["scores"].nan_to_num(-9), one["scores"].nan_to_num(-9))
+    assert torch.equal(two["adv"], one["adv"])  # computed on the same global batch, by the same code
+    for key in ("reward/mean", "reward/std", "frac_reward_zero_std", "response_length/mean"):
+        assert two["metrics"][key] == one["metrics"][key], key
+    assert one["metrics"]["reward/std"] > 0 and one["adv"].abs().sum() > 0
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_two_processes_apply_the_one_process_gradient(step_runs, preset):
+    one, two = step_runs[preset]["one"], step_runs[preset]["two"]
+    n = one["n_tokens"]
+    for model in ("policy", "critic"):
+        assert len(two["grads"][model]) == len(one["grads"][model]) == (1 if model == "policy" or preset == "ppo"
+                                                                         else 0)
+        for g1, g2 in zip(one["grads"][model], two["grads"][model]):
+            assert g1.keys() == g2.keys() and any(v.abs().sum() > 0 for v in g1.values())
+            for name in g1:
+                assert_rounding_close(g2[name], g1[name], n_terms=n, scale=one["scale"][model][name],
+                                      depth=MODEL_DEPTH, what=f"{preset} {model} {name}")
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_two_processes_report_the_one_process_loss_metrics(step_runs, preset):
+    """Sums of non-negative per-row shares (entropy) agree to float64 rounding; the loss terms to the bound of the
+    gradient they come from, scaled by the number of rows."""
+    one, two = step_runs[preset]["one"]["metrics"], step_runs[preset]["two"]["metrics"]
+    rows = 16
+    ent = one["actor/entropy"]
+    assert abs(two["actor/entropy"] - ent) <= rounding_tol(rows, ent, dtype=torch.float64)
+    assert math.isfinite(two["actor/pg_loss"]) and two["actor/grad_norm"] > 0
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_gradients_not_summed_over_processes_break_the_bound(step_runs, preset):
+    one, planted = step_runs[preset]["one"], step_runs[preset]["planted"]
+    g1, g2 = one["grads"]["policy"][0], planted["grads"]["policy"][0]
+    assert any(rounding_differs(g2[k], g1[k], n_terms=one["n_tokens"], scale=one["scale"]["policy"][k],
+                                depth=MODEL_DEPTH) for k in g1)
+
+
+def test_accelerate_launch_rlft_train_two_processes_writes_once_and_resumes(tmp_path, tiny_overrides):
+    """`accelerate launch ... -m rlft train`: one metrics line per step, checkpoints, and a resume that continues."""
+    base = tiny_overrides(tmp_path, "log.name=two", "train.save_every=1", "train.prompts_per_step=2",
+                          "sft.steps=2", "train.threads=1")
+    first = launch(2, ["rlft", "train", *base, "train.steps=2"], module=True)
+    run_dir = tmp_path / "two"
+    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2]
+    assert first.stdout.count("rlft summary") == 1
+    assert (run_dir / "policy" / "config.json").is_file() and (run_dir / "eval.json").is_file()
+    saved = torch.load(run_dir / "checkpoints" / "step_000001" / "state.pt", weights_only=False)
+    assert len(saved["process_rngs"]) == 2
+    assert not torch.equal(saved["process_rngs"][0]["torch"], saved["process_rngs"][1]["torch"])
+    again = launch(2, ["rlft", "train", *base, "train.steps=3", "train.resume=true"], module=True)
+    assert again.stdout.count("resumed from") == 1
+    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3]
