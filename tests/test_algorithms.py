@@ -63,6 +63,13 @@ def test_every_preset_trains(run, preset):
         finite_keys(records, ["actor/lm_loss"])
 
 
+@pytest.mark.parametrize("preset", ["ppo", "vapo"])
+def test_critic_presets_train_under_bfloat16_autocast(run, preset):
+    """model.autocast=bfloat16 with a critic (values under autocast, the value loss in float32)."""
+    _, records, _ = run(f"algo={preset}", "critic.lr=1e-3", "model.autocast=bfloat16")
+    finite_keys(records, CRITIC_KEYS)
+
+
 @pytest.mark.parametrize("preset, coef_key, beta", [("ppo", "actor/reward_kl_penalty_coeff", 0.05),  # KL in reward
                                                      ("grpo", "actor/kl_coef", 0.04)])  # KL in the loss
 def test_adaptive_kl_coefficient_moves(run, preset, coef_key, beta):

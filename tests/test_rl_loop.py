@@ -9,7 +9,7 @@ from typing import NamedTuple
 import pytest
 import torch
 
-from rlft.config import load_config
+from rlft.config import ConfigError, load_config
 from rlft.core.advantages import group_norm
 from rlft.core.kl import make_kl_controller
 from rlft.core.losses import AGGREGATIONS, POLICY_LOSSES, aggregate
@@ -932,3 +932,31 @@ def test_rl_step(model, tok, make_cfg, digit_reward):
     assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
     m2 = rl_step(state, cfg)
     assert state.step == 2 and set(m2) == set(m)
+
+
+@pytest.mark.parametrize("autocast", ["none", "bfloat16"])
+def test_autocast_runs_the_passes_in_its_dtype_and_keeps_float32_weights(model, tok, make_cfg, digit_reward,
+                                                                          autocast):
+    """model.autocast: every linear layer computes in bfloat16 during the rollout and the update, while the
+    weights and the gradients the optimizer gets stay float32."""
+    cfg = make_cfg(f"model.autocast={autocast}", "reward.fns=[test_digit_share]", "reward.weights=[1.0]",
+                   "algo.group_size=4", "train.prompts_per_step=2", "rollout.max_new_tokens=6", "algo.kl_coef=0.1")
+    train_ex, _ = synthetic_task("max", n_train=10, n_eval=1, seed=0)
+    state = make_state(model, tok, lr=0.1, examples=train_ex, prompts=encode_prompts(train_ex, "chat", tok, 512))
+    state.ref = copy.deepcopy(model).eval().requires_grad_(False)
+    state.kl_ctl = make_kl_controller(0.1, 0.0, 1)
+    seen: set[torch.dtype] = set()
+    for module in [*model.modules(), *state.ref.modules()]:
+        if isinstance(module, torch.nn.Linear):
+            module.register_forward_hook(lambda m, i, out: seen.add(out.dtype))
+    torch.manual_seed(0)
+    m = rl_step(state, cfg)
+    assert seen == {torch.bfloat16 if autocast == "bfloat16" else torch.float32}
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    assert state.optimizer.grads and all(g.dtype == torch.float32 for g in state.optimizer.grads[-1].values())
+    assert math.isfinite(m["actor/pg_loss"]) and m["actor/grad_norm"] > 0
+
+
+def test_autocast_needs_float32_weights(make_cfg):
+    with pytest.raises(ConfigError, match="model.autocast"):
+        make_cfg("model.autocast=bfloat16", "model.dtype=bfloat16")

@@ -36,6 +36,8 @@ class ModelConfig:
     """'auto' (cuda if available, else cpu), 'cpu', 'cuda' or 'cuda:N'."""
     gradient_checkpointing: bool = False
     """Trade compute for activation memory in the policy update."""
+    autocast: Literal["none", "bfloat16"] = "none"
+    """Mixed precision in RL: the rollout, the log-prob passes and the update's forward run under torch.autocast in this dtype, while parameters, gradients and optimizer state stay in model.dtype (float32) and the backward follows the forward's dtypes. For GPUs with bfloat16 (on a CPU it runs, usually slower). none: every pass in model.dtype."""
     attn_implementation: str = ""
     """Passed to from_pretrained when set (e.g. 'sdpa', 'eager')."""
     trust_remote_code: bool = False
@@ -53,6 +55,8 @@ class ModelConfig:
             _check(getattr(self, name) >= 1, f"model.{name}", "must be >= 1")
         _check(self.tiny_hidden_size % self.tiny_heads == 0, "model.tiny_hidden_size",
                f"must be divisible by model.tiny_heads={self.tiny_heads}")
+        _check(self.autocast == "none" or self.dtype == "float32", "model.autocast",
+               f"{self.autocast} autocast keeps float32 weights; model.dtype is {self.dtype}")
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ gradients against the plain path within the rounding bound.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from functools import lru_cache
 
@@ -24,6 +25,13 @@ from rlft.models.lora import core_model
 @lru_cache(maxsize=None)
 def _accepts_logits_to_keep(cls: type) -> bool:
     return "logits_to_keep" in inspect.signature(cls.forward).parameters
+
+
+def autocast(model, dtype: str):
+    """``torch.autocast`` in ``dtype`` on ``model``'s device (``none``: no autocast)."""
+    if dtype == "none":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=next(model.parameters()).device.type, dtype=getattr(torch, dtype))
 
 
 def prompt_groups(prompt_ids: Tensor, prompt_mask: Tensor) -> tuple[Tensor, Tensor]:

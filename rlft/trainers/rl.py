@@ -27,6 +27,7 @@ from rlft.core.shaping import informative_groups, overlong_filter, soft_overlong
 from rlft.core.value import explained_variance
 from rlft.data.schema import Example
 from rlft.dist import Dist
+from rlft.models.forward import autocast
 from rlft.rewards import score_batch
 from rlft.rewards.scoring import ScoreResult
 from rlft.rewards.steps import step_metrics, step_tensors
@@ -233,7 +234,7 @@ def collect(state: RLState, cfg: Config, t: dict[str, float]) -> tuple[Batch, di
 def _rollout_share(state: RLState, cfg: Config, idx: list[int], t: dict[str, float]) -> tuple[Batch, ScoreResult]:
     """Generate and score the groups of prompts ``idx`` in this process."""
     examples = [state.examples[i] for i in idx]
-    with _timed(t, "rollout"):
+    with _timed(t, "rollout"), autocast(state.policy, cfg.model.autocast):
         batch = generate(state.policy, state.tokenizer, [state.prompts[i] for i in idx],
                          group_size=cfg.algo.group_size, **sampling_args(cfg.rollout))
     with _timed(t, "reward"):
@@ -323,8 +324,11 @@ def fill_logprobs(state: RLState, batch: Batch, cfg: Config) -> None:
     if a.needs_ref:
         models["ref_logp"] = lambda mb: batch_logprobs(state.ref, mb, cfg)[0]
     if state.critic is not None:
-        models["values"] = lambda mb: state.critic.values(mb.prompt_ids, mb.prompt_mask, mb.response_ids,
-                                                          mb.response_mask)
+        def values(mb: Batch) -> torch.Tensor:
+            with autocast(state.critic, cfg.model.autocast):
+                return state.critic.values(mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask).float()
+
+        models["values"] = values
     own = batch.index(state.dist.share(len(batch)))  # this process's rows; the others compute theirs
     for name, fn in models.items():
         out = torch.zeros(own.response_ids.shape)  # (b, T)

@@ -21,7 +21,7 @@ from rlft.core.losses import POLICY_LOSSES, aggregate_parts, aggregation_weight,
 from rlft.core.ops import masked_mean, masked_sum
 from rlft.core.value import value_loss
 from rlft.dist import Dist
-from rlft.models.forward import response_logprobs
+from rlft.models.forward import autocast, response_logprobs
 from rlft.rollout.batch import Batch
 from rlft.trainers.ptx import lm_loss
 
@@ -79,9 +79,12 @@ def _packed(batch: Batch, size: int, max_tokens: int) -> list[Tensor]:
 
 
 def batch_logprobs(model, mb: Batch, cfg: Config, **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``response_logprobs`` of ``mb``'s responses under ``model`` at the rollout temperature."""
-    return response_logprobs(model, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask,
-                             temperature=cfg.rollout.temperature, shared_prefix=cfg.train.shared_prefix, **kwargs)
+    """``response_logprobs`` of ``mb``'s responses under ``model`` at the rollout temperature (under
+    ``model.autocast``; log-softmax runs in float32 there, so the log-probs are float32)."""
+    with autocast(model, cfg.model.autocast):
+        return response_logprobs(model, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask,
+                                 temperature=cfg.rollout.temperature, shared_prefix=cfg.train.shared_prefix,
+                                 **kwargs)
 
 
 def update(state: "RLState", batch: Batch, cfg: Config, *, train_policy: bool = True) -> dict[str, float]:
@@ -186,7 +189,9 @@ def _critic_step(state: "RLState", mb: Batch, cfg: Config) -> dict[str, float]:
     for _, micro in micro_batches(mb.index(state.dist.share(len(mb))), cfg.train.micro_batch_size,
                                   cfg.train.micro_batch_tokens):
         mask = _loss_mask(micro).to(device)
-        values = critic.values(micro.prompt_ids, micro.prompt_mask, micro.response_ids, micro.response_mask)
+        with autocast(critic, cfg.model.autocast):
+            values = critic.values(micro.prompt_ids, micro.prompt_mask, micro.response_ids, micro.response_mask)
+        values = values.float()
         loss_mat, m = value_loss(values, micro.values.to(device), micro.ret.to(device), mask, cfg.algo.vf_clip)
         loss = masked_sum(loss_mat, mask) / total
         loss.backward()
