@@ -463,6 +463,7 @@ def test_token_budget_micro_batches_cover_every_row_once_within_the_budget(tok, 
 def test_micro_batches_without_a_budget_are_consecutive_rows(tok):
     batch = varied_batch(tok)
     assert [r.tolist() for r, _ in upd.micro_batches(batch, 4)] == [[0, 1, 2, 3], [4, 5]]
+    assert [r.tolist() for r, _ in upd.micro_batches(batch, 256, 10_000)] == [list(range(6))]  # it all fits
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])

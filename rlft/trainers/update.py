@@ -53,6 +53,9 @@ def _packed(batch: Batch, size: int, max_tokens: int) -> list[Tensor]:
 
     if not len(batch):
         return []
+    whole = batch.trimmed()
+    if len(batch) <= size and len(batch) * (whole.prompt_ids.shape[1] + whole.response_ids.shape[1]) <= max_tokens:
+        return [torch.arange(len(batch))]  # it all fits: one micro-batch, rows in batch order
     p_len, r_len = batch.prompt_mask.sum(1), batch.response_mask.sum(1).clamp(min=1)  # (B,) each
     _, run = prompt_groups(batch.prompt_ids, batch.prompt_mask)  # (B,) index of each row's run of one prompt
     units = [(run == u).nonzero().squeeze(1) for u in range(int(run.max()) + 1)]
