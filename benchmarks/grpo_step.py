@@ -17,6 +17,17 @@ Writes (``--json``) and prints: ``sec_per_step`` (median of steps 2..S: step 1 w
 ``generated_tokens_per_s`` (median over those steps of response tokens / rollout seconds),
 ``peak_rss_mb`` (the process's peak resident memory), per-phase medians ``timing_s/<phase>``,
 and every step's raw numbers.
+
+How near the machine's limit the update runs: ``matmul_gflops`` is a plain fp32 ``torch.matmul``
+of two 1024 x 1024 matrices in the same process (median of 20, measured before and after the
+steps), ``update_model_gflop`` the model FLOPs of one step's update (median over the steps) and
+``update_gflops`` / ``update_matmul_efficiency`` their rate against ``timing_s/update`` and that
+rate over ``matmul_gflops``. The FLOP count is that of the necessary work only: forward + backward
+= 3 x the forward's 2 FLOPs per weight of every linear layer of the decoder per token, each group's
+prompt counted once and no padding; the LM head (2 V H forward) only at the response positions;
+causal attention 2 x 2 x d_attn x j FLOPs forward (scores and weighted sum) for the token at
+position j, times 3 with the backward. Embedding lookups, norms, activations, the loss and the
+optimizer step are not counted (they add time, not FLOPs of this count).
 """
 
 from __future__ import annotations
@@ -37,7 +48,43 @@ from rlft.data.templates import encode_prompts
 from rlft.models.loading import quiet_transformers
 from rlft.models.tiny import build_tiny_model
 from rlft.run import _rl_state, load_task, seed_everything, training_policy
+from rlft.trainers import rl
 from rlft.trainers.rl import rl_step
+
+
+def matmul_gflops(n: int = 1024, reps: int = 20) -> float:
+    """GFLOP/s of a plain fp32 n x n x n ``torch.matmul`` on this process's threads (median of ``reps``)."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    torch.matmul(a, b)  # warm-up
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        torch.matmul(a, b)
+        times.append(time.perf_counter() - t0)
+    return 2 * n ** 3 / statistics.median(times) / 1e9
+
+
+def update_model_flops(model, batch) -> float:
+    """Model FLOPs of one forward + backward over ``batch`` (see the module docstring for what is counted)."""
+    core = getattr(model, "get_base_model", lambda: model)()
+    head = core.get_output_embeddings()
+    layer_weights = sum(m.weight.numel() for m in core.modules()
+                        if isinstance(m, torch.nn.Linear) and m is not head)  # decoder linears
+    c = core.config
+    d_attn = c.num_attention_heads * (getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads)
+    head_weights = head.weight.numel()
+    p_len = batch.prompt_mask.sum(1)  # (B,)
+    r_len = batch.response_mask.sum(1)  # (B,)
+    G = batch.group_size
+    flops = 0.0
+    for g in range(len(batch) // G):
+        lp = int(p_len[g * G])
+        flops += 2 * layer_weights * lp + c.num_hidden_layers * 4 * d_attn * lp * (lp + 1) / 2  # the prompt, once
+        for i in range(g * G, (g + 1) * G):
+            r = int(r_len[i])
+            positions = r * lp + r * (r + 1) / 2  # sum of the context lengths of the response tokens
+            flops += (2 * layer_weights + 2 * head_weights) * r + c.num_hidden_layers * 4 * d_attn * positions
+    return 3 * flops  # backward = 2 x forward
 
 
 def file_examples(path: str, n: int) -> list[Example]:
@@ -81,18 +128,31 @@ def run(args: argparse.Namespace, overrides: list[str]) -> dict:
     prompts = encode_prompts(examples, cfg.data.template, tok, cfg.data.max_prompt_tokens)
     state = _rl_state(policy, tok, examples, prompts, cfg)  # the optimizer, schedule and reference of rlft train
     policy.train()
+    batches = []  # each step's batch, as the update sees it
+    advantages = rl.compute_advantages
+    rl.compute_advantages = lambda st, batch, c: batches.append(batch) or advantages(st, batch, c)
+    rates = [matmul_gflops()]
     steps = []
     for _ in range(args.steps):
         t0 = time.perf_counter()
         m = rl_step(state, cfg)
         seconds = time.perf_counter() - t0
         generated = m["response_length/mean"] * P * G
+        flops = update_model_flops(policy, batches[-1])
         steps.append({"sec": seconds, "generated_tokens": generated,
-                      "prompt_tokens_mean": statistics.mean(len(p) for p in prompts),
+                      "prompt_tokens_mean": statistics.mean(len(p) for p in prompts), "update_model_gflop": flops / 1e9,
+                      "update_gflops": flops / 1e9 / m["timing_s/update"],
                       **{k: v for k, v in m.items() if k.startswith("timing_s/")}})
+    rl.compute_advantages = advantages
+    rates.append(matmul_gflops())
     timed = steps[1:] or steps
+    update_rate = statistics.median(s["update_gflops"] for s in timed)
     out = {
         "sec_per_step": statistics.median(s["sec"] for s in timed),
+        "matmul_gflops": statistics.median(rates),
+        "update_model_gflop": statistics.median(s["update_model_gflop"] for s in timed),
+        "update_gflops": update_rate,
+        "update_matmul_efficiency": update_rate / statistics.median(rates),
         "generated_tokens_per_s": statistics.median(s["generated_tokens"] / s["timing_s/rollout"] for s in timed),
         "peak_rss_mb": peak_rss_mb(),
         **{k: statistics.median(s[k] for s in timed) for k in timed[0] if k.startswith("timing_s/")},
@@ -124,6 +184,8 @@ def main() -> None:
           f"{out['params'] / 1e6:.2f}M params, {out['torch_threads']} torch threads")
     print(f"  sec/step: median {out['sec_per_step']:.3f} over steps 2..{args.steps}")
     print(f"  generated tokens/s (rollout): {out['generated_tokens_per_s']:.1f}   peak RSS {out['peak_rss_mb']:.0f} MB")
+    print(f"  update: {out['update_model_gflop']:.2f} model GFLOP at {out['update_gflops']:.1f} GFLOP/s = "
+          f"{100 * out['update_matmul_efficiency']:.0f}% of a plain matmul's {out['matmul_gflops']:.1f} GFLOP/s")
     for k, v in out.items():
         if k.startswith("timing_s/"):
             print(f"  {k}: median {v:.4f}")
