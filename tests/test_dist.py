@@ -196,3 +196,21 @@ def test_accelerate_launch_rlft_train_two_processes_writes_once_and_resumes(tmp_
     assert again.stdout.count("resumed from") == 1
     steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3]
+
+
+def test_accelerate_launch_pipeline_runs_the_other_stages_in_the_main_process(tmp_path, tiny_overrides):
+    """`stages: [sft, dpo, grpo]` in two processes: SFT and DPO run once (main process), GRPO in both; one
+    summary with the three stages, DAPO-style dynamic sampling and PPO-ptx on in the RL stage."""
+    base = tiny_overrides(tmp_path, "log.name=pipe", "stages=[sft,dpo,grpo]", "sft.steps=2", "dpo.steps=2",
+                          "train.steps=2", "train.prompts_per_step=3", "train.threads=1", "algo.dynamic_sampling=true",
+                          "algo.max_sample_rounds=1", "algo.ptx_coef=0.5", "data.ptx_source=task")
+    done = launch(2, ["rlft", "train", *base], module=True)
+    assert done.stdout.count("rlft pipeline summary") == 1
+    run_dir = tmp_path / "pipe"
+    stages = [e["stage"] for e in json.loads((run_dir / "summary.json").read_text())["stages"]]
+    assert stages == ["sft", "dpo", "grpo"]
+    assert len((run_dir / "0-sft" / "sft_metrics.jsonl").read_text().splitlines()) == 2  # written once
+    records = [json.loads(line) for line in (run_dir / "2-grpo" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2]
+    assert all(math.isfinite(r["actor/ptx_loss"]) and r["actor/ptx_loss"] > 0 for r in records)
+    assert all(r["dynamic_sampling/groups_drawn"] >= 3 for r in records)
