@@ -11,8 +11,13 @@ from __future__ import annotations
 import torch
 
 from rlft.models.lora import core_model
+from rlft.registry import Registry
 from rlft.rollout.batch import Batch, left_pad
 from rlft.rollout.decode import Sampled, sample, supports_fast_sampling
+
+# rollout.sampler -> fn(model, prompts, *, group_size, max_new_tokens, stops, pad_id, temperature, top_p, top_k,
+# greedy) -> Sampled: the rollout backends
+SAMPLERS: Registry = Registry("rollout.sampler")
 
 
 def sampling_args(rollout, *, temperature: float | None = None) -> dict:
@@ -42,11 +47,7 @@ def generate(model, tokenizer, prompts: list[list[int]], *, group_size: int, max
     was_training = model.training
     model.eval()
     try:
-        if sampler == "rlft" and supports_fast_sampling(type(core_model(model))):
-            run = sample
-        else:
-            run = _hf_generate
-        s = run(model, prompts, group_size=group_size, max_new_tokens=max_new_tokens, stops=stops,
+        s = SAMPLERS.get(sampler)(model, prompts, group_size=group_size, max_new_tokens=max_new_tokens, stops=stops,
                 pad_id=tokenizer.pad_token_id, temperature=temperature, top_p=top_p, top_k=top_k, greedy=greedy)
     finally:
         model.train(was_training)
@@ -60,6 +61,14 @@ def generate(model, tokenizer, prompts: list[list[int]], *, group_size: int, max
                  texts=tokenizer.batch_decode(shown, skip_special_tokens=True), rollout_logp=s.logprobs)
 
 
+@SAMPLERS.register("rlft")
+def _rlft_sampler(model, prompts: list[list[int]], **kwargs) -> Sampled:
+    """``rlft.rollout.decode.sample``; transformers' ``generate`` for a model it cannot drive."""
+    run = sample if supports_fast_sampling(type(core_model(model))) else _hf_generate
+    return run(model, prompts, **kwargs)
+
+
+@SAMPLERS.register("generate")
 def _hf_generate(model, prompts: list[list[int]], *, group_size: int, max_new_tokens: int, stops: list[int],
                  pad_id: int, temperature: float, top_p: float, top_k: int, greedy: bool) -> Sampled:
     """The same rollout from transformers' ``model.generate`` (every prompt prefilled G times)."""
