@@ -7,7 +7,8 @@ section from a preset of :mod:`rlft.presets`; explicit ``algo.*`` keys go on top
 An unknown key or a bad value raises :class:`ConfigError` naming the key and
 what is allowed; nothing is adjusted silently.
 
-``sections`` holds the dataclasses, ``parse`` the reading of recipes and overrides.
+``sections`` holds the tree and most sections (``algo`` the algorithm and critic, ``stages`` the stages
+around RL, ``checks`` the error type), ``parse`` the reading of recipes and overrides.
 """
 
 from rlft.config.parse import help_text, load_config, parse_override, with_name

@@ -1,0 +1,199 @@
+"""The sections of the stages around RL: ``sft``, ``rm``, ``dpo``, ``rft`` and ``prm``."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+
+from rlft.config.checks import _check
+
+
+@dataclass(frozen=True)
+class _PreferenceData:
+    """Where a stage that learns from preferences (rm, dpo) reads its rankings; each subclass adds ``steps``,
+    ``batch_size`` and ``lr`` (checked here) and its own keys."""
+
+    source: str = ""
+    """Preference rows (pairs, K-way rankings or HH-RLHF transcripts): a file, a directory of splits or hf:<name>; empty: pairs made from data.source's numeric answers (right over wrong)."""
+    train_split: str = "train"
+    eval_split: str = "test"
+    num_eval: int = 200
+    """Held-out rankings for the stage's metrics (0: all)."""
+    synth_negatives: int = 1
+    """Pairs made from the task: wrong answers per training problem, each its own pair (held-out problems: one, of the same mix)."""
+    synth_distractor_share: float = 0.0
+    """Pairs made from the task: share of wrong answers that are another number of the question (a distractor) rather than the truth moved by 1..9 (a near miss)."""
+    section: ClassVar[str] = ""
+
+    def __post_init__(self) -> None:
+        _check(self.num_eval >= 0, f"{self.section}.num_eval", "must be >= 0 (0: all)")
+        _check(self.synth_negatives >= 1, f"{self.section}.synth_negatives", "must be >= 1")
+        _check(0 <= self.synth_distractor_share <= 1, f"{self.section}.synth_distractor_share", "must be in [0, 1]")
+        _check(self.steps >= 0, f"{self.section}.steps", "must be >= 0")
+        _check(self.batch_size >= 1, f"{self.section}.batch_size", "must be >= 1")
+        _check(self.lr > 0, f"{self.section}.lr", "must be > 0")
+
+
+@dataclass(frozen=True)
+class RMConfig(_PreferenceData):
+    section: ClassVar[str] = "rm"
+
+    synth_negatives: int = 3
+    """Pairs made from the task: wrong answers per training problem, each its own pair (held-out problems: one, of the same mix)."""
+    synth_distractor_share: float = 0.5
+    """Pairs made from the task: share of wrong answers that are another number of the question (a distractor) rather than the truth moved by 1..9 (a near miss)."""
+    steps: int = 100
+    """Optimizer steps."""
+    batch_size: int = 16
+    """Prompts (rankings) per step; each prompt's C(K,2) pairs are one batch element."""
+    lr: float = 1e-4
+    pooling: Literal["last", "mean"] = "last"
+    """What the scalar head reads: the last real token, or the mean of the last hidden states."""
+    margin: float = 0.0
+    """Bradley-Terry margin: the loss is -log sigma(r_better - r_worse - margin)."""
+    center_coef: float = 0.0
+    """Reward-centring term coef * (r_better + r_worse)^2 (0: off)."""
+    max_tokens: int = 1024
+    """Longest prompt + response in tokens; longer texts are cut on the left."""
+    refresh_every: int = 0
+    """Online refresh in RL: every N policy steps, retrain the reward_model reward on pairs from the rollouts since the last refresh (rule-correct over rule-wrong, within a group); 0: off."""
+    refresh_steps: int = 20
+    """Optimizer steps of one refresh (batches of rm.batch_size pairs)."""
+    refresh_lr: float = 1e-4
+    """Learning rate of a refresh (a fresh AdamW with a cosine schedule each time)."""
+    pairs_from: Literal["task", "policy", "both"] = "task"
+    """With rm.source empty: task = pairs made from data.source's answers (right over a made-up wrong one); policy = the starting model's own samples (rm.policy_samples per prompt, judged by eval.correct_fn, every distinct right one over every distinct wrong one; held-out prompts give one pair each); both = the two together, held-out accuracy over both."""
+    policy_samples: int = 8
+    """rm.pairs_from policy/both: completions sampled per prompt from the starting model."""
+    policy_prompts: int = 0
+    """rm.pairs_from policy/both: training prompts sampled (the first N of data.source's training split; 0: all)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check(self.policy_samples >= 2, "rm.policy_samples", "must be >= 2 (a pair needs a right and a wrong sample)")
+        _check(self.policy_prompts >= 0, "rm.policy_prompts", "must be >= 0 (0: all)")
+        _check(self.pairs_from == "task" or not self.source, "rm.pairs_from",
+               f"{self.pairs_from!r} makes pairs from data.source's task, so rm.source must be empty")
+        _check(self.center_coef >= 0, "rm.center_coef", "must be >= 0")
+        _check(self.max_tokens >= 2, "rm.max_tokens", "must be >= 2")
+        _check(self.refresh_every >= 0, "rm.refresh_every", "must be >= 0 (0: off)")
+        _check(self.refresh_steps >= 1, "rm.refresh_steps", "must be >= 1")
+        _check(self.refresh_lr > 0, "rm.refresh_lr", "must be > 0")
+
+
+@dataclass(frozen=True)
+class DPOConfig(_PreferenceData):
+    section: ClassVar[str] = "dpo"
+
+    steps: int = 100
+    batch_size: int = 16
+    """Pairs per optimizer step."""
+    lr: float = 1e-5
+    beta: float = 0.1
+    """DPO's beta (IPO's tau): strength of the pull towards the reference."""
+    loss: Literal["sigmoid", "ipo"] = "sigmoid"
+    """sigmoid: DPO (Rafailov et al. 2023, eq. 7); ipo: IPO (Azar et al. 2023, eq. 17)."""
+    nll_coef: float = 0.0
+    """Weight of the chosen responses' length-normalised NLL added to the loss (Iterative RPO, Pang et al. 2024); 0: plain DPO / IPO."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check(self.beta > 0, "dpo.beta", "must be > 0")
+        _check(self.nll_coef >= 0, "dpo.nll_coef", "must be >= 0 (0: off)")
+
+
+@dataclass(frozen=True)
+class RFTConfig:
+    mode: Literal["offline", "online"] = "online"
+    """offline: every completion is sampled from the starting model in one go, then fine-tuned on; online: each round samples from the current policy, then fine-tunes on that round's accepted completions. The stages rft_offline / rft_online run with their own mode, whatever this says."""
+    rounds: int = 16
+    """Sample/fine-tune rounds (online). Offline draws the same rounds x prompts_per_round prompts at once and fine-tunes rounds x steps_per_round steps, so both modes spend the same sampling and update budget."""
+    prompts_per_round: int = 256
+    """Training prompts sampled per round (a seeded walk through the training set, the same prompts in both modes)."""
+    samples_per_prompt: int = 2
+    """k: completions sampled per prompt (at rollout.temperature, up to rollout.max_new_tokens tokens)."""
+    pool: Literal["round", "growing"] = "growing"
+    """Online: fine-tune each round on that round's kept completions (RAFT), or on every completion kept so far (a growing pool whose later rounds come from better policies). Offline always fine-tunes on its whole pool."""
+    keep: Literal["accepted", "shortest"] = "accepted"
+    """accepted: every distinct accepted completion of a prompt; shortest: only its shortest accepted completion (Kimi k1.5 long-to-short, shortest rejection sampling)."""
+    min_reward: float = 1.0
+    """A completion is accepted when its weighted reward (reward.fns, scored as RL scores it) is >= this; unscorable completions never are."""
+    steps_per_round: int = 16
+    """Fine-tuning optimizer steps per round (offline: rounds x steps_per_round steps on the whole pool)."""
+    step_schedule: Literal["constant", "linear"] = "constant"
+    """How the rounds x steps_per_round steps are spread over the rounds: constant, steps_per_round each; linear, round i (1-based) gets a share proportional to i (with pool=growing, roughly proportional to the pool), rounded so the total is unchanged. Offline trains on one pool throughout, so it only moves when steps happen, not how many."""
+    batch_size: int = 32
+    """Accepted completions per fine-tuning step (drawn with replacement)."""
+    lr: float = 3e-4
+    """Fine-tuning learning rate (AdamW, one optimizer across the rounds, constant after warm-up)."""
+    warmup_steps: int = 0
+    """Linear learning-rate warm-up, in fine-tuning steps."""
+    loss_on: Literal["response", "all"] = "response"
+    """Which tokens carry the fine-tuning loss, as sft.loss_on: the completion and its eos, or prompt and completion."""
+
+    def __post_init__(self) -> None:
+        for key in ("rounds", "prompts_per_round", "samples_per_prompt", "batch_size"):
+            _check(getattr(self, key) >= 1, f"rft.{key}", f"must be >= 1, got {getattr(self, key)}")
+        _check(self.steps_per_round >= 0, "rft.steps_per_round", f"must be >= 0, got {self.steps_per_round}")
+        _check(self.lr > 0, "rft.lr", f"must be > 0, got {self.lr}")
+        _check(self.warmup_steps >= 0, "rft.warmup_steps", f"must be >= 0, got {self.warmup_steps}")
+        _check(math.isfinite(self.min_reward), "rft.min_reward", f"must be finite, got {self.min_reward}")
+
+    @property
+    def samples_total(self) -> int:
+        """Completions drawn by the stage, in either mode (the sampling budget)."""
+        return self.rounds * self.prompts_per_round * self.samples_per_prompt
+
+
+@dataclass(frozen=True)
+class PRMConfig:
+    steps: int = 300
+    """Optimizer steps of the process reward model (prm stage)."""
+    batch_size: int = 32
+    """Labelled solutions per step."""
+    lr: float = 3e-4
+    labels: str = "chain_steps"
+    """Step-level rule reward that labels the training solutions' steps (values in [0, 1]: BCE targets)."""
+    perturb: float = 0.5
+    """Share of training solutions whose reference has one or two lines' last number moved by 1 to 3."""
+    max_tokens: int = 256
+    """Longest prompt + solution in tokens (the prompt's start is cut first)."""
+
+    def __post_init__(self) -> None:
+        from rlft.rewards import REWARDS, is_step_level
+
+        _check(self.steps >= 0, "prm.steps", "must be >= 0")
+        _check(self.batch_size >= 1, "prm.batch_size", "must be >= 1")
+        _check(self.lr > 0, "prm.lr", "must be > 0")
+        _check(0 <= self.perturb <= 1, "prm.perturb", "must be in [0, 1]")
+        _check(self.max_tokens >= 2, "prm.max_tokens", "must be >= 2")
+        _check(self.labels in REWARDS and is_step_level(REWARDS.factory(self.labels)), "prm.labels",
+               f"must be a step-level reward (e.g. chain_steps), got {self.labels!r}")
+
+
+@dataclass(frozen=True)
+class SFTConfig:
+    steps: int = 200
+    """Supervised warm-up steps before RL (0: skip)."""
+    batch_size: int = 64
+    lr: float = 1e-3
+    warmup_steps: int = 10
+    loss_on: Literal["response", "all", "answer"] = "response"
+    """Which tokens carry the SFT loss: the response (and its eos), prompt and response, or only the final answer (the #### line, last \\boxed{} or <answer> tag) and the eos."""
+    source: str = ""
+    """SFT rows ({prompt, completion} or {messages}): a file, a directory of splits or hf:<name>; empty: the RL rows' reference responses."""
+    train_split: str = "train"
+    """Split of sft.source to train on."""
+    system_prompt: str = ""
+    """A system message put in front of every SFT prompt (empty: none)."""
+    max_tokens: int = 0
+    """Token budget of one forward pass: each mini-batch runs as micro-batches of similar length, at most this many padded positions each, gradients accumulated (the loss is unchanged); 0: the whole mini-batch padded to its longest row."""
+
+    def __post_init__(self) -> None:
+        _check(self.steps >= 0, "sft.steps", "must be >= 0")
+        _check(self.batch_size >= 1, "sft.batch_size", "must be >= 1")
+        _check(self.lr > 0, "sft.lr", "must be > 0")
+        _check(self.warmup_steps >= 0, "sft.warmup_steps", "must be >= 0")
+        _check(self.max_tokens >= 0, "sft.max_tokens", "must be >= 0 (0: no budget)")
+
