@@ -67,12 +67,15 @@ def cmd_eval(ns: argparse.Namespace) -> int:
 
 def cmd_stage(ns: argparse.Namespace) -> int:
     """``rlft sft`` / ``rlft rm`` / ``rlft prm`` / ``rlft dpo`` / ``rlft rft``: one stage on ``model.path`` (or the embedded tiny model), in its own run directory."""
-    from rlft.models.loading import quiet_transformers
+    from rlft.models.loading import check_model_path, quiet_transformers
     from rlft.run import base_model_dir, prepare_run_dir, seed_everything, set_threads
     from rlft.stages import STAGES
 
     recipe, overrides = _split_recipe(ns.args)
-    cfg = prepare_run_dir(load_config(recipe, overrides))
+    cfg = load_config(recipe, overrides)
+    if cfg.model.path:  # before the run directory is made
+        check_model_path(cfg.model.path, "model.path")
+    cfg = prepare_run_dir(cfg)
     quiet_transformers()
     set_threads(cfg)
     seed_everything(cfg.train.seed)

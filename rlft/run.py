@@ -23,6 +23,7 @@ import contextlib
 import copy
 import json
 import random
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +41,7 @@ from rlft.data.synthetic import synthetic_task
 from rlft.data.templates import encode_prompts
 from rlft.dist import current, init_dist
 from rlft.eval import evaluate
-from rlft.models.loading import load_policy, quiet_transformers, resolve_device
+from rlft.models.loading import check_model_path, load_policy, quiet_transformers, resolve_device
 from rlft.models.lora import AdaptersOff, add_lora, is_adapter_dir, is_peft, load_adapters, merged_copy, save_policy
 from rlft.models.tiny import build_tiny_model
 from rlft.rewards import REWARDS
@@ -145,30 +146,31 @@ def train(cfg: Config, *, echo=print) -> RunResult:
         ckpt = checkpoint.latest(cfg.log.path)
         if ckpt is None:
             raise ConfigError(f"train.resume: no checkpoint under {cfg.log.path / 'checkpoints'}")
-    cfg = prepare_run_dir(cfg)
-    run_dir = cfg.log.path
-    with dist.main_first():  # rm.refresh_every: the run scores with (and refreshes) its own copy
-        cfg = own_reward_model(cfg, run_dir)
-    seed_everything(cfg.train.seed)
-    device = resolve_device(cfg.model.device)
-
-    model_path = base_model_dir(cfg, run_dir)
-    with dist.main_first():  # LoRA on a pipeline's adapters writes their merged base once
-        policy, tokenizer = training_policy(cfg, model_path, ckpt, run_dir)
-    n_params = sum(p.numel() for p in policy.parameters())
-    n_train = sum(p.numel() for p in policy.parameters() if p.requires_grad)
-    trains = f", {n_train / 1e6:.3f}M of them LoRA adapters" if cfg.lora.rank else ""
-    echo(f"rlft: run {run_dir}  model {cfg.model.path or 'embedded tiny'} ({n_params / 1e6:.2f}M params{trains}) "
-         f"on {device}")
-
-    train_ex, eval_ex = load_task(cfg)
-    train_prompts = encode_prompts(train_ex, cfg.data.template, tokenizer, cfg.data.max_prompt_tokens, "train data")
-    eval_prompts = encode_prompts(eval_ex, cfg.data.template, tokenizer, cfg.data.max_prompt_tokens, "eval data")
-    echo(f"rlft: {len(train_ex)} training prompts, {len(eval_ex)} held-out"
-         + (f"; {dist.world} processes" if dist.active else ""))
+    train_ex, eval_ex = preflight(cfg)
     if cfg.train.prompts_per_step < dist.world:
         raise ConfigError(f"train.prompts_per_step: {cfg.train.prompts_per_step} prompts cannot be shared by "
                           f"{dist.world} processes; use at least one per process")
+    cfg = prepare_run_dir(cfg)
+    run_dir = cfg.log.path
+    with removed_if_start_fails(run_dir, keep=cfg.train.resume):
+        with dist.main_first():  # rm.refresh_every: the run scores with (and refreshes) its own copy
+            cfg = own_reward_model(cfg, run_dir)
+        seed_everything(cfg.train.seed)
+        device = resolve_device(cfg.model.device)
+
+        model_path = base_model_dir(cfg, run_dir)
+        with dist.main_first():  # LoRA on a pipeline's adapters writes their merged base once
+            policy, tokenizer = training_policy(cfg, model_path, ckpt, run_dir)
+        n_params = sum(p.numel() for p in policy.parameters())
+        n_train = sum(p.numel() for p in policy.parameters() if p.requires_grad)
+        trains = f", {n_train / 1e6:.3f}M of them LoRA adapters" if cfg.lora.rank else ""
+        echo(f"rlft: run {run_dir}  model {cfg.model.path or 'embedded tiny'} ({n_params / 1e6:.2f}M params"
+             f"{trains}) on {device}")
+        train_prompts = encode_prompts(train_ex, cfg.data.template, tokenizer, cfg.data.max_prompt_tokens,
+                                       "train data")
+        eval_prompts = encode_prompts(eval_ex, cfg.data.template, tokenizer, cfg.data.max_prompt_tokens, "eval data")
+    echo(f"rlft: {len(train_ex)} training prompts, {len(eval_ex)} held-out"
+         + (f"; {dist.world} processes" if dist.active else ""))
 
     results = json.loads((run_dir / "eval.json").read_text()) if ckpt and (run_dir / "eval.json").exists() else {}
     with _reward_pool(cfg):
@@ -190,6 +192,28 @@ def train(cfg: Config, *, echo=print) -> RunResult:
     seconds = time.perf_counter() - t0
     echo(summary(results, seconds, run_dir))
     return RunResult(run_dir=run_dir, eval=results, seconds=seconds)
+
+
+def preflight(cfg: Config) -> tuple[list[Example], list[Example]]:
+    """What can fail on the user's input, checked before anything is written: the model and critic paths, and the
+    task's data (read whole: a missing file or a malformed row fails here, naming file, row and field)."""
+    if cfg.model.path:
+        check_model_path(cfg.model.path, "model.path")
+    if cfg.critic.path:
+        check_model_path(cfg.critic.path, "critic.path")
+    return load_task(cfg)
+
+
+@contextlib.contextmanager
+def removed_if_start_fails(run_dir: Path, *, keep: bool):
+    """A run whose start fails (before any training) removes the directory it created, so nothing half-written is
+    left behind; ``keep`` (a resumed run) leaves it alone."""
+    try:
+        yield
+    except BaseException:
+        if not keep and current().is_main:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
 
 
 def _reward_pool(cfg: Config):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -109,3 +110,38 @@ def test_eval_passes_model_loading_options(capsys, tmp_path, tiny_overrides, tin
     assert main(["eval", str(tiny_model_dir), *overrides]) == 0
     assert seen.get("attn_implementation") == "eager"
     assert seen.get("trust_remote_code") is True
+
+
+def _cli(tmp_path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "rlft", *args], capture_output=True, text=True, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}, timeout=300)
+
+
+@pytest.mark.parametrize("args, names", [
+    (["eval", "/nonexistent"], ["/nonexistent", "no such directory"]),
+    (["train", "data.source=/nonexistent"], ["/nonexistent", "no such file"]),
+    (["train", "model.path=/nonexistent"], ["model.path", "/nonexistent", "no such directory"]),
+    (["train", "model.path=./runs"], ["model.path", "./runs", "no such directory"]),
+    (["train", "data.source=BAD", "data.prompt_key=question"], ["bad.jsonl", "line 2"]),
+    (["train", "data.max_prompt_tokens=3"], ["train data", "data.max_prompt_tokens"]),
+    (["sft", "model.path=/nonexistent"], ["model.path", "/nonexistent"]),
+])
+def test_bad_input_is_a_clear_error_that_leaves_nothing_behind(tmp_path, args, names):
+    """A new user's mistakes: one line naming what is wrong and where, exit 2, no traceback, no run directory."""
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question": "1+1=?", "answer": "2"}\n{not json\n')
+    args = [a.replace("BAD", str(bad)) for a in args]
+    done = _cli(tmp_path, *args, "log.name=x", "log.progress=false")
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert done.stderr.startswith("rlft: error:") and "Traceback" not in done.stderr, done.stderr[-3000:]
+    for name in names:
+        assert name in done.stderr, (name, done.stderr)
+    assert not (tmp_path / "runs" / "x").exists()
+
+
+def test_a_model_directory_without_a_model_is_named(tmp_path):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "file").write_text("x")
+    for path, says in ((tmp_path / "empty", "holds no model"), (tmp_path / "file", "is a file")):
+        done = _cli(tmp_path, "eval", str(path))
+        assert done.returncode == 2 and says in done.stderr and "Traceback" not in done.stderr, done.stderr[-2000:]

@@ -41,12 +41,31 @@ def load_model(path: str, *, dtype: str = "float32", device: torch.device | str 
     return model.to(device)
 
 
+def check_model_path(path: str, key: str = "model") -> None:
+    """A clear error, before anything loads or is written, for a model path that names no model directory.
+
+    An existing path must be a directory with ``config.json`` (a model) or ``adapter_config.json`` (LoRA
+    adapters). A missing one is an error when it reads as a local path (absolute, ``.``/``~``-relative, or more
+    than one ``/``); a bare ``name`` or ``org/name`` is a hub id, left to transformers."""
+    from rlft.config import ConfigError
+
+    p = Path(path).expanduser()
+    if p.exists():
+        if not p.is_dir():
+            raise ConfigError(f"{key}: {path} is a file, not a model directory")
+        if not ((p / "config.json").is_file() or (p / "adapter_config.json").is_file()):
+            raise ConfigError(f"{key}: {path} holds no model (no config.json or adapter_config.json)")
+    elif p.is_absolute() or path.startswith((".", "~")) or path.count("/") > 1:
+        raise ConfigError(f"{key}: {path}: no such directory")
+
+
 def load_policy(path: str, m) -> tuple:
     """(model, tokenizer) at ``path``, loaded as the ``model`` configuration section ``m`` says.
 
     A directory of LoRA adapters (``adapter_config.json``) is loaded onto its base model and merged into it."""
     from rlft.models.lora import adapter_base, is_adapter_dir, load_adapters
 
+    check_model_path(path)
     path = str(Path(path).resolve()) if Path(path).is_dir() else path  # adapters record their base by this path
     tok = load_tokenizer(path, m.trust_remote_code)
     adapters = is_adapter_dir(path)

@@ -41,17 +41,19 @@ def run_pipeline(cfg: Config, echo=print) -> list[dict]:
     """Run ``cfg.stages`` in order; returns the summary entries (also in ``summary.json``)."""
     from rlft.models.loading import quiet_transformers
     from rlft.dist import init_dist
-    from rlft.run import base_model_dir, prepare_run_dir, seed_everything, set_threads
+    from rlft.run import base_model_dir, preflight, prepare_run_dir, removed_if_start_fails, seed_everything, set_threads
 
     dist = init_dist(cfg.model.device)
     echo = echo if dist.is_main else (lambda *args, **kwargs: None)
     if cfg.train.resume and not (cfg.log.path / "config.yaml").is_file():
         raise ConfigError(f"train.resume: no pipeline run in {cfg.log.path}")
+    preflight(cfg)  # the model path and the task's data, before anything is written
     cfg = prepare_run_dir(cfg)
     run_dir, t0 = cfg.log.path, time.perf_counter()
     quiet_transformers()
     set_threads(cfg)
-    model_dir, entries = Path(base_model_dir(cfg, run_dir)), []
+    with removed_if_start_fails(run_dir, keep=cfg.train.resume):
+        model_dir, entries = Path(base_model_dir(cfg, run_dir)), []
     scorers: dict[str, Path] = {}  # rm / prm stage -> the model it trained (not a policy)
     policy_metrics = None  # the held-out task metrics of model_dir, once a stage has measured them
     for i, name in enumerate(cfg.stages):
