@@ -22,6 +22,7 @@ import sys
 
 from rlft.config import ConfigError, help_text, load_config
 from rlft.data.schema import DataError
+from rlft.errors import TrainingHalted
 
 
 def _split_recipe(args: list[str]) -> tuple[str | None, list[str]]:
@@ -138,6 +139,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, DataError, FileNotFoundError) as e:
         print(f"rlft: error: {e}", file=sys.stderr)
         return 2
+    except TrainingHalted as e:
+        print(f"rlft: stopped: {e}", file=sys.stderr)
+        return 3
 
 
 if __name__ == "__main__":

@@ -40,6 +40,7 @@ from rlft.data.schema import Example
 from rlft.data.synthetic import synthetic_task
 from rlft.data.templates import encode_prompts
 from rlft.dist import current, init_dist
+from rlft.errors import TrainingHalted
 from rlft.eval import evaluate
 from rlft.models.loading import check_model_path, load_policy, quiet_transformers, resolve_device
 from rlft.models.lora import AdaptersOff, add_lora, is_adapter_dir, is_peft, load_adapters, merged_copy, save_policy
@@ -288,6 +289,7 @@ def _run_rl(policy, tokenizer, train_ex, train_prompts, cfg: Config, run_dir: Pa
             metrics = rl_step(state, cfg)
             if log is not None:
                 log.log(state.step, metrics)
+            _halt_on_skips(state, cfg, run_dir)
             bar.update(1)
             bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", len=f"{metrics['response_length/mean']:.1f}")
             if cfg.train.save_every and state.step % cfg.train.save_every == 0 and state.step < cfg.train.steps:
@@ -300,6 +302,21 @@ def _run_rl(policy, tokenizer, train_ex, train_prompts, cfg: Config, run_dir: Pa
         state.critic.save_pretrained(run_dir / "critic")
     if dist.is_main and state.rm_refresh is not None:
         state.rm_refresh.save(run_dir / RUN_RM)
+
+
+def _halt_on_skips(state: RLState, cfg: Config, run_dir: Path) -> None:
+    """Stop after ``train.max_consecutive_skips`` RL steps in a row that could not update (non-finite gradients)."""
+    limit = cfg.train.max_consecutive_skips
+    if not limit or state.consecutive_skips < limit:
+        return
+    ckpt = checkpoint.latest(run_dir)
+    where = (f"the last checkpoint is {ckpt} (train.resume=true continues from it)" if ckpt is not None else
+             "there is no checkpoint (train.save_every=0)")
+    first = state.step - state.consecutive_skips + 1
+    raise TrainingHalted(
+        f"RL steps {first}-{state.step}: every update met a non-finite loss or gradient and was skipped "
+        f"({state.consecutive_skips} in a row, train.max_consecutive_skips={limit}); {where}. "
+        "Try a lower optim.lr, optim.grad_clip, or check the rewards and the data for extreme values")
 
 
 PROCESS_SEED_STRIDE = 1_000_003  # process r > 0 of a multi-process run seeds its sampling with seed + r * this

@@ -332,3 +332,59 @@ def test_time_budget_stops_rl(tmp_path, tiny_size_overrides):
     assert any("time budget" in line and "after 0 RL steps" in line for line in lines)
     assert not (run_dir / "metrics.jsonl").exists() or read_jsonl(run_dir / "metrics.jsonl") == []
     assert "after_rl" in json.loads((run_dir / "eval.json").read_text())
+
+
+def _nan_at(steps: set[int], monkeypatch):
+    """Make the policy loss NaN at the given RL steps (1-based), through the loss's log-probs."""
+    from rlft.trainers import update as upd
+
+    original, calls = upd.batch_logprobs, {"step": 0}
+    step_of = {}
+
+    def poisoned(model, mb, cfg, **kwargs):
+        logp, ent = original(model, mb, cfg, **kwargs)
+        if kwargs.get("with_entropy") and step_of.get("now") in steps:
+            logp = logp * float("nan")
+        return logp, ent
+
+    policy_step = upd._policy_step
+
+    def counting(state, mb, cfg):
+        step_of["now"] = state.step + 1
+        return policy_step(state, mb, cfg)
+
+    monkeypatch.setattr(upd, "batch_logprobs", poisoned)
+    monkeypatch.setattr(upd, "_policy_step", counting)
+
+
+def test_a_nan_loss_skips_that_update_and_is_counted(tmp_path, tiny_size_overrides, digit_reward, monkeypatch):
+    """Step 2's loss is NaN: its update changes no weight, health/skipped_steps counts it, the run goes on."""
+    import rlft.trainers.update as upd
+
+    weights = []
+    step = upd._optimizer_step
+
+    def snapshot(model, *args, **kwargs):
+        before = [p.detach().clone() for p in model.parameters()]
+        out = step(model, *args, **kwargs)
+        weights.append(all(torch.equal(a, b) for a, b in zip(before, model.parameters())))
+        return out
+
+    monkeypatch.setattr(upd, "_optimizer_step", snapshot)
+    _nan_at({2}, monkeypatch)
+    cfg = load_config(None, tiny_size_overrides(tmp_path, "log.name=nan", "eval.before_rl=false", *digit_reward))
+    records = read_jsonl(train(cfg, echo=quiet).run_dir / "metrics.jsonl")
+    assert [r["step"] for r in records] == [1, 2, 3]
+    assert records[1]["nonfinite_keys"] and "actor/pg_loss" in records[1]["nonfinite_keys"]  # logged as they were
+    assert len(weights) == 3 and weights[1] and not weights[2]  # the NaN step left every weight; step 3 trains
+    assert [r["health/skipped_steps"] for r in records] == [0.0, 1.0, 1.0]
+    assert [r["health/consecutive_skips"] for r in records] == [0.0, 1.0, 0.0]
+    assert [r["actor/skipped_steps"] for r in records] == [0.0, 1.0, 0.0]
+
+
+def test_nan_steps_in_a_row_stop_the_run_naming_the_last_checkpoint(run, monkeypatch):
+    from rlft.errors import TrainingHalted
+
+    _nan_at({3, 4, 5}, monkeypatch)
+    with pytest.raises(TrainingHalted, match=r"RL steps 3-4: .*step_000002.*train.resume=true"):
+        run("train.steps=6", "train.save_every=2", "train.max_consecutive_skips=2")

@@ -145,3 +145,15 @@ def test_a_model_directory_without_a_model_is_named(tmp_path):
     for path, says in ((tmp_path / "empty", "holds no model"), (tmp_path / "file", "is a file")):
         done = _cli(tmp_path, "eval", str(path))
         assert done.returncode == 2 and says in done.stderr and "Traceback" not in done.stderr, done.stderr[-2000:]
+
+
+def test_a_run_that_stops_itself_exits_3_with_its_message(capsys, monkeypatch):
+    import rlft.run
+    from rlft.errors import TrainingHalted
+
+    def halted(cfg, **kwargs):
+        raise TrainingHalted("RL steps 3-7: ...; the last checkpoint is runs/x/checkpoints/step_000002")
+
+    monkeypatch.setattr(rlft.run, "train", halted)
+    assert main(["train", "train.steps=1"]) == 3
+    assert capsys.readouterr().err.startswith("rlft: stopped: RL steps 3-7")

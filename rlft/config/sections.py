@@ -284,6 +284,8 @@ class TrainConfig:
     """Resume from the last checkpoint in the run directory (log.run_dir/log.name)."""
     ptx_batch_size: int = 16
     """PPO-ptx: pretraining texts per optimizer step."""
+    max_consecutive_skips: int = 5
+    """Stop the run when this many RL steps in a row had only non-finite gradients (their updates are skipped, no weight changes; health/skipped_steps counts them), naming the last checkpoint to resume from (0: never stop)."""
     time_budget_s: float = 0.0
     """No RL step starts once this many seconds of the RL stage (value pre-training included) have passed (0: no limit)."""
     threads: int = 0
@@ -297,6 +299,7 @@ class TrainConfig:
         _check(self.micro_batch_tokens >= 0, "train.micro_batch_tokens", "must be >= 0 (0: no token budget)")
         _check(self.save_every >= 0, "train.save_every", "must be >= 0")
         _check(self.time_budget_s >= 0, "train.time_budget_s", "must be >= 0 (0: no limit)")
+        _check(self.max_consecutive_skips >= 0, "train.max_consecutive_skips", "must be >= 0 (0: never stop)")
         _check(self.ptx_batch_size >= 1, "train.ptx_batch_size", "must be >= 1")
         _check(self.keep_checkpoints >= 1, "train.keep_checkpoints", "must be >= 1")
 

@@ -88,6 +88,8 @@ class RLState:
     hacking: HackingTracker = field(default_factory=HackingTracker)  # reward-up-rule-not running state
     rm_refresh: object | None = None  # rlft.trainers.rm_refresh.RMRefresh (rm.refresh_every > 0)
     dist: Dist = field(default_factory=Dist)  # this process's share of the work (rlft.dist)
+    skipped_steps: int = 0  # RL steps whose every policy update was skipped (a non-finite gradient), in all
+    consecutive_skips: int = 0  # ... and in a row, up to the last step
     step: int = 0
 
     def trainer_state(self) -> dict:
@@ -98,6 +100,7 @@ class RLState:
                "penalty_ctl": self.penalty_ctl.state_dict() if self.penalty_ctl is not None else None,
                "ptx": self.ptx.state_dict() if self.ptx is not None else None, "critic": None,
                "hacking": self.hacking.state_dict(),
+               "skips": [self.skipped_steps, self.consecutive_skips],
                "rm_refresh": self.rm_refresh.state_dict() if self.rm_refresh is not None else None}
         if self.critic is not None:
             out["critic"] = {"model": self.critic.state_dict(), "optimizer": self.critic_optimizer.state_dict(),
@@ -106,6 +109,7 @@ class RLState:
 
     def load_trainer_state(self, saved: dict) -> None:
         self.step, self.baseline = saved["step"], saved.get("baseline")
+        self.skipped_steps, self.consecutive_skips = saved.get("skips", [0, 0])
         self.sampler.load_state_dict(saved["sampler"])
         for name in ("ref", "kl_ctl", "penalty_ctl", "ptx", "hacking", "rm_refresh"):  # built by run._rl_state
             obj = getattr(self, name)
@@ -150,11 +154,22 @@ def rl_step(state: RLState, cfg: Config, *, train_policy: bool = True) -> dict[s
     if train_policy:
         state.step += 1
         metrics.update(hacking.tracker_metrics(state.hacking, metrics))
+        metrics.update(count_skips(state, metrics))
         if state.rm_refresh is not None and state.step % cfg.rm.refresh_every == 0:
             with _timed(t, "rm_refresh"):
                 metrics.update(state.rm_refresh.refresh(cfg, seed=cfg.train.seed + state.step))
             metrics.update(t)
     return metrics
+
+
+def count_skips(state: RLState, metrics: dict[str, float]) -> dict[str, float]:
+    """``health/skipped_steps`` (RL steps so far whose every policy update met a non-finite loss or gradient, and
+    so changed no weight) and ``health/consecutive_skips`` (such steps in a row, ending at this one)."""
+    skipped = metrics.get("actor/skipped_steps", 0.0) >= 1.0  # the mean over the step's optimizer steps
+    state.skipped_steps += skipped
+    state.consecutive_skips = state.consecutive_skips + 1 if skipped else 0
+    return {"health/skipped_steps": float(state.skipped_steps),
+            "health/consecutive_skips": float(state.consecutive_skips)}
 
 
 PENALTY_LOSSES = ("ppo_penalty",)  # policy losses that read the adaptive beta (cfg.penalty_coef)
