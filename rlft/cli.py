@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except TrainingHalted as e:
         print(f"rlft: stopped: {e}", file=sys.stderr)
-        return 3
+        return e.exit_code
 
 
 if __name__ == "__main__":

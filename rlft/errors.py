@@ -4,4 +4,9 @@ from __future__ import annotations
 
 
 class TrainingHalted(RuntimeError):
-    """The run stopped itself (e.g. non-finite values in a row); the message says why and where to resume from."""
+    """The run stopped itself (non-finite values in a row, a stop signal); the message says why and where to resume
+    from. ``exit_code`` is what ``rlft`` exits with: 3, or 128 + the signal's number for a signal."""
+
+    def __init__(self, message: str, exit_code: int = 3):
+        super().__init__(message)
+        self.exit_code = exit_code

@@ -24,6 +24,8 @@ import copy
 import json
 import random
 import shutil
+import signal
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -282,18 +284,28 @@ def _run_rl(policy, tokenizer, train_ex, train_prompts, cfg: Config, run_dir: Pa
     policy.train()
     try:
         budget = cfg.train.time_budget_s
-        while state.step < cfg.train.steps:
-            if dist.broadcast(bool(budget) and time.perf_counter() - t0 > budget):  # the main process's clock
-                echo(f"rlft: time budget of {budget:g} s spent after {state.step} RL steps")
-                break
-            metrics = rl_step(state, cfg)
-            if log is not None:
-                log.log(state.step, metrics)
-            _halt_on_skips(state, cfg, run_dir)
-            bar.update(1)
-            bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", len=f"{metrics['response_length/mean']:.1f}")
-            if cfg.train.save_every and state.step % cfg.train.save_every == 0 and state.step < cfg.train.steps:
-                _save_checkpoint(state, cfg, run_dir)
+        with StopSignals() as stop:
+            while state.step < cfg.train.steps:
+                if dist.broadcast(bool(budget) and time.perf_counter() - t0 > budget):  # the main process's clock
+                    echo(f"rlft: time budget of {budget:g} s spent after {state.step} RL steps")
+                    break
+                metrics = rl_step(state, cfg)
+                if log is not None:
+                    log.log(state.step, metrics)
+                _halt_on_skips(state, cfg, run_dir)
+                bar.update(1)
+                bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", len=f"{metrics['response_length/mean']:.1f}")
+                saved = cfg.train.save_every and state.step % cfg.train.save_every == 0
+                if saved and state.step < cfg.train.steps:
+                    _save_checkpoint(state, cfg, run_dir)
+                signum = dist.broadcast(stop.signum)  # the main process's: every process stops after the same step
+                if signum is not None:
+                    if not saved or state.step == cfg.train.steps:
+                        _save_checkpoint(state, cfg, run_dir)
+                    name = signal.Signals(signum).name
+                    raise TrainingHalted(f"{name} after RL step {state.step}: checkpoint "
+                                         f"{run_dir / 'checkpoints' / f'step_{state.step:06d}'} written; "
+                                         "train.resume=true continues from it", exit_code=128 + signum)
     finally:
         bar.close()
         if log is not None:
@@ -302,6 +314,31 @@ def _run_rl(policy, tokenizer, train_ex, train_prompts, cfg: Config, run_dir: Pa
         state.critic.save_pretrained(run_dir / "critic")
     if dist.is_main and state.rm_refresh is not None:
         state.rm_refresh.save(run_dir / RUN_RM)
+
+
+class StopSignals:
+    """While active, SIGINT and SIGTERM ask the RL loop to stop after the current step (``signum``), which then
+    writes a checkpoint and exits; a second SIGINT interrupts at once. Outside the main thread it does nothing."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self):
+        self.signum: int | None = None
+        self._previous: dict = {}
+
+    def _handle(self, signum, frame) -> None:
+        if self.signum is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.signum = signum
+
+    def __enter__(self) -> "StopSignals":
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
 
 
 def _halt_on_skips(state: RLState, cfg: Config, run_dir: Path) -> None:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -157,3 +159,33 @@ def test_a_run_that_stops_itself_exits_3_with_its_message(capsys, monkeypatch):
     monkeypatch.setattr(rlft.run, "train", halted)
     assert main(["train", "train.steps=1"]) == 3
     assert capsys.readouterr().err.startswith("rlft: stopped: RL steps 3-7")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_signal_saves_a_checkpoint_and_the_run_resumes_from_it(tmp_path, tiny_overrides, sig):
+    """SIGTERM / Ctrl-C: the RL step in progress finishes, a checkpoint is written, rlft exits 128 + signal;
+    train.resume=true continues at the next step."""
+    args = [*tiny_overrides(tmp_path, "log.name=sig", "train.save_every=0", "sft.steps=0", "train.threads=1",
+                            "eval.before_rl=false")]
+    proc = subprocess.Popen([sys.executable, "-m", "rlft", "train", *args, "train.steps=100000"], cwd=tmp_path,
+                            env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = tmp_path / "sig" / "metrics.jsonl"
+    deadline = time.monotonic() + 240
+    while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= 2):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() else "slow"
+        time.sleep(0.2)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=240)
+    assert proc.returncode == 128 + sig, err[-2000:]
+    assert "rlft: stopped:" in err and "train.resume=true" in err and "Traceback" not in err
+    steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
+    last = steps[-1]
+    assert steps == list(range(1, last + 1))
+    assert [p.name for p in (tmp_path / "sig" / "checkpoints").iterdir()] == [f"step_{last:06d}"]
+    done = subprocess.run([sys.executable, "-m", "rlft", "train", *args, f"train.steps={last + 2}",
+                           "train.resume=true"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
+    assert steps == list(range(1, last + 3))
