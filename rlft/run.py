@@ -185,7 +185,7 @@ def train(cfg: Config, *, echo=print) -> RunResult:
                 results["before_rl"] = _eval(policy, tokenizer, eval_prompts, eval_ex, cfg, echo, "before RL")
                 _write_json(run_dir / "eval.json", results)
 
-        _run_rl(policy, tokenizer, train_ex, train_prompts, cfg, run_dir, ckpt, echo)
+        _run_rl(policy, tokenizer, train_ex, train_prompts, cfg, run_dir, ckpt, echo, (eval_prompts, eval_ex))
 
         results["after_rl"] = _eval(policy, tokenizer, eval_prompts, eval_ex, cfg, echo, "after RL")
         _write_json(run_dir / "eval.json", results)
@@ -267,7 +267,8 @@ def _run_sft(policy, tokenizer, train_ex, cfg: Config, run_dir: Path) -> None:
         log.close()
 
 
-def _run_rl(policy, tokenizer, train_ex, train_prompts, cfg: Config, run_dir: Path, ckpt, echo) -> None:
+def _run_rl(policy, tokenizer, train_ex, train_prompts, cfg: Config, run_dir: Path, ckpt, echo,
+            held_out: tuple[list, list]) -> None:
     t0 = time.perf_counter()
     dist = current()
     state = _rl_state(policy, tokenizer, train_ex, train_prompts, cfg)
@@ -290,6 +291,8 @@ def _run_rl(policy, tokenizer, train_ex, train_prompts, cfg: Config, run_dir: Pa
                     echo(f"rlft: time budget of {budget:g} s spent after {state.step} RL steps")
                     break
                 metrics = rl_step(state, cfg)
+                if cfg.eval.every and state.step % cfg.eval.every == 0:
+                    metrics.update(validation(policy, tokenizer, *held_out, cfg))
                 if log is not None:
                     log.log(state.step, metrics)
                 _halt_on_skips(state, cfg, run_dir)
@@ -339,6 +342,24 @@ class StopSignals:
     def __exit__(self, *exc) -> None:
         for s, handler in self._previous.items():
             signal.signal(s, handler)
+
+
+def eval_set_name(cfg: Config) -> str:
+    """``eval.name``, or the held-out set's name from ``data.source`` (``synthetic:max`` -> ``max``, a path -> its
+    last part without suffix)."""
+    if cfg.eval.name:
+        return cfg.eval.name
+    source = cfg.data.source.rstrip("/")
+    return source.split(":", 1)[1] if source.startswith(("synthetic:", "hf:")) else Path(source).stem
+
+
+def validation(policy, tokenizer, prompts, examples, cfg: Config) -> dict[str, float]:
+    """The held-out evaluation during RL as ``val/<set>/<metric>`` metrics (the policy's training mode kept)."""
+    was_training = policy.training
+    results = current().on_main(lambda: evaluate(policy, tokenizer, prompts, examples, cfg))
+    policy.train(was_training)
+    name = eval_set_name(cfg)
+    return {f"val/{name}/{k}": float(v) for k, v in results.items() if k not in ("n", "examples")}
 
 
 def _halt_on_skips(state: RLState, cfg: Config, run_dir: Path) -> None:

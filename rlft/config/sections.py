@@ -317,6 +317,12 @@ class EvalConfig:
     batch_size: int = 256
     before_rl: bool = True
     """Evaluate before RL as well as after."""
+    every: int = 0
+    """Validation during RL: evaluate on the held-out problems every N RL steps, logged in metrics.jsonl as val/<eval.name>/<metric> (exact_match, format_rate, response_length, pass@k, maj@k); 0: only before and after RL."""
+    name: str = ""
+    """Name of the held-out set in the val/ metrics; empty: from data.source (synthetic:max -> max, a file or directory -> its name without suffix)."""
+    vote_extractor: Literal["strict", "final", "flexible", "math"] = "final"
+    """How maj@k reads each sample's answer: strict (the number after the last ####), final (a response that ends with its only #### n), flexible (the last number), math (the last \\boxed{}, <answer> tag or "answer is")."""
 
     def __post_init__(self) -> None:
         from rlft.rewards import REWARDS
@@ -327,6 +333,7 @@ class EvalConfig:
             _check(getattr(self, key) in REWARDS, f"eval.{key}",
                    f"unknown {getattr(self, key)!r}; allowed: {', '.join(REWARDS.names())}")
         _check(self.batch_size >= 1, "eval.batch_size", "must be >= 1")
+        _check(self.every >= 0, "eval.every", "must be >= 0 (0: only before and after RL)")
 
     @property
     def num_samples(self) -> int:

@@ -1,0 +1,61 @@
+"""Held-out evaluation (rlft.eval) and validation during RL (eval.every -> val/<set>/<metric>)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from rlft import eval as ev
+from rlft.config import load_config
+from rlft.data.schema import Example
+from rlft.run import eval_set_name, train
+
+
+def quiet(*args, **kwargs) -> None:
+    pass
+
+
+def test_maj_and_pass_at_k_of_known_samples(monkeypatch):
+    """Two problems, 3 samples each: problem 0's majority (7, twice) is right, problem 1's (5, twice) wrong
+    while one sample is right. pass@1 = (2/3 + 1/3) / 2, pass@3 = 1, maj@3 = 1/2."""
+    greedy = ["#### 7", "#### 4"]
+    sampled = ["#### 7", "#### 3", "#### 7", "#### 5", "#### 9", "#### 5"]
+
+    def responses(model, tok, prompts, n, cfg, greedy_, lengths=None):
+        if lengths is not None:
+            lengths.extend([3, 5])
+        return greedy if greedy_ else sampled
+
+    monkeypatch.setattr(ev, "_responses", lambda m, t, p, n, c, greedy, lengths=None:
+                        responses(m, t, p, n, c, greedy, lengths))
+    cfg = load_config(None, ["eval.ks=[1,3]", "eval.correct_fn=final_answer", "eval.format_fn=format_final"])
+    examples = [Example(prompt="a", ground_truth="7"), Example(prompt="b", ground_truth="9")]
+    out = ev.evaluate(None, None, [[1], [2]], examples, cfg)
+    assert out["exact_match"] == 0.5 and out["format_rate"] == 1.0 and out["response_length"] == 4.0
+    assert out["pass@1"] == pytest.approx(0.5) and out["pass@3"] == 1.0
+    assert out["maj@3"] == 0.5
+
+
+@pytest.mark.parametrize("source, name", [("synthetic:max", "max"), ("/data/gsm8k/", "gsm8k"),
+                                          ("/data/math500.jsonl", "math500"), ("hf:openai/gsm8k", "openai/gsm8k")])
+def test_eval_set_name_from_the_source(source, name):
+    cfg = load_config(None, [])
+    cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, source=source))  # no file needed to name it
+    assert eval_set_name(cfg) == name
+    assert eval_set_name(dataclasses.replace(cfg, eval=dataclasses.replace(cfg.eval, name="mine"))) == "mine"
+
+
+def test_validation_every_n_steps_is_logged_as_val_metrics(tmp_path, tiny_overrides):
+    cfg = load_config(None, tiny_overrides(tmp_path, "log.name=v", "train.steps=4", "eval.every=2", "eval.ks=[1,2]"))
+    run_dir = train(cfg, echo=quiet).run_dir
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    keys = ["val/max/exact_match", "val/max/format_rate", "val/max/response_length", "val/max/pass@1",
+            "val/max/pass@2", "val/max/maj@2"]
+    for r in records:
+        assert all((k in r) == (r["step"] % 2 == 0) for k in keys), r["step"]
+    after = json.loads((run_dir / "eval.json").read_text())["after_rl"]
+    last = records[-1]
+    for metric in ("exact_match", "format_rate", "response_length"):  # greedy: the same policy, the same answers
+        assert last[f"val/max/{metric}"] == after[metric]
