@@ -38,10 +38,21 @@ class MetricsLog:
 
 
 def truncate_jsonl(path: Path, max_step: int) -> None:
-    """Drop lines logged after ``max_step`` (a resumed run re-logs the steps after its checkpoint)."""
+    """Drop lines logged after ``max_step`` (a resumed run re-logs the steps after its checkpoint), and a last line
+    cut short by a kill in the middle of its write."""
     if not path.exists():
         return
-    keep = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= max_step]
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    keep = []
+    for i, line in enumerate(lines, 1):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            if i == len(lines):
+                break  # the write the process was killed in
+            raise ValueError(f"{path}, line {i}: not JSON ({e.msg}); the metrics file is damaged") from None
+        if record["step"] <= max_step:
+            keep.append(line)
     tmp = path.with_suffix(".tmp")
     tmp.write_text("".join(line + "\n" for line in keep))
     tmp.replace(path)

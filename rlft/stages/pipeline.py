@@ -22,6 +22,7 @@ while the others wait for its result.
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from pathlib import Path
 
@@ -61,6 +62,8 @@ def run_pipeline(cfg: Config, echo=print) -> list[dict]:
         done = _finished(out)
         dist.barrier()  # every process has looked before the main one writes
         if done is None:
+            if stage_kind(name) != "rl" and dist.is_main:  # an unfinished stage other than RL starts afresh
+                shutil.rmtree(out, ignore_errors=True)
             seed_everything(cfg.train.seed)
             echo(f"rlft: stage {i} {name} in {out}")
             run = lambda: _run_stage(name, cfg, model_dir, out, echo, policy_metrics, scorers)  # noqa: E731
