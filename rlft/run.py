@@ -44,6 +44,7 @@ from rlft.data.templates import encode_prompts
 from rlft.dist import current, init_dist
 from rlft.errors import TrainingHalted
 from rlft.eval import evaluate
+from rlft.health import HealthMonitor
 from rlft.models.loading import check_model_path, load_policy, quiet_transformers, resolve_device
 from rlft.models.lora import AdaptersOff, add_lora, is_adapter_dir, is_peft, load_adapters, merged_copy, save_policy
 from rlft.models.tiny import build_tiny_model
@@ -293,6 +294,10 @@ def _run_rl(policy, tokenizer, train_ex, train_prompts, cfg: Config, run_dir: Pa
                 metrics = rl_step(state, cfg)
                 if cfg.eval.every and state.step % cfg.eval.every == 0:
                     metrics.update(validation(policy, tokenizer, *held_out, cfg))
+                values, warnings = state.health.update(state.step, metrics)
+                metrics.update(values)
+                for line in warnings:
+                    echo(f"rlft: health warning: {line}")
                 if log is not None:
                     log.log(state.step, metrics)
                 _halt_on_skips(state, cfg, run_dir)
@@ -313,6 +318,7 @@ def _run_rl(policy, tokenizer, train_ex, train_prompts, cfg: Config, run_dir: Pa
         bar.close()
         if log is not None:
             log.close()
+    _write_json(run_dir / "health.json", state.health.report())
     if dist.is_main and state.critic is not None:
         state.critic.save_pretrained(run_dir / "critic")
     if dist.is_main and state.rm_refresh is not None:
@@ -399,6 +405,7 @@ def _rl_state(policy, tokenizer, train_ex, train_prompts, cfg: Config) -> RLStat
     state = RLState(policy=policy, tokenizer=tokenizer, optimizer=optimizer, scheduler=scheduler,
                     sampler=PromptSampler(len(train_ex), cfg.train.seed), examples=train_ex, prompts=train_prompts)
     state.penalty_ctl = penalty_controller(state, cfg)  # PPO-penalty's adaptive beta, when the loss reads one
+    state.health = HealthMonitor(cfg.health)
     if cfg.rm.refresh_every:  # the reward model the run scores with, retrained on its rollouts
         state.rm_refresh = RMRefresh(cfg)
     if a.needs_ref:  # the frozen policy as it enters RL; under LoRA the base, i.e. the policy without its adapters
@@ -495,4 +502,8 @@ def summary(results: dict, seconds: float, run_dir: Path) -> str:
               f"time                  {seconds:.1f} s",
               f"run directory         {run_dir}",
               f"final policy          {run_dir / 'policy'}"]
+    health = json.loads((run_dir / "health.json").read_text()) if (run_dir / "health.json").is_file() else {}
+    lines.append(f"health warnings       {len(health) or 'none'}")
+    for name, h in health.items():
+        lines.append(f"  {name}: steps {h['first_step']}-{h['last_step']} ({h['steps']} steps): {h['advice']}")
     return "\n".join(lines)

@@ -21,7 +21,7 @@ from rlft.config.checks import ConfigError, _check
 from rlft.config.stages import DPOConfig, PRMConfig, RFTConfig, RMConfig, SFTConfig
 
 __all__ = ["AlgoConfig", "Config", "ConfigError", "CriticConfig", "DataConfig", "DPOConfig", "EvalConfig", "LogConfig",
-           "LoraConfig", "ModelConfig", "OptimConfig", "PRMConfig", "RewardConfig", "RewardTerm", "RFTConfig", "RMConfig",
+           "HealthConfig", "LoraConfig", "ModelConfig", "OptimConfig", "PRMConfig", "RewardConfig", "RewardTerm", "RFTConfig", "RMConfig",
            "RolloutConfig", "SFTConfig", "TrainConfig"]
 
 
@@ -341,6 +341,39 @@ class EvalConfig:
 
 
 @dataclass(frozen=True)
+class HealthConfig:
+    """Thresholds of the health warnings (rlft.health): each rule reads the mean of the last ``window`` RL steps."""
+
+    enabled: bool = True
+    """Evaluate the rules and log health/<rule> every RL step."""
+    window: int = 5
+    """RL steps averaged before a rule compares a metric with its threshold."""
+    kl_max: float = 1.0
+    """kl_blowup: KL to the reference per token (actor/kl_loss, or actor/reward_kl_penalty with the KL in the reward) above this."""
+    grad_norm_max: float = 100.0
+    """grad_norm_explosion: actor/grad_norm (before clipping) above this."""
+    entropy_min: float = 0.02
+    """entropy_collapse: actor/entropy (nats per token) below this."""
+    zero_std_max: float = 0.9
+    """no_learning_signal: frac_reward_zero_std (groups whose rewards are all equal) above this."""
+    length_drop: float = 0.25
+    """length_collapse: response_length/mean below this fraction of its first window's mean."""
+    clip_ratio_max: float = 0.5
+    """length_budget: response_length/clip_ratio (responses cut at rollout.max_new_tokens) above this."""
+    clipfrac_max: float = 0.3
+    """clip_fraction: actor/pg_clipfrac above this."""
+    val_drop: float = 0.05
+    """reward_hacking: the latest val/<set>/exact_match this far below the best one while the training reward rose (needs eval.every)."""
+
+    def __post_init__(self) -> None:
+        _check(self.window >= 1, "health.window", "must be >= 1")
+        for name in ("kl_max", "grad_norm_max", "entropy_min", "zero_std_max", "length_drop", "clip_ratio_max",
+                     "clipfrac_max", "val_drop"):
+            _check(math.isfinite(getattr(self, name)) and getattr(self, name) >= 0, f"health.{name}",
+                   "must be a finite number >= 0")
+
+
+@dataclass(frozen=True)
 class LogConfig:
     run_dir: str = "runs"
     """Parent directory of runs."""
@@ -376,6 +409,7 @@ class Config:
     prm: PRMConfig = field(default_factory=PRMConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    health: HealthConfig = field(default_factory=HealthConfig)
     log: LogConfig = field(default_factory=LogConfig)
 
     def __post_init__(self) -> None:

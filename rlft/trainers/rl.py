@@ -88,6 +88,7 @@ class RLState:
     hacking: HackingTracker = field(default_factory=HackingTracker)  # reward-up-rule-not running state
     rm_refresh: object | None = None  # rlft.trainers.rm_refresh.RMRefresh (rm.refresh_every > 0)
     dist: Dist = field(default_factory=Dist)  # this process's share of the work (rlft.dist)
+    health: object | None = None  # rlft.health.HealthMonitor (the run's health warnings)
     skipped_steps: int = 0  # RL steps whose every policy update was skipped (a non-finite gradient), in all
     consecutive_skips: int = 0  # ... and in a row, up to the last step
     step: int = 0
@@ -101,6 +102,7 @@ class RLState:
                "ptx": self.ptx.state_dict() if self.ptx is not None else None, "critic": None,
                "hacking": self.hacking.state_dict(),
                "skips": [self.skipped_steps, self.consecutive_skips],
+               "health": self.health.state_dict() if self.health is not None else None,
                "rm_refresh": self.rm_refresh.state_dict() if self.rm_refresh is not None else None}
         if self.critic is not None:
             out["critic"] = {"model": self.critic.state_dict(), "optimizer": self.critic_optimizer.state_dict(),
@@ -111,7 +113,7 @@ class RLState:
         self.step, self.baseline = saved["step"], saved.get("baseline")
         self.skipped_steps, self.consecutive_skips = saved.get("skips", [0, 0])
         self.sampler.load_state_dict(saved["sampler"])
-        for name in ("ref", "kl_ctl", "penalty_ctl", "ptx", "hacking", "rm_refresh"):  # built by run._rl_state
+        for name in ("ref", "kl_ctl", "penalty_ctl", "ptx", "hacking", "rm_refresh", "health"):  # run._rl_state
             obj = getattr(self, name)
             if obj is not None and saved.get(name) is not None:
                 obj.load_state_dict(saved[name])

@@ -1,0 +1,144 @@
+"""Health warnings: rules over an RL run's logged metrics, each with a threshold in ``health`` and advice.
+
+Every RL step the monitor looks at the mean of the last ``health.window`` steps
+of the metrics a rule reads and logs ``health/<rule>`` (1.0 while the rule
+fires, else 0.0). The first time a rule fires, the run prints one line: what it
+means and what to try (the usual advice of the RL-for-LLMs tutorials); the final
+summary and ``health.json`` list every rule that fired, with its first and last
+step. A rule whose metrics a run does not log (no KL term, no validation) never
+fires.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable
+
+from rlft.registry import Registry
+
+
+@dataclass(frozen=True)
+class Rule:
+    check: Callable[["HealthMonitor", object], bool]  # (monitor, health config) -> firing
+    advice: str
+
+
+RULES: Registry[Rule] = Registry("health rule")
+
+
+def _mean(monitor: "HealthMonitor", key: str) -> float | None:
+    vals = [m[key] for m in monitor.window if key in m and math.isfinite(m[key])]
+    return sum(vals) / len(vals) if vals else None
+
+
+def _over(key: str, limit: str) -> Callable[["HealthMonitor", object], bool]:
+    def check(monitor: "HealthMonitor", h) -> bool:
+        v = _mean(monitor, key)
+        return v is not None and v > getattr(h, limit)
+    return check
+
+
+def _kl(monitor: "HealthMonitor", h) -> bool:
+    v = _mean(monitor, "actor/kl_loss")  # KL to the reference in the loss (GRPO), per token
+    if v is None:
+        v = _mean(monitor, "actor/reward_kl_penalty")  # ... or in the reward (PPO)
+    return v is not None and v > h.kl_max
+
+
+def _entropy(monitor: "HealthMonitor", h) -> bool:
+    v = _mean(monitor, "actor/entropy")
+    return v is not None and v < h.entropy_min
+
+
+def _length_collapse(monitor: "HealthMonitor", h) -> bool:
+    v = _mean(monitor, "response_length/mean")
+    return v is not None and monitor.start_length is not None and v < h.length_drop * monitor.start_length
+
+
+def _nonfinite(monitor: "HealthMonitor", h) -> bool:
+    last = monitor.window[-1] if monitor.window else {}
+    return any(not math.isfinite(v) for v in last.values()) or last.get("actor/skipped_steps", 0.0) > 0
+
+
+def _hacking(monitor: "HealthMonitor", h) -> bool:
+    """The latest validation accuracy fell by more than ``val_drop`` below the best one while the training reward
+    (mean of the steps since) rose above what it was at the best validation."""
+    if len(monitor.validations) < 2:
+        return False
+    best = max(monitor.validations, key=lambda v: v[1])
+    step, acc, reward = monitor.validations[-1]
+    return step > best[0] and acc < best[1] - h.val_drop and reward > best[2]
+
+
+RULES.register("kl_blowup")(Rule(_kl, "the policy moves far from the reference (KL per token above health.kl_max): "
+                                      "raise the KL coefficient (algo.kl_coef) or lower optim.lr"))
+RULES.register("grad_norm_explosion")(Rule(_over("actor/grad_norm", "grad_norm_max"),
+                                           "gradient norms above health.grad_norm_max: lower optim.lr, keep "
+                                           "optim.grad_clip on, check the rewards for extreme values"))
+RULES.register("entropy_collapse")(Rule(_entropy, "token entropy below health.entropy_min: the policy has become "
+                                                  "nearly deterministic and stops exploring: raise "
+                                                  "rollout.temperature or algo.entropy_coef, lower optim.lr"))
+RULES.register("no_learning_signal")(Rule(_over("frac_reward_zero_std", "zero_std_max"),
+                                          "most groups have equal rewards, so their advantages are 0: the task is "
+                                          "too easy or too hard for the policy; use a larger algo.group_size, "
+                                          "dynamic sampling (algo.dynamic_sampling) or other prompts"))
+RULES.register("length_collapse")(Rule(_length_collapse, "responses shrank below health.length_drop of their "
+                                                         "first length: check the rewards for a length bias and "
+                                                         "lower optim.lr"))
+RULES.register("length_budget")(Rule(_over("response_length/clip_ratio", "clip_ratio_max"),
+                                     "most responses hit rollout.max_new_tokens: raise the budget, or use the "
+                                     "overlong filter / soft punishment (algo.overlong_filter)"))
+RULES.register("clip_fraction")(Rule(_over("actor/pg_clipfrac", "clipfrac_max"),
+                                     "a large share of tokens is clipped (actor/pg_clipfrac): the updates are too "
+                                     "large for the trust region; lower optim.lr or algo.epochs"))
+RULES.register("nonfinite")(Rule(_nonfinite, "a metric is NaN/inf or an update was skipped (health/skipped_steps): "
+                                             "lower optim.lr, check rewards and data for extreme values"))
+RULES.register("reward_hacking")(Rule(_hacking, "the training reward rises while held-out accuracy falls "
+                                                "(eval.every): the policy exploits the reward; check its samples, "
+                                                "tighten the reward, raise the KL coefficient"))
+
+
+class HealthMonitor:
+    """The rules' running state: the last steps' metrics, the first length, validations, what fired when."""
+
+    def __init__(self, h):
+        self.h = h  # the ``health`` config section
+        self.window: deque[dict[str, float]] = deque(maxlen=h.window)
+        self.start_length: float | None = None
+        self.validations: list[tuple[int, float, float]] = []  # (step, val exact match, reward mean since last)
+        self.fired: dict[str, list[int]] = {}  # rule -> [first step, last step, steps firing]
+
+    def update(self, step: int, metrics: dict[str, float]) -> tuple[dict[str, float], list[str]]:
+        """``health/<rule>`` values of this step, and a warning line for each rule that fires for the first time."""
+        self.window.append(dict(metrics))
+        if self.start_length is None and len(self.window) == self.window.maxlen:
+            self.start_length = _mean(self, "response_length/mean")
+        val = [v for k, v in metrics.items() if k.startswith("val/") and k.endswith("/exact_match")]
+        if val:
+            self.validations.append((step, val[0], _mean(self, "reward/mean") or 0.0))
+        values, new = {}, []
+        for name in RULES.names():
+            firing = self.h.enabled and RULES.get(name).check(self, self.h)
+            values[f"health/{name}"] = float(firing)
+            if firing:
+                if name not in self.fired:
+                    self.fired[name] = [step, step, 0]
+                    new.append(f"{name} at step {step}: {RULES.get(name).advice}")
+                self.fired[name][1:] = [step, self.fired[name][2] + 1]
+        return values, new
+
+    def report(self) -> dict[str, dict]:
+        """What fired: ``{rule: {first_step, last_step, steps, advice}}``."""
+        return {name: {"first_step": a, "last_step": b, "steps": n, "advice": RULES.get(name).advice}
+                for name, (a, b, n) in sorted(self.fired.items())}
+
+    def state_dict(self) -> dict:
+        return {"window": list(self.window), "start_length": self.start_length, "validations": self.validations,
+                "fired": self.fired}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.window = deque(state["window"], maxlen=self.h.window)
+        self.start_length, self.fired = state["start_length"], state["fired"]
+        self.validations = [tuple(v) for v in state["validations"]]
