@@ -100,6 +100,20 @@ def cmd_config(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_plot(ns: argparse.Namespace) -> int:
+    try:
+        from rlft.plot import plot_runs
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise ConfigError("rlft plot needs matplotlib: pip install 'rlft[plot]'") from None
+    from pathlib import Path
+
+    out = Path(ns.out) if ns.out else Path(ns.runs[0]) / "plots"
+    drawn = plot_runs([Path(r) for r in ns.runs], out)
+    print(f"rlft: {len(drawn) + 1} PNG files in {out}: overview.png, " + ", ".join(f"{n}.png" for n in drawn))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rlft", description="Reinforcement fine-tuning of language models.",
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
@@ -127,6 +141,11 @@ def build_parser() -> argparse.ArgumentParser:
                     "file; humaneval: HumanEval.jsonl; mbpp: mbpp.jsonl or sanitized-mbpp.json (or their directory)")
     pr.add_argument("--output", required=True, help="directory to write <split>.parquet into")
     pr.set_defaults(fn=cmd_prepare)
+    pl = sub.add_parser("plot", help="draw runs' curves (reward, validation, KL, entropy, length, gradient norm, "
+                                     "timing) into PNG files, several runs overlaid")
+    pl.add_argument("runs", nargs="+", help="run directories (runs/<name>), pipelines included")
+    pl.add_argument("--out", default="", help="directory for the PNG files (default: <first run>/plots)")
+    pl.set_defaults(fn=cmd_plot)
     c = sub.add_parser("config", help="list every configuration key with its default and meaning")
     c.set_defaults(fn=cmd_config)
     return p
