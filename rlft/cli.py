@@ -114,6 +114,13 @@ def cmd_plot(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sweep(ns: argparse.Namespace) -> int:
+    from rlft.sweep import run_sweep
+
+    summary = run_sweep(ns.args, ns.seeds, ns.name)
+    return 0 if all(p["status"] == "done" for p in summary["points"]) else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rlft", description="Reinforcement fine-tuning of language models.",
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
@@ -146,6 +153,11 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("runs", nargs="+", help="run directories (runs/<name>), pipelines included")
     pl.add_argument("--out", default="", help="directory for the PNG files (default: <first run>/plots)")
     pl.set_defaults(fn=cmd_plot)
+    sw = sub.add_parser("sweep", help="run a grid of configurations (key=v1,v2 ...) and seeds, then compare them")
+    sw.add_argument("args", nargs="*", help="[recipe.yaml] key=v1,v2 [other=a,b] [fixed=value ...]")
+    sw.add_argument("--seeds", type=int, nargs="+", default=[0], help="train.seed of each point (default: 0)")
+    sw.add_argument("--name", default="", help="the sweep's directory under log.run_dir (default: sweep-<time>)")
+    sw.set_defaults(fn=cmd_sweep)
     c = sub.add_parser("config", help="list every configuration key with its default and meaning")
     c.set_defaults(fn=cmd_config)
     return p
