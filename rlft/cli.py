@@ -114,6 +114,23 @@ def cmd_plot(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_chat(ns: argparse.Namespace) -> int:
+    from rlft.chat import ChatSession, chat_loop
+    from rlft.models.loading import load_policy, quiet_transformers
+
+    if ns.temperature <= 0 or not 0 < ns.top_p <= 1 or ns.top_k < 0 or ns.max_new_tokens < 1:
+        raise ConfigError("chat: --temperature must be > 0, --top-p in (0, 1], --top-k >= 0, --max-new-tokens >= 1")
+    quiet_transformers()
+    model, tok = load_policy(ns.model, load_config(None, [f"model.device={ns.device}"]).model)
+    session = ChatSession(model, tok, system=ns.system, max_new_tokens=ns.max_new_tokens,
+                          temperature=ns.temperature, top_p=ns.top_p, top_k=ns.top_k, greedy=ns.greedy)
+    interactive = sys.stdin.isatty()
+    if interactive:
+        print(f"rlft chat with {ns.model}: /reset, /system TEXT, /exit")
+    chat_loop(session, iter(sys.stdin), interactive=interactive)
+    return 0
+
+
 def cmd_sweep(ns: argparse.Namespace) -> int:
     from rlft.sweep import run_sweep
 
@@ -153,6 +170,16 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("runs", nargs="+", help="run directories (runs/<name>), pipelines included")
     pl.add_argument("--out", default="", help="directory for the PNG files (default: <first run>/plots)")
     pl.set_defaults(fn=cmd_plot)
+    ch = sub.add_parser("chat", help="talk to a policy: chat template, streamed replies, /reset, /system TEXT, /exit")
+    ch.add_argument("model", help="a model directory (runs/<name>/policy, LoRA adapters included)")
+    ch.add_argument("--system", default="", help="system prompt")
+    ch.add_argument("--max-new-tokens", type=int, default=256)
+    ch.add_argument("--temperature", type=float, default=0.7)
+    ch.add_argument("--top-p", type=float, default=1.0)
+    ch.add_argument("--top-k", type=int, default=0)
+    ch.add_argument("--greedy", action="store_true", help="greedy decoding instead of sampling")
+    ch.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    ch.set_defaults(fn=cmd_chat)
     sw = sub.add_parser("sweep", help="run a grid of configurations (key=v1,v2 ...) and seeds, then compare them")
     sw.add_argument("args", nargs="*", help="[recipe.yaml] key=v1,v2 [other=a,b] [fixed=value ...]")
     sw.add_argument("--seeds", type=int, nargs="+", default=[0], help="train.seed of each point (default: 0)")

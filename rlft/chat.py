@@ -1,0 +1,97 @@
+"""``rlft chat MODEL``: talk to a policy (a run's ``policy/``, LoRA adapters included, or any causal-LM directory).
+
+Each turn goes through the tokenizer's chat template with the conversation so
+far (plain ``User:``/``Assistant:`` lines when the tokenizer has none); the reply
+is streamed as it is generated. Commands: ``/reset`` forgets the conversation,
+``/system TEXT`` sets the system prompt (and resets), ``/exit`` (or end of input)
+quits.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+
+@dataclass
+class ChatSession:
+    model: object
+    tokenizer: object
+    system: str = ""
+    max_new_tokens: int = 256
+    temperature: float = 0.7
+    top_p: float = 1.0
+    top_k: int = 0
+    greedy: bool = False
+    history: list[dict] = field(default_factory=list)  # [{"role": "user"|"assistant", "content": ...}]
+
+    def prompt_ids(self, user: str) -> list[int]:
+        """The token ids the model continues for the next reply to ``user``."""
+        messages = ([{"role": "system", "content": self.system}] if self.system else []) + self.history + \
+            [{"role": "user", "content": user}]
+        tok = self.tokenizer
+        if getattr(tok, "chat_template", None):
+            text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        else:
+            text = "".join(f"{m['role'].capitalize()}: {m['content']}\n" for m in messages) + "Assistant:"
+        return tok(text, add_special_tokens=False)["input_ids"]
+
+    @torch.no_grad()
+    def send(self, user: str, on_text: Callable[[str], None] | None = None) -> str:
+        """The model's reply to ``user`` (streamed to ``on_text`` piece by piece); both join the history."""
+        from transformers import GenerationConfig, TextStreamer
+
+        from rlft.rollout.hf import eos_ids
+
+        ids = torch.tensor([self.prompt_ids(user)], device=next(self.model.parameters()).device)
+        sampling = {} if self.greedy else {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k}
+        cfg = GenerationConfig(max_new_tokens=self.max_new_tokens, do_sample=not self.greedy,
+                               eos_token_id=eos_ids(self.model, self.tokenizer),
+                               pad_token_id=self.tokenizer.pad_token_id, **sampling)
+        streamer = None
+        if on_text is not None:
+            streamer = TextStreamer(self.tokenizer, skip_prompt=True, skip_special_tokens=True)
+            streamer.on_finalized_text = lambda text, stream_end=False: on_text(text)
+        self.model.eval()
+        out = self.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=cfg,
+                                  streamer=streamer)
+        reply = self.tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True).strip()
+        self.history += [{"role": "user", "content": user}, {"role": "assistant", "content": reply}]
+        return reply
+
+    def reset(self) -> None:
+        self.history = []
+
+
+def chat_loop(session: ChatSession, lines, write: Callable[[str], None] = sys.stdout.write,
+              interactive: bool = False) -> int:
+    """Read turns from ``lines`` (an iterable of input lines) until ``/exit`` or its end; returns the turns taken."""
+    turns = 0
+    while True:
+        if interactive:
+            write("you> ")
+            sys.stdout.flush()
+        line = next(lines, None)
+        if line is None:
+            return turns
+        text = line.rstrip("\n").strip()
+        if not text:
+            continue
+        if text == "/exit":
+            return turns
+        if text == "/reset":
+            session.reset()
+            write("(conversation reset)\n")
+            continue
+        if text.startswith("/system"):
+            session.system = text[len("/system"):].strip()
+            session.reset()
+            write(f"(system prompt set{': ' + session.system if session.system else ' to none'}; conversation reset)\n")
+            continue
+        write("model> ")
+        session.send(text, on_text=lambda piece: (write(piece), sys.stdout.flush()))
+        write("\n")
+        turns += 1
