@@ -7,11 +7,21 @@ directory); they differ only in the advantage and the reward:
 - ``outcome``: ``algo.advantage=group_norm`` on ``final_answer`` (the #### line right or not);
 - ``process``: ``algo.advantage=process`` on ``chain_steps`` (every line checked, the #### line a step).
 
-Each run saves a checkpoint every ``--eval-every`` RL steps; every checkpoint is
-then evaluated greedily on the held-out problems (exact match of the #### line,
-the recipe's ``eval.correct_fn``), so the curves are held-out exact match per
-RL step. Writes ``results.json`` under ``--out`` and prints a Markdown table
-(each run, then the median over seeds per mode and step).
+Each run saves a checkpoint every ``--eval-every`` RL steps; every checkpoint and
+the final policy are then evaluated greedily on the held-out problems (exact
+match of the #### line, the recipe's ``eval.correct_fn``), so the curves are
+held-out exact match per RL step. All points of a curve, and all seeds, are
+evaluated on the same held-out problems: those of the SFT start's data split
+(``train.seed`` of the trailing overrides, default 0), whatever ``train.seed``
+the RL run used. (The RL run's own ``eval.json`` uses the split of its
+``train.seed``, a different problem set for seeds other than the SFT's.)
+
+Besides exact match, each point records ``ref_logp``: the mean log-probability
+per token of the held-out reference solutions under the policy (teacher
+forced, every response token and the eos), a low-noise companion of exact match.
+
+Writes ``results.json`` under ``--out`` and prints a Markdown table (each run,
+then the median over seeds per mode and step).
 
     python benchmarks/process_compare.py --seeds 0 --steps 100 --eval-every 25 --out runs/process_compare
     python benchmarks/process_compare.py --start runs/x/0-sft/policy --seeds 0 1 2
@@ -53,17 +63,41 @@ def sft_start(out: Path, overrides: list[str]) -> tuple[Path, float]:
     return policy, seconds
 
 
-def exact_match(policy_dir: Path, overrides: list[str]) -> float:
+def held_out(policy_dir: Path, overrides: list[str]) -> dict[str, float]:
+    """Greedy exact match and teacher-forced reference log-prob per token of the held-out problems of the
+    recipe's data split under ``overrides`` (the same problems for every run and step)."""
+    import torch
+
     from rlft.config import load_config
+    from rlft.data.templates import encode_prompts, encode_response
+    from rlft.models.forward import response_logprobs
     from rlft.models.loading import load_policy
+    from rlft.rollout.batch import left_pad, right_pad
+    from rlft.run import load_task, set_threads
     from rlft.stages.base import task_metrics
 
-    cfg = load_config(RECIPE, [*QUIET, *overrides, "stages=[]"])
+    # the outcome mode's algo and reward: evaluation reads neither, and a reward override (e.g. a control reward)
+    # that the recipe's process advantage would refuse still gives a valid configuration
+    cfg = load_config(RECIPE, [*QUIET, *MODES["outcome"], *overrides, "stages=[]"])
+    set_threads(cfg)
     policy, tok = load_policy(str(policy_dir), cfg.model)
-    return task_metrics(policy, tok, cfg)["exact_match"]
+    em = task_metrics(policy, tok, cfg)["exact_match"]
+    _, eval_ex = load_task(cfg)
+    prompts = encode_prompts(eval_ex, cfg.data.template, tok, cfg.data.max_prompt_tokens)
+    p_ids, p_mask = left_pad(prompts, tok.pad_token_id)
+    r_ids, r_mask = right_pad([encode_response(ex.response, tok) for ex in eval_ex], tok.pad_token_id)
+    policy.eval()
+    with torch.no_grad():
+        logp, _ = response_logprobs(policy, p_ids, p_mask, r_ids, r_mask)  # (N, T)
+    ref_logp = ((logp.cpu() * r_mask).sum() / r_mask.sum()).item()
+    return {"exact_match": em, "ref_logp": ref_logp}
 
 
-def rl_run(out: Path, start: Path, start_em: float, mode: str, seed: int, steps: int, every: int,
+def exact_match(policy_dir: Path, overrides: list[str]) -> float:
+    return held_out(policy_dir, overrides)["exact_match"]
+
+
+def rl_run(out: Path, start: Path, start_eval: dict[str, float], mode: str, seed: int, steps: int, every: int,
            overrides: list[str]) -> dict:
     name = f"{mode}_s{seed}"
     result = out / name / "result.json"
@@ -72,11 +106,14 @@ def rl_run(out: Path, start: Path, start_em: float, mode: str, seed: int, steps:
     seconds = rlft("stages=[]", f"model.path={start}", "sft.steps=0", "eval.before_rl=false", f"train.seed={seed}",
                    f"train.steps={steps}", f"train.save_every={every}", "train.keep_checkpoints=1000", *QUIET,
                    *MODES[mode], *overrides, f"log.run_dir={out}", f"log.name={name}")
-    curve = {0: start_em}  # the SFT policy both runs start from
+    evals = {0: start_eval}  # the SFT policy both runs start from
     for ckpt in sorted((out / name / "checkpoints").glob("step_*")):
-        curve[int(ckpt.name.split("_")[1])] = exact_match(ckpt / "policy", overrides)
-    curve[steps] = json.loads((out / name / "eval.json").read_text())["after_rl"]["exact_match"]
-    rec = {"mode": mode, "seed": seed, "rl_seconds": seconds, "exact_match_by_step": curve}
+        evals[int(ckpt.name.split("_")[1])] = held_out(ckpt / "policy", overrides)
+    # the final policy, on the same held-out problems as the checkpoints (not eval.json's: see the docstring)
+    evals[steps] = held_out(out / name / "policy", overrides)
+    rec = {"mode": mode, "seed": seed, "rl_seconds": seconds,
+           "exact_match_by_step": {k: v["exact_match"] for k, v in evals.items()},
+           "ref_logp_by_step": {k: v["ref_logp"] for k, v in evals.items()}}
     result.write_text(json.dumps(rec, indent=2))
     return rec
 
@@ -93,15 +130,17 @@ def main() -> None:
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     start, sft_seconds = (a.start, 0.0) if a.start else sft_start(a.out, a.overrides)
-    start_em = exact_match(start, a.overrides)
+    start_eval = held_out(start, a.overrides)
+    start_em = start_eval["exact_match"]
     runs = []
     for seed in a.seeds:
         for mode in a.modes:
-            rec = rl_run(a.out, start, start_em, mode, seed, a.steps, a.eval_every, a.overrides)
+            rec = rl_run(a.out, start, start_eval, mode, seed, a.steps, a.eval_every, a.overrides)
             runs.append(rec)
             print(f"{mode} seed {seed}: {rec['exact_match_by_step']} ({rec['rl_seconds']:.0f} s)", flush=True)
-    summary = {"start": str(start), "sft_seconds": sft_seconds, "start_exact_match": start_em, "runs": runs,
-               "medians": medians(runs), "overrides": a.overrides}
+    summary = {"start": str(start), "sft_seconds": sft_seconds, "start_exact_match": start_em,
+               "start_ref_logp": start_eval["ref_logp"], "runs": runs, "medians": medians(runs),
+               "medians_ref_logp": medians(runs, "ref_logp_by_step"), "overrides": a.overrides}
     (a.out / "results.json").write_text(json.dumps(summary, indent=2))
     steps = sorted({int(k) for r in runs for k in r["exact_match_by_step"]})
     print("| mode | seed | " + " | ".join(f"step {s}" for s in steps) + " | RL wall time |")
@@ -112,18 +151,22 @@ def main() -> None:
         print(f"| {r['mode']} | {r['seed']} | {cells} | {r['rl_seconds']:.0f} s |")
     for mode, med in medians(runs).items():  # per step, over the seeds that reached it
         print(f"| {mode} | median | " + " | ".join(f"{med[s]:.3f}" if s in med else "-" for s in steps) + " | |")
+    for mode, med in medians(runs, "ref_logp_by_step").items():  # teacher-forced, per held-out reference token
+        print(f"| {mode} | median ref_logp | " + " | ".join(f"{med[s]:.4f}" if s in med else "-" for s in steps)
+              + " | |")
 
 
-def medians(runs: list[dict]) -> dict[str, dict[int, float]]:
-    """Median held-out exact match per mode and RL step over the runs (seeds) that evaluated that step."""
+def medians(runs: list[dict], key: str = "exact_match_by_step") -> dict[str, dict[int, float]]:
+    """Median held-out exact match (or another per-step curve, ``key``) per mode and RL step over the runs
+    (seeds) that evaluated that step."""
     import statistics
 
     out: dict[str, dict[int, float]] = {}
     for mode in dict.fromkeys(r["mode"] for r in runs):
         by_step: dict[int, list[float]] = {}
         for r in runs:
-            if r["mode"] == mode:
-                for k, v in r["exact_match_by_step"].items():
+            if r["mode"] == mode and key in r:
+                for k, v in r[key].items():
                     by_step.setdefault(int(k), []).append(v)
         out[mode] = {s: statistics.median(v) for s, v in sorted(by_step.items())}
     return out

@@ -80,7 +80,8 @@ def load_task(cfg: Config) -> tuple[list[Example], list[Example]]:
     d = cfg.data
     if d.source.startswith("synthetic:"):
         return synthetic_task(d.source.split(":", 1)[1], n_train=d.synth_train_size, n_eval=d.num_eval or 500,
-                              max_operand=d.synth_max_operand, ops=d.synth_ops, seed=cfg.train.seed)
+                              max_operand=d.synth_max_operand, ops=d.synth_ops,
+                              seed=cfg.train.seed if d.synth_seed < 0 else d.synth_seed)
     keys = {"prompt_key": d.prompt_key, "answer_key": d.answer_key or None, "response_key": d.response_key or None}
     train = load_examples(d.source, d.train_split, **keys)
     held_out = load_examples(d.source, d.eval_split, **keys)

@@ -105,6 +105,8 @@ class DataConfig:
     """Synthetic task: operands are drawn from 0..N."""
     synth_ops: str = "+-"
     """Synthetic task: operators to draw from."""
+    synth_seed: int = -1
+    """Synthetic task: seed of the problems and of the train/held-out split (-1: train.seed). Fix it to compare RL seeds on one split (e.g. RL runs started from one SFT policy)."""
     ptx_source: str = ""
     """PPO-ptx pretraining text: a .jsonl/.json/.parquet file or directory (train split), one text per row; or 'task':
     the run's training rows (prompt + reference response) rendered and loss-masked as the SFT stage does
@@ -127,6 +129,7 @@ class DataConfig:
         _check(self.num_train >= 0, "data.num_train", "must be >= 0")
         _check(self.num_eval >= 0, "data.num_eval", "must be >= 0")
         _check(self.synth_train_size >= 1, "data.synth_train_size", "must be >= 1")
+        _check(self.synth_seed >= -1, "data.synth_seed", "must be >= 0, or -1 (train.seed)")
         _check(self.ptx_max_tokens >= 2, "data.ptx_max_tokens", "must be >= 2")
         _check(self.synth_max_operand >= 1, "data.synth_max_operand", "must be >= 1")
         _check(bool(self.synth_ops) and set(self.synth_ops) <= set("+-*"), "data.synth_ops",
