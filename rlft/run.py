@@ -52,7 +52,7 @@ from rlft.rewards import REWARDS
 from rlft.rewards.pool import RewardPool
 from rlft.tracking import MetricsLog, truncate_jsonl
 from rlft.trainers.optim import make_optimizer, make_scheduler
-from rlft.trainers.rl import PromptSampler, RLState, penalty_controller, rl_step
+from rlft.trainers.rl import PromptSampler, RLState, penalty_controller, rl_step, sample_records
 from rlft.trainers.rm_refresh import RUN_RM, RMRefresh, own_reward_model
 from rlft.trainers.sft import train_sft
 
@@ -125,6 +125,11 @@ def base_model_dir(cfg: Config, run_dir: Path) -> str:
             build_tiny_model(str(path), hidden_size=m.tiny_hidden_size, layers=m.tiny_layers, heads=m.tiny_heads,
                              seed=cfg.train.seed)
     return str(path)
+
+
+def append_jsonl(path: Path, records: list[dict]) -> None:
+    with path.open("a", encoding="utf-8") as f:
+        f.writelines(json.dumps(r) + "\n" for r in records)
 
 
 def _silent(*args, **kwargs) -> None:
@@ -295,6 +300,8 @@ def _run_rl(policy, tokenizer, train_ex, train_prompts, cfg: Config, run_dir: Pa
                 metrics = rl_step(state, cfg)
                 if cfg.eval.every and state.step % cfg.eval.every == 0:
                     metrics.update(validation(policy, tokenizer, *held_out, cfg))
+                if dist.is_main and cfg.log.samples_every and state.step % cfg.log.samples_every == 0:
+                    append_jsonl(run_dir / "samples.jsonl", sample_records(state, state.step, cfg.log.samples_groups))
                 values, warnings = state.health.update(state.step, metrics)
                 metrics.update(values)
                 for line in warnings:
@@ -475,6 +482,7 @@ def _restore(state: RLState, ckpt: Path, run_dir: Path, echo) -> None:
         raise ConfigError(f"train.resume: {e}; resume with the run's own data settings") from None
     if dist.is_main:
         truncate_jsonl(run_dir / "metrics.jsonl", state.step)
+        truncate_jsonl(run_dir / "samples.jsonl", state.step)
     echo(f"rlft: resumed from {ckpt} at step {state.step}")
 
 

@@ -59,3 +59,25 @@ def test_validation_every_n_steps_is_logged_as_val_metrics(tmp_path, tiny_overri
     last = records[-1]
     for metric in ("exact_match", "format_rate", "response_length"):  # greedy: the same policy, the same answers
         assert last[f"val/max/{metric}"] == after[metric]
+
+
+def test_sample_log_every_n_steps(tmp_path, tiny_overrides):
+    """samples.jsonl: every log.samples_every steps, log.samples_groups whole groups with their rewards and
+    advantages, as the step trained on them."""
+    cfg = load_config(None, tiny_overrides(tmp_path, "log.name=s", "train.steps=4", "log.samples_every=2",
+                                           "log.samples_groups=1", "eval.before_rl=false"))
+    run_dir = train(cfg, echo=quiet).run_dir
+    records = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
+    G = cfg.algo.group_size
+    assert [r["step"] for r in records] == [2] * G + [4] * G
+    for r in records:
+        assert r["group"] == 0 and "=?" in r["prompt"] and isinstance(r["completion"], str)
+        assert set(r["rewards"]) == {"final_answer", "format_final"}
+        total = 1.0 * r["rewards"]["final_answer"] + 0.1 * r["rewards"]["format_final"]
+        assert r["reward"] == pytest.approx(total)
+        assert 1 <= r["length"] <= cfg.rollout.max_new_tokens and isinstance(r["correct"], bool)
+    step2 = records[:G]
+    rewards = [r["reward"] for r in step2]
+    if len(set(rewards)) > 1:  # group-normalised: the best sample gets the largest advantage
+        best = max(range(G), key=lambda i: rewards[i])
+        assert step2[best]["advantage"] == max(r["advantage"] for r in step2)

@@ -386,6 +386,14 @@ class LogConfig:
     """Write TensorBoard events when tensorboard is installed."""
     progress: bool = True
     """Show a progress bar."""
+    samples_every: int = 10
+    """Every N RL steps, append log.samples_groups groups of the step's batch to samples.jsonl (prompt, completion, each reward, advantage, length, the rule's verdict); 0: no sample log."""
+    samples_groups: int = 2
+    """Groups (each G completions of one prompt) logged each time."""
+
+    def __post_init__(self) -> None:
+        _check(self.samples_every >= 0, "log.samples_every", "must be >= 0 (0: no sample log)")
+        _check(self.samples_groups >= 1, "log.samples_groups", "must be >= 1")
 
     @property
     def path(self) -> Path:

@@ -89,6 +89,8 @@ class RLState:
     rm_refresh: object | None = None  # rlft.trainers.rm_refresh.RMRefresh (rm.refresh_every > 0)
     dist: Dist = field(default_factory=Dist)  # this process's share of the work (rlft.dist)
     health: object | None = None  # rlft.health.HealthMonitor (the run's health warnings)
+    reward_parts: dict[str, list] = field(default_factory=dict)  # each reward's value per row of the last batch
+    last_batch: Batch | None = None  # the last step's batch, as it was trained on (for the sample log)
     skipped_steps: int = 0  # RL steps whose every policy update was skipped (a non-finite gradient), in all
     consecutive_skips: int = 0  # ... and in a row, up to the last step
     step: int = 0
@@ -143,6 +145,7 @@ def rl_step(state: RLState, cfg: Config, *, train_policy: bool = True) -> dict[s
         fill_logprobs(state, batch, cfg)
     with _timed(t, "advantage"):
         metrics.update(compute_advantages(state, batch, cfg))
+    state.last_batch = batch
     with _timed(t, "update"):
         metrics.update(update(state, batch, cfg, train_policy=train_policy))
         if state.penalty_ctl is not None and train_policy:  # PPO §4: d = KL(pi_old || pi) after the update
@@ -162,6 +165,29 @@ def rl_step(state: RLState, cfg: Config, *, train_policy: bool = True) -> dict[s
                 metrics.update(state.rm_refresh.refresh(cfg, seed=cfg.train.seed + state.step))
             metrics.update(t)
     return metrics
+
+
+def sample_records(state: RLState, step: int, n_groups: int) -> list[dict]:
+    """The first ``n_groups`` groups of the last batch, one record per sample: prompt, completion, each reward,
+    the total, the mean advantage over its response tokens, its length, the rule's verdict."""
+    batch = state.last_batch
+    if batch is None:
+        return []
+    G, tok = batch.group_size, state.tokenizer
+    rows = range(min(len(batch), n_groups * G))
+    lengths = batch.response_lengths
+    out = []
+    for i in rows:
+        prompt = tok.decode(batch.prompt_ids[i][batch.prompt_mask[i].bool()], skip_special_tokens=True)
+        n = max(int(lengths[i]), 1)
+        adv = float(batch.adv[i, :n].mean()) if batch.adv is not None else None
+        score = float(batch.scores[i])
+        out.append({"step": step, "group": i // G, "prompt": prompt, "completion": batch.texts[i],
+                    "reward": score if math.isfinite(score) else None,
+                    "rewards": {k: v[i] for k, v in state.reward_parts.items()},
+                    "advantage": adv, "length": int(lengths[i]),
+                    "correct": bool(batch.correct[i]) if batch.correct is not None else None})
+    return out
 
 
 def count_skips(state: RLState, metrics: dict[str, float]) -> dict[str, float]:
@@ -218,6 +244,7 @@ def collect(state: RLState, cfg: Config, t: dict[str, float]) -> tuple[Batch, di
     a, P, G = cfg.algo, cfg.train.prompts_per_step, cfg.algo.group_size
     drawn: list[tuple[Batch, ScoreResult]] = []
     kept: list[Batch] = []
+    kept_parts: list[dict[str, list]] = []  # each reward's values for the kept rows, in order
     n_kept = 0
     for _ in range(1 + (a.max_sample_rounds if a.dynamic_sampling else 0)):
         idx = state.sampler.take(P)  # the same P prompts in every process
@@ -234,6 +261,7 @@ def collect(state: RLState, cfg: Config, t: dict[str, float]) -> tuple[Batch, di
         if len(groups):
             rows = (groups[:, None] * G + torch.arange(G)).flatten()  # whole groups, contiguous
             kept.append(batch.index(rows))
+            kept_parts.append({k: [v[i] for i in rows.tolist()] for k, v in scored.per_fn.items()})
             n_kept += len(groups)
         if n_kept >= P:
             break
@@ -245,6 +273,8 @@ def collect(state: RLState, cfg: Config, t: dict[str, float]) -> tuple[Batch, di
                         "dynamic_sampling/groups_drawn": float(len(drawn) * P),
                         "dynamic_sampling/groups_kept": float(n_kept)})
     batch = cat_batches(kept) if kept else drawn[-1][0]
+    state.reward_parts = ({k: [v for p in kept_parts for v in p[k]] for k in kept_parts[0]} if kept
+                          else drawn[-1][1].per_fn)
     return batch, metrics
 
 
