@@ -131,6 +131,17 @@ def cmd_chat(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(ns: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from rlft.report import build_report
+
+    if not Path(ns.run).is_dir():
+        raise FileNotFoundError(f"{ns.run}: no such run directory")
+    print(f"rlft: {build_report(Path(ns.run))}")
+    return 0
+
+
 def cmd_sweep(ns: argparse.Namespace) -> int:
     from rlft.sweep import run_sweep
 
@@ -180,6 +191,10 @@ def build_parser() -> argparse.ArgumentParser:
     ch.add_argument("--greedy", action="store_true", help="greedy decoding instead of sampling")
     ch.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     ch.set_defaults(fn=cmd_chat)
+    rp = sub.add_parser("report", help="(re)build runs/<name>/report.html: a self-contained page with the "
+                                       "configuration, curves, evaluations, health warnings and samples")
+    rp.add_argument("run", help="a run directory (runs/<name>), finished or running")
+    rp.set_defaults(fn=cmd_report)
     sw = sub.add_parser("sweep", help="run a grid of configurations (key=v1,v2 ...) and seeds, then compare them")
     sw.add_argument("args", nargs="*", help="[recipe.yaml] key=v1,v2 [other=a,b] [fixed=value ...]")
     sw.add_argument("--seeds", type=int, nargs="+", default=[0], help="train.seed of each point (default: 0)")

@@ -45,6 +45,7 @@ from rlft.dist import current, init_dist
 from rlft.errors import TrainingHalted
 from rlft.eval import evaluate
 from rlft.health import HealthMonitor
+from rlft.report import build_report
 from rlft.models.loading import check_model_path, load_policy, quiet_transformers, resolve_device
 from rlft.models.lora import AdaptersOff, add_lora, is_adapter_dir, is_peft, load_adapters, merged_copy, save_policy
 from rlft.models.tiny import build_tiny_model
@@ -198,6 +199,7 @@ def train(cfg: Config, *, echo=print) -> RunResult:
         _write_json(run_dir / "eval.json", results)
     if dist.is_main:
         save_policy(policy, tokenizer, run_dir / "policy", cfg.lora.save)
+        build_report(run_dir)
     dist.barrier()  # the run's files are complete when any process returns
     seconds = time.perf_counter() - t0
     echo(summary(results, seconds, run_dir))

@@ -81,6 +81,10 @@ def run_pipeline(cfg: Config, echo=print) -> list[dict]:
         entries.append(done)
         if dist.is_main:
             write_json(run_dir / SUMMARY, {"stages": entries})
+    if dist.is_main:
+        from rlft.report import build_report
+
+        build_report(run_dir)
     echo(summary_table(entries, time.perf_counter() - t0, run_dir))
     return entries
 

@@ -1,0 +1,149 @@
+"""``runs/<name>/report.html``: one self-contained page about a run (no network request, no script).
+
+It holds the run's configuration, its curves (inline SVG, one chart per
+quantity of ``rlft.plot.PANELS``), the evaluation table (before / after RL, and
+a pipeline's stages), the health warnings that fired, and the sample log as a
+table. ``rlft train`` writes it at the end of a run; ``rlft report runs/<name>``
+rebuilds it for an old or a running run. Each chart's ``<svg>`` carries
+``data-panel`` and each line ``data-label`` and ``data-points`` (the number of
+steps drawn), so a browser test can check what was drawn.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+
+from rlft.plot import PANELS, metrics_files, read_metrics, series
+
+W, H, PAD = 560, 240, 44  # chart size and margin, in px
+COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f")
+STYLE = """
+body{font-family:system-ui,sans-serif;margin:24px;color:#222;max-width:1240px}
+h1{font-size:22px}h2{font-size:17px;margin-top:28px;border-bottom:1px solid #ddd}
+.charts{display:flex;flex-wrap:wrap;gap:12px}.chart{border:1px solid #eee}
+table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ddd;padding:3px 6px;vertical-align:top}
+th{background:#f5f5f5}pre{background:#f8f8f8;padding:8px;font-size:12px;overflow:auto;max-height:360px}
+.warn{color:#a40000}.ok{color:#176e17}td.text{white-space:pre-wrap;font-family:monospace;max-width:420px}
+"""
+
+
+def _chart(name: str, label: str, lines: dict[str, tuple[list[int], list[float]]]) -> str:
+    """An inline SVG line chart of ``lines`` ({label: (steps, values)}) with its axes' ranges written on it."""
+    pts = [(s, v) for steps, values in lines.values() for s, v in zip(steps, values) if v == v and abs(v) != float("inf")]
+    if not pts:
+        return ""
+    x0, x1 = min(p[0] for p in pts), max(p[0] for p in pts)
+    y0, y1 = min(p[1] for p in pts), max(p[1] for p in pts)
+    x1, y1 = (x1 if x1 > x0 else x0 + 1), (y1 if y1 > y0 else y0 + 1e-9 + abs(y0) * 1e-3)
+
+    def xy(s, v):
+        return PAD + (s - x0) / (x1 - x0) * (W - 2 * PAD), H - PAD + (v - y0) / (y1 - y0) * (2 * PAD - H)
+
+    parts = [f'<svg class="chart" data-panel="{name}" width="{W}" height="{H}" viewBox="0 0 {W} {H}" '
+             f'role="img">',
+             f'<text x="{W / 2}" y="16" text-anchor="middle" font-size="13">{html.escape(name)}: '
+             f'{html.escape(label)}</text>',
+             f'<line x1="{PAD}" y1="{H - PAD}" x2="{W - PAD}" y2="{H - PAD}" stroke="#999"/>',
+             f'<line x1="{PAD}" y1="{PAD}" x2="{PAD}" y2="{H - PAD}" stroke="#999"/>',
+             f'<text x="{PAD}" y="{H - PAD + 14}" font-size="10">{x0}</text>',
+             f'<text x="{W - PAD}" y="{H - PAD + 14}" font-size="10" text-anchor="end">step {x1}</text>',
+             f'<text x="{PAD - 4}" y="{H - PAD}" font-size="10" text-anchor="end">{y0:.3g}</text>',
+             f'<text x="{PAD - 4}" y="{PAD + 4}" font-size="10" text-anchor="end">{y1:.3g}</text>']
+    for i, (label_, (steps, values)) in enumerate(lines.items()):
+        good = [(s, v) for s, v in zip(steps, values) if v == v and abs(v) != float("inf")]
+        coords = " ".join(f"{x:.1f},{y:.1f}" for x, y in (xy(s, v) for s, v in good))
+        colour = COLOURS[i % len(COLOURS)]
+        parts.append(f'<polyline fill="none" stroke="{colour}" stroke-width="1.3" points="{coords}" '
+                     f'data-label="{html.escape(label_)}" data-points="{len(good)}"/>')
+        parts.append(f'<text x="{W - PAD}" y="{PAD + 12 * i}" font-size="10" text-anchor="end" '
+                     f'fill="{colour}">{html.escape(label_)}</text>')
+    return "\n".join(parts) + "</svg>"
+
+
+def _table(rows: list[list[str]], head: list[str], table_id: str = "") -> str:
+    ident = f' id="{table_id}"' if table_id else ""
+    out = [f"<table{ident}><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr>"]
+    for r in rows:
+        out.append("<tr>" + "".join(r) + "</tr>")
+    return "\n".join(out) + "</table>"
+
+
+def _cell(value, cls: str = "") -> str:
+    text = f"{value:.4g}" if isinstance(value, float) else ("-" if value is None else str(value))
+    return f'<td class="{cls}">{html.escape(text)}</td>' if cls else f"<td>{html.escape(text)}</td>"
+
+
+def _evaluations(run: Path) -> str:
+    if (run / "summary.json").is_file():  # a pipeline: one row per stage
+        stages = json.loads((run / "summary.json").read_text())["stages"]
+        rows = [[_cell(f"{i}-{e['stage']}"), _cell(e["metrics"].get("exact_match")),
+                 _cell(e["metrics"].get("rm/accuracy")), _cell(e["summary"])] for i, e in enumerate(stages)]
+        return _table(rows, ["stage", "exact_match", "rm/accuracy", "summary"], "evaluation")
+    if not (run / "eval.json").is_file():
+        return "<p>No evaluation yet.</p>"
+    ev = json.loads((run / "eval.json").read_text())
+    keys = sorted({k for part in ev.values() for k, v in part.items() if isinstance(v, (int, float))})
+    rows = [[_cell(k)] + [_cell(ev.get(when, {}).get(k)) for when in ("before_rl", "after_rl")] for k in keys]
+    return _table(rows, ["metric", "before RL", "after RL"], "evaluation")
+
+
+def _health(run: Path) -> str:
+    found = {}
+    for path in [run / "health.json", *sorted(run.glob("*-*/health.json"))]:
+        if path.is_file():
+            found.update(json.loads(path.read_text()))
+    if not found:
+        return '<p class="ok" id="health">No health warning fired.</p>'
+    rows = [[_cell(name, "warn"), _cell(f"{h['first_step']}-{h['last_step']}"), _cell(h["steps"]),
+             _cell(h["advice"])] for name, h in found.items()]
+    return _table(rows, ["rule", "steps", "steps firing", "advice"], "health")
+
+
+def _samples(run: Path, limit: int) -> str:
+    records = []
+    for path in [run / "samples.jsonl", *sorted(run.glob("*-*/samples.jsonl"))]:
+        if path.is_file():
+            records += read_metrics(path)
+    records = records[-limit:]
+    if not records:
+        return '<p id="samples-none">No samples logged (log.samples_every).</p>'
+    rows = [[_cell(r["step"]), _cell(r["group"]), _cell(r["prompt"], "text"), _cell(r["completion"], "text"),
+             _cell(r.get("reward")), _cell(", ".join(f"{k} {v}" for k, v in r.get("rewards", {}).items())),
+             _cell(r.get("advantage")), _cell(r.get("correct"))] for r in records]
+    return _table(rows, ["step", "group", "prompt", "completion", "reward", "rewards", "advantage", "correct"],
+                  "samples")
+
+
+def build_report(run: Path, samples: int = 200) -> Path:
+    """Write ``run/report.html`` from what the run directory holds now; returns its path."""
+    run = Path(run)
+    try:
+        loaded = [(label, read_metrics(path)) for label, path in metrics_files(run)]
+    except FileNotFoundError:  # no RL step logged yet
+        loaded = []
+    charts = []
+    for panel in PANELS:
+        lines = {}
+        for label, records in loaded:
+            found = series(records, panel)
+            for metric, data in found.items():
+                lines[metric if len(found) > 1 else label] = data
+        if lines:
+            charts.append(_chart(panel.name, panel.label, lines))
+    config = (run / "config.yaml").read_text() if (run / "config.yaml").is_file() else "(no config.yaml)"
+    body = [f"<h1>rlft run {html.escape(run.name)}</h1>",
+            "<h2>Evaluation</h2>", _evaluations(run),
+            "<h2>Health</h2>", _health(run),
+            "<h2>Curves</h2>", '<div class="charts">' + "\n".join(c for c in charts if c) + "</div>"
+            if charts else "<p>No RL steps logged yet.</p>",
+            f"<h2>Samples (the last {samples} logged)</h2>", _samples(run, samples),
+            "<h2>Configuration</h2>", f"<pre id=\"config\">{html.escape(config)}</pre>"]
+    page = ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<title>rlft {html.escape(run.name)}</title><style>{STYLE}</style></head><body>\n"
+            + "\n".join(body) + "\n</body></html>\n")
+    tmp = run / "report.html.tmp"
+    tmp.write_text(page, encoding="utf-8")
+    tmp.replace(run / "report.html")
+    return run / "report.html"
