@@ -144,14 +144,30 @@ class RolloutConfig:
     top_p: float = 1.0
     top_k: int = 0
     """0 disables top-k."""
-    sampler: Literal["rlft", "generate"] = "rlft"
-    """rlft: rlft.rollout.decode (each prompt prefilled once per group, finished rows dropped; the same sampling distribution); generate: transformers' model.generate (also the fallback for a model the rlft sampler cannot drive)."""
+    sampler: Literal["rlft", "generate", "vllm"] = "rlft"
+    """rlft: rlft.rollout.decode (each prompt prefilled once per group, finished rows dropped; the same sampling distribution); generate: transformers' model.generate (also the fallback for a model the rlft sampler cannot drive); vllm (experimental, the vllm extra, one process): a vLLM engine beside the policy, its weights pushed whenever the policy's change (rlft.rollout.vllm_engine)."""
+    vllm_gpu_memory_utilization: float = 0.3
+    """rollout.sampler=vllm: the share of the GPU's memory vLLM may take (weights and KV cache); the rest is the trainer's."""
+    vllm_max_model_len: int = 0
+    """rollout.sampler=vllm: the longest prompt + response vLLM reserves cache for; 0: the model's own limit."""
+    vllm_enforce_eager: bool = False
+    """rollout.sampler=vllm: no CUDA graphs (starts faster, decodes slower)."""
 
     def __post_init__(self) -> None:
         _check(self.max_new_tokens >= 1, "rollout.max_new_tokens", "must be >= 1")
         _check(self.temperature > 0, "rollout.temperature", "must be > 0")
         _check(0 < self.top_p <= 1, "rollout.top_p", "must be in (0, 1]")
         _check(self.top_k >= 0, "rollout.top_k", "must be >= 0")
+        _check(0 < self.vllm_gpu_memory_utilization <= 1, "rollout.vllm_gpu_memory_utilization", "must be in (0, 1]")
+        _check(self.vllm_max_model_len >= 0, "rollout.vllm_max_model_len", "must be >= 0 (0: the model's limit)")
+
+    @property
+    def sampler_options(self) -> dict:
+        """The backend's own settings (only vllm has any)."""
+        if self.sampler != "vllm":
+            return {}
+        return {"gpu_memory_utilization": self.vllm_gpu_memory_utilization, "max_model_len": self.vllm_max_model_len,
+                "enforce_eager": self.vllm_enforce_eager}
 
 
 

@@ -16,14 +16,16 @@ from rlft.rollout.batch import Batch, left_pad
 from rlft.rollout.decode import Sampled, sample, supports_fast_sampling
 
 # rollout.sampler -> fn(model, prompts, *, group_size, max_new_tokens, stops, pad_id, temperature, top_p, top_k,
-# greedy) -> Sampled: the rollout backends
+# greedy) -> Sampled: the rollout backends; a backend with settings of its own (RolloutConfig.sampler_options) also
+# takes them as ``options``
 SAMPLERS: Registry = Registry("rollout.sampler")
 
 
 def sampling_args(rollout, *, temperature: float | None = None) -> dict:
     """The ``generate`` keywords of a ``rollout`` config section (``temperature`` overrides its own)."""
     return {"max_new_tokens": rollout.max_new_tokens, "top_p": rollout.top_p, "top_k": rollout.top_k,
-            "temperature": rollout.temperature if temperature is None else temperature, "sampler": rollout.sampler}
+            "temperature": rollout.temperature if temperature is None else temperature, "sampler": rollout.sampler,
+            "sampler_options": rollout.sampler_options}
 
 
 def eos_ids(model, tokenizer) -> list[int]:
@@ -41,14 +43,16 @@ def eos_ids(model, tokenizer) -> list[int]:
 @torch.no_grad()
 def generate(model, tokenizer, prompts: list[list[int]], *, group_size: int, max_new_tokens: int,
              temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, greedy: bool = False,
-             sampler: str = "rlft") -> Batch:
+             sampler: str = "rlft", sampler_options: dict | None = None) -> Batch:
     """Sample ``group_size`` responses per prompt; rows ``[i*G, (i+1)*G)`` belong to prompt ``i``."""
     stops = eos_ids(model, tokenizer)
+    extra = {"options": sampler_options} if sampler_options else {}
     was_training = model.training
     model.eval()
     try:
         s = SAMPLERS.get(sampler)(model, prompts, group_size=group_size, max_new_tokens=max_new_tokens, stops=stops,
-                pad_id=tokenizer.pad_token_id, temperature=temperature, top_p=top_p, top_k=top_k, greedy=greedy)
+                                  pad_id=tokenizer.pad_token_id, temperature=temperature, top_p=top_p, top_k=top_k,
+                                  greedy=greedy, **extra)
     finally:
         model.train(was_training)
     ends = torch.zeros_like(s.response_mask, dtype=torch.bool)  # the stop token of each finished row
@@ -90,3 +94,11 @@ def _hf_generate(model, prompts: list[list[int]], *, group_size: int, max_new_to
     after_eos = (is_eos.long().cumsum(1) - is_eos.long()) > 0  # strictly after the first eos
     return Sampled(prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=response_ids.masked_fill(after_eos, pad_id),
                    response_mask=(~after_eos).long(), truncated=~is_eos.any(1))
+
+
+@SAMPLERS.register("vllm")
+def _vllm_sampler(model, prompts: list[list[int]], **kwargs) -> Sampled:
+    """A vLLM engine beside the policy (experimental; ``rlft.rollout.vllm_engine``)."""
+    from rlft.rollout.vllm_engine import sample_vllm
+
+    return sample_vllm(model, prompts, **kwargs)

@@ -1,0 +1,247 @@
+"""rollout.sampler=vllm (experimental): rlft's side of the vLLM backend, checked against a stand-in for vLLM's offline
+API that samples with a transformers copy of the model (settings mapped onto SamplingParams, outputs turned into rows,
+weights pushed under transformers' names whenever the policy changed, LoRA merged without touching the policy, one
+process only); the real engine is checked on a GPU with vLLM installed."""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from rlft.config import ConfigError, load_config
+from rlft.models.loading import load_model
+from rlft.rollout import vllm_engine
+from rlft.rollout.decode import sample
+from rlft.trainers.optim import make_optimizer
+from rlft.rollout.vllm_engine import hf_weights, push_weights, sample_vllm, to_sampled, weights_version
+
+
+class FakeSamplingParams:
+    def __init__(self, **kwargs):
+        self.__dict__.update(kwargs)
+
+
+class FakeLLM:
+    """vLLM's ``LLM`` as rlft uses it: built from a model directory, ``apply_model`` on the engine's model (whose
+    ``load_weights`` takes checkpoint names), ``reset_prefix_cache``, ``generate`` from token-id prompts."""
+
+    instances: list["FakeLLM"] = []
+
+    def __init__(self, **kwargs):
+        self.kwargs = kwargs
+        self.model = load_model(kwargs["model"], dtype=kwargs["dtype"]).eval()
+        self.loaded: list[list[str]] = []
+        self.resets = 0
+        self.calls: list[FakeSamplingParams] = []
+        FakeLLM.instances.append(self)
+
+    def load_weights(self, weights) -> None:
+        names = []
+        own = self.model.state_dict()
+        with torch.no_grad():
+            for name, t in weights:
+                own[name].copy_(t)  # a name the checkpoint does not have is a KeyError
+                names.append(name)
+        self.loaded.append(names)
+
+    def apply_model(self, func):
+        return [func(self)]
+
+    def reset_prefix_cache(self) -> None:
+        self.resets += 1
+
+    def generate(self, prompts, params, use_tqdm=True):
+        self.calls.append(params)
+        torch.manual_seed(params.seed)
+        s = sample(self.model, [p["prompt_token_ids"] for p in prompts], group_size=params.n,
+                   max_new_tokens=params.max_tokens, stops=params.stop_token_ids, pad_id=0,
+                   temperature=params.temperature or 1.0, greedy=params.temperature == 0)
+        outs = []
+        for i in range(len(prompts)):
+            comps = []
+            for j in reversed(range(params.n)):  # vLLM's completions carry an index; rlft must not rely on order
+                row = i * params.n + j
+                ids = s.response_ids[row][s.response_mask[row].bool()].tolist()
+                stopped = not bool(s.truncated[row])
+                comps.append(SimpleNamespace(index=j, token_ids=ids, finish_reason="stop" if stopped else "length",
+                                             stop_reason=ids[-1] if stopped else None))
+            outs.append(SimpleNamespace(outputs=comps))
+        return outs
+
+
+@pytest.fixture
+def fake_vllm(monkeypatch):
+    module = types.ModuleType("vllm")
+    module.LLM, module.SamplingParams = FakeLLM, FakeSamplingParams
+    monkeypatch.setitem(sys.modules, "vllm", module)
+    monkeypatch.setattr(vllm_engine, "_ENGINES", vllm_engine.weakref.WeakKeyDictionary())
+    FakeLLM.instances.clear()
+    return module
+
+
+def completion(index, ids, reason, stop=None):
+    return SimpleNamespace(index=index, token_ids=ids, finish_reason=reason, stop_reason=stop)
+
+
+def test_outputs_become_rows_grouped_by_prompt_with_the_stop_token_kept():
+    outputs = [SimpleNamespace(outputs=[completion(1, [7, 8, 2], "stop", 2), completion(0, [5, 6, 6, 6], "length")]),
+               SimpleNamespace(outputs=[completion(0, [9], "stop", 3), completion(1, [], "stop", 2)])]
+    s = to_sampled(outputs, [[11, 12], [13]], group_size=2, max_new_tokens=4, stops=[2, 3], pad_id=0)
+    assert s.prompt_ids.tolist() == [[11, 12], [11, 12], [0, 13], [0, 13]]
+    assert s.prompt_mask.tolist() == [[1, 1], [1, 1], [0, 1], [0, 1]]
+    # completion index orders each group; a stop token vLLM left out of token_ids comes back from stop_reason
+    assert s.response_ids.tolist() == [[5, 6, 6, 6], [7, 8, 2, 0], [9, 3, 0, 0], [2, 0, 0, 0]]
+    assert s.response_mask.tolist() == [[1, 1, 1, 1], [1, 1, 1, 0], [1, 1, 0, 0], [1, 0, 0, 0]]
+    assert s.truncated.tolist() == [True, False, False, False]
+    assert s.logprobs is None  # the trainer recomputes them
+
+
+def test_a_missing_completion_is_an_error_not_a_short_batch():
+    outputs = [SimpleNamespace(outputs=[completion(0, [5], "length")])]
+    with pytest.raises(RuntimeError, match="1 completions for a prompt, expected 2"):
+        to_sampled(outputs, [[1]], group_size=2, max_new_tokens=1, stops=[2], pad_id=0)
+
+
+def test_settings_map_onto_sampling_params(fake_vllm, tiny_model_dir):
+    model = load_model(str(tiny_model_dir))
+    sample_vllm(model, [[5, 6]], group_size=3, max_new_tokens=5, stops=[2], pad_id=0, temperature=0.7, top_p=0.9,
+                top_k=0, options={"gpu_memory_utilization": 0.25, "max_model_len": 64})
+    sample_vllm(model, [[5, 6]], group_size=1, max_new_tokens=5, stops=[2], pad_id=0, top_k=4, greedy=True)
+    llm = FakeLLM.instances[0]
+    assert len(FakeLLM.instances) == 1  # one engine per policy
+    assert llm.kwargs["model"] == str(tiny_model_dir) and llm.kwargs["dtype"] == "float32"
+    assert llm.kwargs["skip_tokenizer_init"] and llm.kwargs["gpu_memory_utilization"] == 0.25
+    assert llm.kwargs["max_model_len"] == 64
+    sampled, greedy = llm.calls
+    assert (sampled.n, sampled.temperature, sampled.top_p, sampled.top_k, sampled.max_tokens) == (3, 0.7, 0.9, -1, 5)
+    assert sampled.stop_token_ids == [2] and sampled.ignore_eos and not sampled.detokenize
+    assert (greedy.n, greedy.temperature, greedy.top_p, greedy.top_k) == (1, 0.0, 1.0, -1)
+
+
+def test_the_request_seed_follows_torch_s_generator(fake_vllm, tiny_model_dir):
+    model = load_model(str(tiny_model_dir))
+    seeds = []
+    for _ in range(2):
+        torch.manual_seed(123)
+        sample_vllm(model, [[5, 6]], group_size=2, max_new_tokens=3, stops=[2], pad_id=0)
+        seeds.append(FakeLLM.instances[0].calls[-1].seed)
+    assert seeds[0] == seeds[1]
+
+
+def test_weights_are_pushed_once_per_change_under_checkpoint_names(fake_vllm, tiny_model_dir):
+    model = load_model(str(tiny_model_dir))
+    opt = make_optimizer(model.parameters(), lr=1e-2)  # fused AdamW: it leaves tensor version counters alone
+    args = dict(group_size=2, max_new_tokens=3, stops=[2], pad_id=0)
+    sample_vllm(model, [[5, 6]], **args)
+    llm = FakeLLM.instances[0]
+    assert len(llm.loaded) == 1 and set(llm.loaded[0]) == set(model.state_dict())
+    sample_vllm(model, [[5, 6]], **args)
+    assert len(llm.loaded) == 1  # nothing changed: no push
+    before = weights_version(model)
+    model(input_ids=torch.tensor([[5, 6, 7]])).logits.sum().backward()
+    opt.step()
+    assert weights_version(model) != before
+    sample_vllm(model, [[5, 6]], **args)
+    assert len(llm.loaded) == 2 and llm.resets == 2
+    for name, t in model.state_dict().items():  # the engine holds the updated weights
+        torch.testing.assert_close(llm.model.state_dict()[name], t, rtol=0, atol=0)
+    model.load_state_dict({k: v.clone() for k, v in model.state_dict().items()})  # in-place copy: a change too
+    assert push_weights(vllm_engine._ENGINES[model], model)
+
+
+def test_greedy_rollouts_follow_the_pushed_weights(fake_vllm, tiny_model_dir):
+    """After an update the engine's greedy responses are the policy's own greedy responses."""
+    model = load_model(str(tiny_model_dir)).eval()
+    prompts = [[5, 6, 7], [8, 9]]
+    args = dict(group_size=1, max_new_tokens=6, stops=[2], pad_id=0, greedy=True)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(1)) * 0.05)
+    got = sample_vllm(model, prompts, **args)
+    want = sample(model, prompts, **args)
+    assert torch.equal(got.response_ids, want.response_ids) and torch.equal(got.truncated, want.truncated)
+
+
+def test_lora_weights_are_merged_without_touching_the_policy(tiny_model_dir):
+    pytest.importorskip("peft", reason="LoRA needs the lora extra")
+    from rlft.models.lora import add_lora
+
+    lora = load_config(None, ["lora.rank=4", "lora.alpha=8"]).lora
+    model = add_lora(load_model(str(tiny_model_dir)), lora)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_" in name:
+                p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(0)) * 0.3)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    got = dict(hf_weights(model))
+    merged = add_lora(load_model(str(tiny_model_dir)), lora)
+    merged.load_state_dict(state)
+    want = merged.merge_and_unload().state_dict()
+    assert set(got) == set(want)
+    changed = 0
+    for name, t in want.items():
+        torch.testing.assert_close(got[name], t, rtol=1e-6, atol=1e-6)
+        changed += not torch.equal(t, load_model(str(tiny_model_dir)).state_dict()[name]) if "proj" in name else 0
+    assert changed > 0  # the adapters moved the projections
+    for k, v in model.state_dict().items():  # the policy still holds its unmerged weights and adapters
+        assert torch.equal(v, state[k])
+
+
+def test_an_rl_run_trains_with_the_vllm_sampler(fake_vllm, tiny_overrides, digit_reward, tmp_path):
+    from rlft.run import train
+
+    res = train(load_config(None, tiny_overrides(tmp_path, "train.steps=3", "rollout.sampler=vllm",
+                                                 "eval.before_rl=false", *digit_reward)), echo=lambda *a, **k: None)
+    rows = [json.loads(line) for line in (res.run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "reward/mean" in r]
+    assert [r["step"] for r in steps] == [1, 2, 3] and all(r["frac_reward_zero_std"] < 1 for r in steps)
+    (llm,) = FakeLLM.instances
+    # the start before the first rollout, then the policy after each of the 3 updates (rollouts 2 and 3 and the
+    # final evaluation); the evaluation's several calls push nothing more
+    assert len(llm.loaded) == 4 and len(llm.calls) > 4
+
+
+def test_several_processes_are_refused(fake_vllm, tiny_model_dir, monkeypatch):
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda *a: 2)
+    with pytest.raises(RuntimeError, match="runs in one process"):
+        sample_vllm(load_model(str(tiny_model_dir)), [[5]], group_size=1, max_new_tokens=2, stops=[2], pad_id=0)
+
+
+def test_without_vllm_the_error_names_the_extra(tiny_model_dir, monkeypatch):
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    monkeypatch.setattr(vllm_engine, "_ENGINES", vllm_engine.weakref.WeakKeyDictionary())
+    with pytest.raises(ImportError, match=r"rlft\[vllm\]"):
+        sample_vllm(load_model(str(tiny_model_dir)), [[5]], group_size=1, max_new_tokens=2, stops=[2], pad_id=0)
+
+
+def test_config_checks_the_vllm_settings():
+    cfg = load_config(None, ["rollout.sampler=vllm", "rollout.vllm_gpu_memory_utilization=0.5"])
+    assert cfg.rollout.sampler_options["gpu_memory_utilization"] == 0.5
+    assert load_config(None, []).rollout.sampler_options == {}
+    with pytest.raises(ConfigError, match="rollout.vllm_gpu_memory_utilization"):
+        load_config(None, ["rollout.vllm_gpu_memory_utilization=1.5"])
+
+
+@pytest.mark.gpu
+def test_real_vllm_engine_follows_the_policy(tiny_model_dir):
+    """On a GPU with vLLM installed: the engine's greedy responses equal the policy's after a weight change."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    pytest.importorskip("vllm", reason="needs the vllm extra")
+    model = load_model(str(tiny_model_dir), device="cuda").eval()
+    prompts = [[5, 6, 7], [8, 9]]
+    args = dict(group_size=1, max_new_tokens=6, stops=[2], pad_id=0, greedy=True,
+                options={"gpu_memory_utilization": 0.2, "enforce_eager": True})
+    for seed in (1, 2):
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(seed)).to(p.device) * 0.05)
+        got = sample_vllm(model, prompts, **args)
+        want = sample(model, prompts, **{k: v for k, v in args.items() if k != "options"})
+        assert torch.equal(got.response_ids, want.response_ids.cpu())
