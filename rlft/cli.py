@@ -50,8 +50,7 @@ def cmd_train(ns: argparse.Namespace) -> int:
 
 
 def cmd_eval(ns: argparse.Namespace) -> int:
-    from rlft.data.templates import encode_prompts
-    from rlft.eval import evaluate
+    from rlft.eval import evaluate_sets, load_sets, primary_set
     from rlft.models.loading import load_policy, quiet_transformers
     from rlft.run import load_task, seed_everything
 
@@ -61,21 +60,20 @@ def cmd_eval(ns: argparse.Namespace) -> int:
     seed_everything(cfg.train.seed)  # pass@k samples are reproducible, as in `rlft train`
     model, tok = load_policy(ns.model, cfg.model)
     _, held_out = load_task(cfg)
-    prompts = encode_prompts(held_out, cfg.data.template, tok, cfg.data.max_prompt_tokens, "eval data")
-    print(json.dumps(evaluate(model, tok, prompts, held_out, cfg), indent=2))
+    sets = [h.encode(tok, cfg) for h in (primary_set(cfg, held_out), *load_sets(cfg))]
+    print(json.dumps(evaluate_sets(model, tok, sets, cfg), indent=2))  # eval.sets' results under "sets"
     return 0
 
 
 def cmd_stage(ns: argparse.Namespace) -> int:
     """``rlft sft`` / ``rlft rm`` / ``rlft prm`` / ``rlft dpo`` / ``rlft rft``: one stage on ``model.path`` (or the embedded tiny model), in its own run directory."""
-    from rlft.models.loading import check_model_path, quiet_transformers
-    from rlft.run import base_model_dir, prepare_run_dir, seed_everything, set_threads
+    from rlft.models.loading import quiet_transformers
+    from rlft.run import base_model_dir, preflight, prepare_run_dir, seed_everything, set_threads
     from rlft.stages import STAGES
 
     recipe, overrides = _split_recipe(ns.args)
     cfg = load_config(recipe, overrides)
-    if cfg.model.path:  # before the run directory is made
-        check_model_path(cfg.model.path, "model.path")
+    preflight(cfg, [ns.command])  # the model path, the task's and the stage's data, before the run directory is made
     cfg = prepare_run_dir(cfg)
     quiet_transformers()
     set_threads(cfg)

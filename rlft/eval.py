@@ -1,13 +1,23 @@
 """Held-out evaluation: greedy exact match, format rate, response length, and unbiased pass@k and maj@k from
-samples."""
+samples, on the primary held-out set (``data``) and the extra sets of ``eval.sets``, each judged by its own rules.
+
+A run evaluates a list of :class:`HeldOut` sets, the primary one first: ``evaluate_sets`` returns the primary
+set's metrics at the top level (the keys every tool reads) and the others' under ``"sets": {name: metrics}``;
+``val_metrics`` flattens them into ``val/<name>/<metric>``.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Sequence
 
-from rlft.config import Config
+from rlft.config import Config, ConfigError
+from rlft.config.sections import EvalSet, source_name
 from rlft.core.passk import maj_at_k, mean_pass_at_k
-from rlft.data.schema import Example
+from rlft.data.loaders import load_examples
+from rlft.data.schema import DataError, Example
+from rlft.data.synthetic import synthetic_task
+from rlft.data.templates import encode_prompts
 from rlft.rewards import score_batch
 from rlft.rewards.group import EXTRACTORS, answer_key
 from rlft.rollout.hf import generate, sampling_args
@@ -33,30 +43,127 @@ def _hits(texts: list[str], samples: list[dict], fn: str, timeout_s: float) -> l
     return [s is not None and s >= 1.0 for s in scores]
 
 
-def evaluate(model, tokenizer, prompts: list[list[int]], examples: Sequence[Example], cfg: Config) -> dict:
+def evaluate(model, tokenizer, prompts: list[list[int]], examples: Sequence[Example], cfg: Config,
+             rules=None) -> dict:
     """Metrics over the held-out problems: ``n``, ``exact_match``, ``format_rate`` and ``response_length`` (mean
     tokens) of the greedy responses; with samples, ``pass@k`` for each k and ``maj@K`` for the largest (the
-    answer most of the K samples give, by ``eval.vote_extractor``, judged by ``eval.correct_fn``)."""
+    answer most of the K samples give, by ``vote_extractor``, judged by ``correct_fn``). ``rules`` (a
+    :class:`HeldOut`, default the ``eval`` section) names ``correct_fn``, ``format_fn`` and ``vote_extractor``."""
+    rules = rules or cfg.eval
     samples = [ex.to_mapping() for ex in examples]
     timeout = cfg.reward.timeout_s
     lengths: list[int] = []
     greedy = _responses(model, tokenizer, prompts, 1, cfg, greedy=True, lengths=lengths)
-    correct = _hits(greedy, samples, cfg.eval.correct_fn, timeout)
-    formatted = _hits(greedy, samples, cfg.eval.format_fn, timeout)
+    correct = _hits(greedy, samples, rules.correct_fn, timeout)
+    formatted = _hits(greedy, samples, rules.format_fn, timeout)
     n = len(examples)
     out = {"n": n, "exact_match": sum(correct) / n, "format_rate": sum(formatted) / n,
            "response_length": sum(lengths) / n}
     k_max = cfg.eval.num_samples
     if k_max:
         sampled = _responses(model, tokenizer, prompts, k_max, cfg, greedy=False)
-        hits = _hits(sampled, [s for s in samples for _ in range(k_max)], cfg.eval.correct_fn, timeout)
+        hits = _hits(sampled, [s for s in samples for _ in range(k_max)], rules.correct_fn, timeout)
         counts = [(k_max, sum(hits[i * k_max:(i + 1) * k_max])) for i in range(n)]
         for k in sorted(set(cfg.eval.ks)):
             out[f"pass@{k}"] = mean_pass_at_k(counts, k)
-        extract = EXTRACTORS[cfg.eval.vote_extractor]
+        extract = EXTRACTORS[rules.vote_extractor]
         keys = [answer_key(extract(t)) for t in sampled]
         out[f"maj@{k_max}"] = sum(maj_at_k(keys[i * k_max:(i + 1) * k_max], hits[i * k_max:(i + 1) * k_max])
                                   for i in range(n)) / n
     out["examples"] = [{"prompt_index": i, "response": greedy[i], "ground_truth": examples[i].ground_truth,
                         "correct": correct[i]} for i in range(min(n, 5))]
     return out
+
+
+# --------------------------------------------------------------------------- several held-out sets
+
+
+@dataclass
+class HeldOut:
+    """One held-out set ready to evaluate: its name in metrics, its problems, the rules judging them, and their
+    prompt ids (``encode``)."""
+
+    name: str
+    examples: list[Example]
+    template: str
+    correct_fn: str
+    format_fn: str
+    vote_extractor: str
+    prompts: list[list[int]] = field(default_factory=list)
+
+    def encode(self, tokenizer, cfg: Config) -> "HeldOut":
+        """Tokenise the prompts (a prompt over data.max_prompt_tokens is an error naming the set and row)."""
+        where = "eval data" if self.name == primary_name(cfg) else f"eval set {self.name!r}"
+        self.prompts = encode_prompts(self.examples, self.template, tokenizer, cfg.data.max_prompt_tokens, where)
+        return self
+
+
+def primary_name(cfg: Config) -> str:
+    """The primary held-out set's name: ``eval.name``, else read from ``data.source`` (``synthetic:max`` -> ``max``,
+    a path -> its last part without suffix)."""
+    return cfg.eval.name or source_name(cfg.data.source)
+
+
+def primary_set(cfg: Config, examples: list[Example]) -> HeldOut:
+    """The held-out split of ``data.source``, judged by the ``eval`` section's rules."""
+    e = cfg.eval
+    return HeldOut(primary_name(cfg), list(examples), cfg.data.template, e.correct_fn, e.format_fn, e.vote_extractor)
+
+
+def load_sets(cfg: Config) -> list[HeldOut]:
+    """The sets of ``eval.sets``, read whole: a missing file, a malformed row or a name taken by the primary set
+    fails here (before a run writes anything), naming ``eval.sets[i]``."""
+    cfg.eval.check_set_names(primary_name(cfg))
+    e, out = cfg.eval, []
+    for i, s in enumerate(e.sets):
+        try:
+            examples = _set_examples(s, cfg)
+        except (DataError, FileNotFoundError) as err:
+            raise type(err)(f"eval.sets[{i}] ({s.key}): {err}") from None
+        except ValueError as err:  # e.g. a synthetic task with too few distinct problems
+            raise ConfigError(f"eval.sets[{i}].source: {err}") from None
+        out.append(HeldOut(s.key, examples, s.template or cfg.data.template, s.correct_fn or e.correct_fn,
+                           s.format_fn or e.format_fn, s.vote_extractor or e.vote_extractor))
+    return out
+
+
+def _set_examples(s: EvalSet, cfg: Config) -> list[Example]:
+    d = cfg.data
+    if s.source.startswith("synthetic:"):  # the held-out part, past data.synth_train_size training problems
+        _, held_out = synthetic_task(s.source.split(":", 1)[1], n_train=d.synth_train_size,
+                                     n_eval=s.limit or d.num_eval or 500, max_operand=d.synth_max_operand,
+                                     ops=d.synth_ops, seed=cfg.train.seed if d.synth_seed < 0 else d.synth_seed)
+        return held_out
+    rows = load_examples(s.source, s.split, prompt_key=s.prompt_key, answer_key=s.answer_key or None)
+    return rows[: s.limit or None]
+
+
+def evaluate_sets(model, tokenizer, sets: Sequence[HeldOut], cfg: Config) -> dict:
+    """``evaluate`` on every set: the first (primary) set's metrics at the top level, the others' under
+    ``"sets": {name: metrics}`` (absent without extra sets)."""
+    first, *rest = sets
+    out = evaluate(model, tokenizer, first.prompts, first.examples, cfg, first)
+    if rest:
+        out["sets"] = {h.name: evaluate(model, tokenizer, h.prompts, h.examples, cfg, h) for h in rest}
+    return out
+
+
+def val_metrics(results: dict, name: str) -> dict[str, float]:
+    """``evaluate_sets``' results as ``val/<set>/<metric>`` (``name``: the primary set's)."""
+    parts = {name: results, **results.get("sets", {})}
+    return {f"val/{n}/{k}": float(v) for n, r in parts.items() for k, v in r.items()
+            if k not in ("n", "examples", "sets")}
+
+
+def without_examples(results: dict) -> dict:
+    """``evaluate_sets``' results without the example responses (a stage's summary metrics)."""
+    out = {k: v for k, v in results.items() if k not in ("examples", "sets")}
+    if "sets" in results:
+        out["sets"] = {n: {k: v for k, v in r.items() if k != "examples"} for n, r in results["sets"].items()}
+    return out
+
+
+def evaluate_task(model, tokenizer, cfg: Config, held_out: list[Example]) -> dict:
+    """The primary set ``held_out`` and ``eval.sets``, loaded and encoded here, evaluated (examples dropped)."""
+    sets = [primary_set(cfg, held_out), *load_sets(cfg)]
+    return without_examples(evaluate_sets(model, tokenizer, [h.encode(tokenizer, cfg) for h in sets], cfg))

@@ -63,13 +63,17 @@ def _nonfinite(monitor: "HealthMonitor", h) -> bool:
 
 
 def _hacking(monitor: "HealthMonitor", h) -> bool:
-    """The latest validation accuracy fell by more than ``val_drop`` below the best one while the training reward
-    (mean of the steps since) rose above what it was at the best validation."""
-    if len(monitor.validations) < 2:
+    """On any held-out set, the latest validation accuracy fell by more than ``val_drop`` below that set's best one
+    while the training reward (mean of the steps since) rose above what it was at the best validation."""
+    return any(_fell_while_reward_rose(points, h.val_drop) for points in monitor.validations.values())
+
+
+def _fell_while_reward_rose(points: list[tuple[int, float, float]], val_drop: float) -> bool:
+    if len(points) < 2:
         return False
-    best = max(monitor.validations, key=lambda v: v[1])
-    step, acc, reward = monitor.validations[-1]
-    return step > best[0] and acc < best[1] - h.val_drop and reward > best[2]
+    best = max(points, key=lambda v: v[1])
+    step, acc, reward = points[-1]
+    return step > best[0] and acc < best[1] - val_drop and reward > best[2]
 
 
 RULES.register("kl_blowup")(Rule(_kl, "the policy moves far from the reference (KL per token above health.kl_max): "
@@ -96,8 +100,9 @@ RULES.register("clip_fraction")(Rule(_over("actor/pg_clipfrac", "clipfrac_max"),
 RULES.register("nonfinite")(Rule(_nonfinite, "a metric is NaN/inf or an update was skipped (health/skipped_steps): "
                                              "lower optim.lr, check rewards and data for extreme values"))
 RULES.register("reward_hacking")(Rule(_hacking, "the training reward rises while held-out accuracy falls "
-                                                "(eval.every): the policy exploits the reward; check its samples, "
-                                                "tighten the reward, raise the KL coefficient"))
+                                                "(eval.every, on any of the held-out sets): the policy exploits the "
+                                                "reward; check its samples, tighten the reward, raise the KL "
+                                                "coefficient"))
 
 
 class HealthMonitor:
@@ -107,7 +112,8 @@ class HealthMonitor:
         self.h = h  # the ``health`` config section
         self.window: deque[dict[str, float]] = deque(maxlen=h.window)
         self.start_length: float | None = None
-        self.validations: list[tuple[int, float, float]] = []  # (step, val exact match, reward mean since last)
+        # held-out set -> [(step, its val exact match, reward mean of the window then)]
+        self.validations: dict[str, list[tuple[int, float, float]]] = {}
         self.fired: dict[str, list[int]] = {}  # rule -> [first step, last step, steps firing]
 
     def update(self, step: int, metrics: dict[str, float]) -> tuple[dict[str, float], list[str]]:
@@ -115,9 +121,10 @@ class HealthMonitor:
         self.window.append(dict(metrics))
         if self.start_length is None and len(self.window) == self.window.maxlen:
             self.start_length = _mean(self, "response_length/mean")
-        val = [v for k, v in metrics.items() if k.startswith("val/") and k.endswith("/exact_match")]
-        if val:
-            self.validations.append((step, val[0], _mean(self, "reward/mean") or 0.0))
+        for key, v in metrics.items():  # val/<set>/exact_match of every held-out set
+            if key.startswith("val/") and key.endswith("/exact_match"):
+                name = key[len("val/"):-len("/exact_match")]
+                self.validations.setdefault(name, []).append((step, v, _mean(self, "reward/mean") or 0.0))
         values, new = {}, []
         for name in RULES.names():
             firing = self.h.enabled and RULES.get(name).check(self, self.h)
@@ -141,4 +148,7 @@ class HealthMonitor:
     def load_state_dict(self, state: dict) -> None:
         self.window = deque(state["window"], maxlen=self.h.window)
         self.start_length, self.fired = state["start_length"], state["fired"]
-        self.validations = [tuple(v) for v in state["validations"]]
+        saved = state["validations"]
+        if isinstance(saved, list):  # a checkpoint from before several held-out sets: one unnamed set
+            saved = {"": saved}
+        self.validations = {name: [tuple(v) for v in points] for name, points in saved.items()}

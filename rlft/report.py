@@ -76,17 +76,28 @@ def _cell(value, cls: str = "") -> str:
 
 
 def _evaluations(run: Path) -> str:
-    if (run / "summary.json").is_file():  # a pipeline: one row per stage
+    if (run / "summary.json").is_file():  # a pipeline: one row per stage, a column per extra held-out set
         stages = json.loads((run / "summary.json").read_text())["stages"]
+        names = list(dict.fromkeys(n for e in stages for n in e["metrics"].get("sets", {})))
         rows = [[_cell(f"{i}-{e['stage']}"), _cell(e["metrics"].get("exact_match")),
+                 *[_cell(e["metrics"].get("sets", {}).get(n, {}).get("exact_match")) for n in names],
                  _cell(e["metrics"].get("rm/accuracy")), _cell(e["summary"])] for i, e in enumerate(stages)]
-        return _table(rows, ["stage", "exact_match", "rm/accuracy", "summary"], "evaluation")
+        head = ["stage", "exact_match", *[f"{n}/exact_match" for n in names], "rm/accuracy", "summary"]
+        return _table(rows, head, "evaluation")
     if not (run / "eval.json").is_file():
         return "<p>No evaluation yet.</p>"
-    ev = json.loads((run / "eval.json").read_text())
-    keys = sorted({k for part in ev.values() for k, v in part.items() if isinstance(v, (int, float))})
+    ev = {when: _flat(part) for when, part in json.loads((run / "eval.json").read_text()).items()}
+    keys = list(dict.fromkeys(k for part in ev.values() for k in part))
     rows = [[_cell(k)] + [_cell(ev.get(when, {}).get(k)) for when in ("before_rl", "after_rl")] for k in keys]
     return _table(rows, ["metric", "before RL", "after RL"], "evaluation")
+
+
+def _flat(part: dict) -> dict:
+    """One evaluation's numbers: the primary set's by metric (sorted), then each extra set's as <set>/<metric>."""
+    out = {k: v for k, v in sorted(part.items()) if isinstance(v, (int, float))}
+    for name, metrics in part.get("sets", {}).items():
+        out.update({f"{name}/{k}": v for k, v in sorted(metrics.items()) if isinstance(v, (int, float))})
+    return out
 
 
 def _health(run: Path) -> str:

@@ -27,6 +27,7 @@ import shutil
 import signal
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,9 +42,10 @@ from rlft.data.loaders import load_examples
 from rlft.data.schema import Example
 from rlft.data.synthetic import synthetic_task
 from rlft.data.templates import encode_prompts
+from rlft.disk import check_disk
 from rlft.dist import current, init_dist
-from rlft.errors import TrainingHalted
-from rlft.eval import evaluate
+from rlft.errors import TrainingHalted, WriteFailed, writing
+from rlft.eval import HeldOut, evaluate_sets, load_sets, primary_name, primary_set, val_metrics
 from rlft.health import HealthMonitor
 from rlft.report import build_report
 from rlft.models.loading import check_model_path, load_policy, quiet_transformers, resolve_device
@@ -51,7 +53,7 @@ from rlft.models.lora import AdaptersOff, add_lora, is_adapter_dir, is_peft, loa
 from rlft.models.tiny import build_tiny_model
 from rlft.rewards import REWARDS
 from rlft.rewards.pool import RewardPool
-from rlft.tracking import MetricsLog, truncate_jsonl
+from rlft.tracking import MetricsLog, truncate_jsonl, write_atomic
 from rlft.trainers.optim import make_optimizer, make_scheduler
 from rlft.trainers.rl import PromptSampler, RLState, penalty_controller, rl_step, sample_records
 from rlft.trainers.rm_refresh import RUN_RM, RMRefresh, own_reward_model
@@ -106,12 +108,18 @@ def _make_run_dir(cfg: Config) -> None:
     if path.exists() and any(path.iterdir()) and not cfg.train.resume:
         raise ConfigError(f"log.name: run directory {path} already exists; choose another name, "
                           "or resume it with train.resume=true")
-    path.mkdir(parents=True, exist_ok=True)
+    check_disk(cfg, path)  # a writable directory with room for the run, before anything is written
     saved = yaml.safe_load(cfg.to_yaml())
     saved["train"]["resume"] = False  # the file describes the run; resuming is a choice made on the command line
-    tmp = path / "config.yaml.tmp"
-    tmp.write_text(yaml.safe_dump(saved, sort_keys=False))
-    tmp.replace(path / "config.yaml")
+    made = not path.exists()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        write_atomic(path / "config.yaml", yaml.safe_dump(saved, sort_keys=False))
+    except (OSError, WriteFailed) as e:  # after the checks above: the disk filled up or changed in between
+        if made:
+            shutil.rmtree(path, ignore_errors=True)
+        raise ConfigError(f"log.run_dir: cannot write the run directory {path} ({e}); choose another "
+                          "log.run_dir") from None
 
 
 def base_model_dir(cfg: Config, run_dir: Path) -> str:
@@ -123,13 +131,14 @@ def base_model_dir(cfg: Config, run_dir: Path) -> str:
     with dist.main_first():
         if dist.is_main and not (path / "config.json").exists():
             m = cfg.model
-            build_tiny_model(str(path), hidden_size=m.tiny_hidden_size, layers=m.tiny_layers, heads=m.tiny_heads,
-                             seed=cfg.train.seed)
+            checkpoint.write_dir(path, lambda tmp: build_tiny_model(
+                str(tmp), hidden_size=m.tiny_hidden_size, layers=m.tiny_layers, heads=m.tiny_heads,
+                seed=cfg.train.seed))
     return str(path)
 
 
 def append_jsonl(path: Path, records: list[dict]) -> None:
-    with path.open("a", encoding="utf-8") as f:
+    with writing(path), path.open("a", encoding="utf-8") as f:  # a line cut short is dropped on resume
         f.writelines(json.dumps(r) + "\n" for r in records)
 
 
@@ -140,9 +149,7 @@ def _silent(*args, **kwargs) -> None:
 def _write_json(path: Path, obj: dict) -> None:
     if not current().is_main:
         return
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(obj, indent=2))
-    tmp.replace(path)
+    write_atomic(path, json.dumps(obj, indent=2))
 
 
 def train(cfg: Config, *, echo=print) -> RunResult:
@@ -157,7 +164,7 @@ def train(cfg: Config, *, echo=print) -> RunResult:
         ckpt = checkpoint.latest(cfg.log.path)
         if ckpt is None:
             raise ConfigError(f"train.resume: no checkpoint under {cfg.log.path / 'checkpoints'}")
-    train_ex, eval_ex = preflight(cfg)
+    train_ex, eval_ex, extra_sets = preflight(cfg)
     if cfg.train.prompts_per_step < dist.world:
         raise ConfigError(f"train.prompts_per_step: {cfg.train.prompts_per_step} prompts cannot be shared by "
                           f"{dist.world} processes; use at least one per process")
@@ -179,41 +186,55 @@ def train(cfg: Config, *, echo=print) -> RunResult:
              f"{trains}) on {device}")
         train_prompts = encode_prompts(train_ex, cfg.data.template, tokenizer, cfg.data.max_prompt_tokens,
                                        "train data")
-        eval_prompts = encode_prompts(eval_ex, cfg.data.template, tokenizer, cfg.data.max_prompt_tokens, "eval data")
+        held_out = [h.encode(tokenizer, cfg) for h in (primary_set(cfg, eval_ex), *extra_sets)]
     echo(f"rlft: {len(train_ex)} training prompts, {len(eval_ex)} held-out"
+         + "".join(f", {len(h.examples)} in {h.name}" for h in extra_sets)
          + (f"; {dist.world} processes" if dist.active else ""))
 
     results = json.loads((run_dir / "eval.json").read_text()) if ckpt and (run_dir / "eval.json").exists() else {}
-    with _reward_pool(cfg):
+    with _reward_pool(cfg), stops_on_write_failure(run_dir):
         if ckpt is None:
             if cfg.sft.steps:  # in the main process; the others then take its weights
                 dist.on_main(lambda: _run_sft(policy, tokenizer, train_ex, cfg, run_dir))
                 dist.sync_params_(policy)
             if cfg.eval.before_rl:
-                results["before_rl"] = _eval(policy, tokenizer, eval_prompts, eval_ex, cfg, echo, "before RL")
+                results["before_rl"] = _eval(policy, tokenizer, held_out, cfg, echo, "before RL")
                 _write_json(run_dir / "eval.json", results)
 
-        _run_rl(policy, tokenizer, train_ex, train_prompts, cfg, run_dir, ckpt, echo, (eval_prompts, eval_ex))
+        _run_rl(policy, tokenizer, train_ex, train_prompts, cfg, run_dir, ckpt, echo, held_out)
 
-        results["after_rl"] = _eval(policy, tokenizer, eval_prompts, eval_ex, cfg, echo, "after RL")
+        results["after_rl"] = _eval(policy, tokenizer, held_out, cfg, echo, "after RL")
         _write_json(run_dir / "eval.json", results)
     if dist.is_main:
-        save_policy(policy, tokenizer, run_dir / "policy", cfg.lora.save)
-        build_report(run_dir)
+        with stops_on_write_failure(run_dir):  # policy/ appears whole or not at all
+            checkpoint.write_dir(run_dir / "policy", lambda tmp: save_policy(policy, tokenizer, tmp, cfg.lora.save))
+            with writing(run_dir / "report.html"):
+                build_report(run_dir)
     dist.barrier()  # the run's files are complete when any process returns
     seconds = time.perf_counter() - t0
     echo(summary(results, seconds, run_dir))
     return RunResult(run_dir=run_dir, eval=results, seconds=seconds)
 
 
-def preflight(cfg: Config) -> tuple[list[Example], list[Example]]:
-    """What can fail on the user's input, checked before anything is written: the model and critic paths, and the
-    task's data (read whole: a missing file or a malformed row fails here, naming file, row and field)."""
+def preflight(cfg: Config, stages: Sequence[str] = ()) -> tuple[list[Example], list[Example], list[HeldOut]]:
+    """What can fail on the user's input, checked before anything is written: the model and critic paths, the
+    task's data, the extra held-out sets of eval.sets and the data of the ``stages`` that will run (sft.source for
+    an sft stage or an SFT warm-up, rm.source, dpo.source), each read whole: a missing file or a malformed row
+    fails here, naming file, row and field. Returns the training and held-out examples and the extra sets."""
     if cfg.model.path:
         check_model_path(cfg.model.path, "model.path")
     if cfg.critic.path:
         check_model_path(cfg.critic.path, "critic.path")
-    return load_task(cfg)
+    if cfg.sft.source and ("sft" in stages or cfg.sft.steps):
+        from rlft.trainers.sft import sft_examples
+
+        sft_examples(cfg, [])
+    for name in ("rm", "dpo"):
+        if name in stages and getattr(cfg, name).source:
+            from rlft.stages.data import load_rankings
+
+            load_rankings(cfg, getattr(cfg, name), name)
+    return (*load_task(cfg), load_sets(cfg))
 
 
 @contextlib.contextmanager
@@ -228,9 +249,30 @@ def removed_if_start_fails(run_dir: Path, *, keep: bool):
         raise
 
 
+@contextlib.contextmanager
+def stops_on_write_failure(run_dir: Path):
+    """A failed write (:class:`WriteFailed`: a full disk, a read-only directory) ends the run with the path that
+    failed and where to continue from: the last checkpoint, which the failure left intact."""
+    try:
+        yield
+    except WriteFailed as e:
+        raise e.advised(resume_advice(run_dir)) from e.cause
+
+
+def resume_advice(run_dir: Path) -> str:
+    ckpt = checkpoint.latest(run_dir)
+    if ckpt is None:
+        return ("There is no checkpoint to continue from (none written yet, or train.save_every=0): free some space "
+                "or fix the directory, then start the run again")
+    return (f"The last good checkpoint is {ckpt}: free some space or fix the directory, then continue from it with "
+            "train.resume=true")
+
+
 def _reward_pool(cfg: Config):
     """Worker processes for the run's slow rewards (training and evaluation), or nothing when none is slow."""
-    fns = [fn for _, fn in cfg.reward.built()] + [REWARDS.get(cfg.eval.correct_fn), REWARDS.get(cfg.eval.format_fn)]
+    rules = [cfg.eval.correct_fn, cfg.eval.format_fn,
+             *(name for s in cfg.eval.sets for name in (s.correct_fn, s.format_fn) if name)]  # every set's rules
+    fns = [fn for _, fn in cfg.reward.built()] + [REWARDS.get(name) for name in rules]
     if not any(getattr(fn, "runs_in_pool", False) for fn in fns):
         return contextlib.nullcontext()
     return RewardPool(workers=cfg.reward.workers, deadline_s=cfg.reward.timeout_s).activated()
@@ -277,7 +319,7 @@ def _run_sft(policy, tokenizer, train_ex, cfg: Config, run_dir: Path) -> None:
 
 
 def _run_rl(policy, tokenizer, train_ex, train_prompts, cfg: Config, run_dir: Path, ckpt, echo,
-            held_out: tuple[list, list]) -> None:
+            held_out: list[HeldOut]) -> None:
     t0 = time.perf_counter()
     dist = current()
     state = _rl_state(policy, tokenizer, train_ex, train_prompts, cfg)
@@ -301,7 +343,7 @@ def _run_rl(policy, tokenizer, train_ex, train_prompts, cfg: Config, run_dir: Pa
                     break
                 metrics = rl_step(state, cfg)
                 if cfg.eval.every and state.step % cfg.eval.every == 0:
-                    metrics.update(validation(policy, tokenizer, *held_out, cfg))
+                    metrics.update(validation(policy, tokenizer, held_out, cfg))
                 if dist.is_main and cfg.log.samples_every and state.step % cfg.log.samples_every == 0:
                     append_jsonl(run_dir / "samples.jsonl", sample_records(state, state.step, cfg.log.samples_groups))
                 values, warnings = state.health.update(state.step, metrics)
@@ -330,9 +372,9 @@ def _run_rl(policy, tokenizer, train_ex, train_prompts, cfg: Config, run_dir: Pa
             log.close()
     _write_json(run_dir / "health.json", state.health.report())
     if dist.is_main and state.critic is not None:
-        state.critic.save_pretrained(run_dir / "critic")
+        checkpoint.write_dir(run_dir / "critic", state.critic.save_pretrained)
     if dist.is_main and state.rm_refresh is not None:
-        state.rm_refresh.save(run_dir / RUN_RM)
+        checkpoint.write_dir(run_dir / RUN_RM, state.rm_refresh.save)
 
 
 class StopSignals:
@@ -363,19 +405,16 @@ class StopSignals:
 def eval_set_name(cfg: Config) -> str:
     """``eval.name``, or the held-out set's name from ``data.source`` (``synthetic:max`` -> ``max``, a path -> its
     last part without suffix)."""
-    if cfg.eval.name:
-        return cfg.eval.name
-    source = cfg.data.source.rstrip("/")
-    return source.split(":", 1)[1] if source.startswith(("synthetic:", "hf:")) else Path(source).stem
+    return primary_name(cfg)
 
 
-def validation(policy, tokenizer, prompts, examples, cfg: Config) -> dict[str, float]:
-    """The held-out evaluation during RL as ``val/<set>/<metric>`` metrics (the policy's training mode kept)."""
+def validation(policy, tokenizer, held_out: list[HeldOut], cfg: Config) -> dict[str, float]:
+    """The held-out evaluation during RL, every set's, as ``val/<set>/<metric>`` metrics (the policy's training
+    mode kept)."""
     was_training = policy.training
-    results = current().on_main(lambda: evaluate(policy, tokenizer, prompts, examples, cfg))
+    results = current().on_main(lambda: evaluate_sets(policy, tokenizer, held_out, cfg))
     policy.train(was_training)
-    name = eval_set_name(cfg)
-    return {f"val/{name}/{k}": float(v) for k, v in results.items() if k not in ("n", "examples")}
+    return val_metrics(results, held_out[0].name)
 
 
 def _halt_on_skips(state: RLState, cfg: Config, run_dir: Path) -> None:
@@ -488,10 +527,11 @@ def _restore(state: RLState, ckpt: Path, run_dir: Path, echo) -> None:
     echo(f"rlft: resumed from {ckpt} at step {state.step}")
 
 
-def _eval(policy, tokenizer, prompts, examples, cfg: Config, echo, label: str) -> dict:
-    """The held-out evaluation, run by the main process; every process gets its results."""
-    echo(f"rlft: evaluating {label} on {len(examples)} held-out problems")
-    return current().on_main(lambda: evaluate(policy, tokenizer, prompts, examples, cfg))
+def _eval(policy, tokenizer, held_out: list[HeldOut], cfg: Config, echo, label: str) -> dict:
+    """The held-out evaluation of every set, run by the main process; every process gets its results."""
+    extra = "".join(f" and {len(h.examples)} in {h.name}" for h in held_out[1:])
+    echo(f"rlft: evaluating {label} on {len(held_out[0].examples)} held-out problems{extra}")
+    return current().on_main(lambda: evaluate_sets(policy, tokenizer, held_out, cfg))
 
 
 def _bar(total: int, desc: str, cfg: Config, initial: int = 0):
@@ -509,7 +549,13 @@ def summary(results: dict, seconds: float, run_dir: Path) -> str:
     for key in ["exact_match", "format_rate", *ks]:
         b = f"{before[key]:.3f}" if before and key in before else "-"
         lines.append(f"{key:22}{b:>12}{after.get(key, float('nan')):>12.3f}")
-    lines += [f"held-out problems     {after.get('n', 0)}",
+    for name, part in after.get("sets", {}).items():  # the extra held-out sets (eval.sets)
+        was = (before or {}).get("sets", {}).get(name, {})
+        for key in ["exact_match", "format_rate", *ks]:
+            b = f"{was[key]:.3f}" if key in was else "-"
+            lines.append(f"{name + '/' + key:22}{b:>12}{part.get(key, float('nan')):>12.3f}")
+    lines += [f"held-out problems     {after.get('n', 0)}"
+              + "".join(f", {part.get('n', 0)} in {name}" for name, part in after.get("sets", {}).items()),
               f"time                  {seconds:.1f} s",
               f"run directory         {run_dir}",
               f"final policy          {run_dir / 'policy'}"]

@@ -133,6 +133,14 @@ def _finished(run_dir: Path) -> bool:
     return (run_dir / "summary.json").is_file() and (run_dir / "policy").exists()
 
 
+def _primary_val_key(run_dir: Path) -> str:
+    """``val/<primary set>/exact_match`` of the run (eval.sets' extra sets are not what the sweep compares)."""
+    from rlft.config.sections import source_name
+
+    cfg = load_config(run_dir / "config.yaml", [])
+    return f"val/{cfg.eval.name or source_name(cfg.data.source)}/exact_match"
+
+
 def _results(run_dir: Path) -> dict:
     """Final held-out exact match and the best validation exact match logged."""
     out = {}
@@ -141,12 +149,12 @@ def _results(run_dir: Path) -> dict:
     elif (run_dir / "summary.json").is_file():
         stages = json.loads((run_dir / "summary.json").read_text())["stages"]
         out["exact_match"] = stages[-1]["metrics"].get("exact_match")
-    best = None
+    best, key = None, _primary_val_key(run_dir)
     for path in run_dir.glob("**/metrics.jsonl"):
         for line in path.read_text().splitlines():
-            for k, v in json.loads(line).items():
-                if k.startswith("val/") and k.endswith("/exact_match"):
-                    best = v if best is None else max(best, v)
+            v = json.loads(line).get(key)
+            if v is not None:
+                best = v if best is None else max(best, v)
     out["best_val_exact_match"] = best
     return out
 

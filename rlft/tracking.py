@@ -1,4 +1,7 @@
-"""Metric sinks: ``metrics.jsonl`` (one object per step) and TensorBoard when it is installed."""
+"""Metric sinks: ``metrics.jsonl`` (one object per step) and TensorBoard when it is installed.
+
+A write that fails (a full disk, a read-only directory) raises :class:`~rlft.errors.WriteFailed` naming the file.
+"""
 
 from __future__ import annotations
 
@@ -6,11 +9,15 @@ import json
 import math
 from pathlib import Path
 
+from rlft.errors import WriteFailed, writing
+
 
 class MetricsLog:
     def __init__(self, run_dir: Path, *, tensorboard: bool = True, filename: str = "metrics.jsonl"):
         self.path = Path(run_dir) / filename
-        self._file = self.path.open("a", encoding="utf-8")
+        with writing(self.path):
+            self._file = self.path.open("a", encoding="utf-8")
+        self._failed = False
         self._tb = None
         if tensorboard:
             try:
@@ -25,14 +32,22 @@ class MetricsLog:
         record = {"step": step, **{k: float(v) for k, v in metrics.items()}}
         if bad:
             record["nonfinite_keys"] = bad  # kept visible rather than dropped
-        self._file.write(json.dumps(record) + "\n")
-        self._file.flush()
+        try:
+            self._file.write(json.dumps(record) + "\n")
+            self._file.flush()
+        except OSError as e:
+            self._failed = True
+            raise WriteFailed(self.path, e) from e
         if self._tb is not None:
             for k, v in metrics.items():
                 self._tb.add_scalar(k, v, step)
 
     def close(self) -> None:
-        self._file.close()
+        try:
+            self._file.close()  # flushes what a failed write left in the buffer: it fails again, already reported
+        except OSError as e:
+            if not self._failed:
+                raise WriteFailed(self.path, e) from e
         if self._tb is not None:
             self._tb.close()
 
@@ -53,6 +68,18 @@ def truncate_jsonl(path: Path, max_step: int) -> None:
             raise ValueError(f"{path}, line {i}: not JSON ({e.msg}); the metrics file is damaged") from None
         if record["step"] <= max_step:
             keep.append(line)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(line + "\n" for line in keep))
-    tmp.replace(path)
+    write_atomic(path, "".join(line + "\n" for line in keep))
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """``text`` into ``path`` through a temporary sibling renamed over it: ``path`` holds the old text or the new,
+    never part of it. A failed write removes the temporary file and raises WriteFailed naming ``path``."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with writing(path):
+            tmp.write_text(text, encoding="utf-8")
+            tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

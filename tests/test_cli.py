@@ -83,6 +83,11 @@ def test_train_and_eval(capsys, tmp_path, tiny_overrides, tiny_model_dir):
     assert main(["eval", str(run_dir / "policy"), str(run_dir / "config.yaml"), "eval.ks=[1]"]) == 0
     metrics = json.loads(capsys.readouterr().out)
     assert metrics["n"] == 4 and 0 <= metrics["exact_match"] <= 1 and "pass@1" in metrics
+    # eval.sets are scored too, each under its name
+    assert main(["eval", str(run_dir / "policy"), str(run_dir / "config.yaml"), "eval.ks=[1]",
+                 "eval.sets=[{source: synthetic:chain, limit: 3}]"]) == 0
+    both = json.loads(capsys.readouterr().out)
+    assert both["exact_match"] == metrics["exact_match"] and both["sets"]["chain"]["n"] == 3
 
 
 def test_python_dash_m_help():
@@ -127,6 +132,11 @@ def _cli(tmp_path, *args: str) -> subprocess.CompletedProcess:
     (["train", "data.source=BAD", "data.prompt_key=question"], ["bad.jsonl", "line 2"]),
     (["train", "data.max_prompt_tokens=3"], ["train data", "data.max_prompt_tokens"]),
     (["sft", "model.path=/nonexistent"], ["model.path", "/nonexistent"]),
+    (["sft", "sft.source=BAD"], ["bad.jsonl", "line 2"]),
+    (["train", "sft.source=BAD", "sft.steps=2"], ["bad.jsonl", "line 2"]),
+    (["dpo", "dpo.source=BAD"], ["bad.jsonl", "line 2"]),
+    (["train", "stages=[sft,rm]", "rm.source=BAD"], ["bad.jsonl", "line 2"]),
+    (["train", "eval.sets=[BAD]"], ["eval.sets[0]", "bad.jsonl"]),
 ])
 def test_bad_input_is_a_clear_error_that_leaves_nothing_behind(tmp_path, args, names):
     """A new user's mistakes: one line naming what is wrong and where, exit 2, no traceback, no run directory."""
@@ -139,6 +149,12 @@ def test_bad_input_is_a_clear_error_that_leaves_nothing_behind(tmp_path, args, n
     for name in names:
         assert name in done.stderr, (name, done.stderr)
     assert not (tmp_path / "runs" / "x").exists()
+
+
+def test_a_run_name_with_a_path_in_it_is_refused(capsys):
+    for name in ("../x", "a/b", ".."):
+        assert main(["train", f"log.name={name}"]) == 2
+        assert "log.name: must be a plain directory name" in capsys.readouterr().err
 
 
 def test_a_model_directory_without_a_model_is_named(tmp_path):

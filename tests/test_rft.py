@@ -203,7 +203,7 @@ def test_rlft_rft_end_to_end(tmp_path, tiny_model_dir, digit_reward):
     ("rft.samples_per_prompt=0", "rft.samples_per_prompt: must be >= 1"),
     ("rft.steps_per_round=-1", "rft.steps_per_round: must be >= 0"),
     ("rft.lr=0", "rft.lr: must be > 0"),
-    ("rft.min_reward=.nan", "rft.min_reward: must be finite"),
+    ("rft.min_reward=.nan", "rft.min_reward: must be a finite number"),
     ("rft.loss_on=answer", "rft.loss_on: must be one of response, all"),
     ("rft.pool=all", "rft.pool: must be one of round, growing"),
     ("rft.step_schedule=cosine", "rft.step_schedule: must be one of constant, linear"),

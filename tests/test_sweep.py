@@ -55,3 +55,17 @@ def test_sweep_two_values_two_seeds_writes_table_and_plot(tmp_path, tiny_overrid
     assert "lr=1e-2,seed=1" in out
     assert main(["sweep", *args, "--seeds", "0", "1", "--name", "s"]) == 0  # finished points are not run again
     assert "sweep point" not in capsys.readouterr().out
+
+
+def test_best_validation_reads_the_primary_set_only(tmp_path):
+    """With eval.sets the metrics hold several val/<set>/exact_match series; the sweep compares the primary one."""
+    from rlft.config import load_config
+    from rlft.sweep import _results
+
+    cfg = load_config(None, ["eval.sets=[synthetic:chain]"])
+    (tmp_path / "config.yaml").write_text(cfg.to_yaml())
+    (tmp_path / "eval.json").write_text(json.dumps({"after_rl": {"exact_match": 0.5}}))
+    rows = [{"step": 2, "val/max/exact_match": 0.25, "val/chain/exact_match": 0.9},
+            {"step": 4, "val/max/exact_match": 0.5, "val/chain/exact_match": 0.75}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert _results(tmp_path) == {"exact_match": 0.5, "best_val_exact_match": 0.5}

@@ -8,6 +8,7 @@ applied to the algo section before it is built.
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
 from dataclasses import fields
 from pathlib import Path
@@ -15,13 +16,17 @@ from typing import Any, Literal, Mapping
 
 import yaml
 
-from rlft.config.sections import AlgoConfig, Config, ConfigError, RewardTerm, _check
+from rlft.config.sections import AlgoConfig, Config, ConfigError, EvalSet, RewardTerm, _check
 
 
 def _coerce(value: Any, tp: Any, key: str) -> Any:
     """Check ``value`` against the annotation ``tp``; convert only lossless cases (int -> float, list -> tuple)."""
     if tp is RewardTerm:
         return _reward_term(value, key)
+    if dataclasses.is_dataclass(tp):  # an entry of a list of sections (eval.sets)
+        if tp is EvalSet and isinstance(value, str):  # a bare source
+            value = {"source": value}
+        return _build(tp, value, f"{key}.", entry=True)
     origin = typing.get_origin(tp)
     if origin is Literal:
         allowed = typing.get_args(tp)
@@ -37,7 +42,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         _check(isinstance(value, bool), key, f"must be true or false, got {value!r}")
         return value
     if tp is int:
-        _check(isinstance(value, int) and not isinstance(value, bool), key, f"must be an integer, got {value!r}")
+        _check(isinstance(value, int) and not isinstance(value, bool), key, f"must be an integer, got {_shown(value)}")
+        _check(abs(value) < 2**63, key, f"must be an integer below 2**63 in size, got {_shown(value)}")
         return value
     if tp is float:
         if isinstance(value, str):  # YAML 1.1 reads '1e-5' (no dot) as a string
@@ -46,12 +52,26 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             except ValueError:
                 pass
         ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        _check(ok, key, f"must be a number, got {value!r}")
-        return float(value)
+        _check(ok, key, f"must be a number, got {_shown(value)}")
+        try:
+            number = float(value)
+        except OverflowError:  # an integer beyond float's range
+            number = math.inf
+        _check(math.isfinite(number), key, f"must be a finite number, got {_shown(value)}")
+        return number
     if tp is str:
         _check(isinstance(value, str), key, f"must be a string, got {value!r}")
         return value
     raise TypeError(f"{key}: unsupported annotation {tp!r}")  # a bug in this file, not user input
+
+
+def _shown(value: Any, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters (a value pasted by mistake can be megabytes, an int too long
+    to print)."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**60:
+        return f"an integer of about {int(value.bit_length() * 0.30103) + 1} digits"
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit - 3]}..."
 
 
 def _reward_term(value: Any, key: str) -> RewardTerm:
@@ -83,7 +103,9 @@ def _reward_term(value: Any, key: str) -> RewardTerm:
         raise ConfigError(f"{key}.{e}") from None
 
 
-def _build(cls: type, data: Mapping[str, Any], prefix: str) -> Any:
+def _build(cls: type, data: Mapping[str, Any], prefix: str, entry: bool = False) -> Any:
+    """The dataclass ``cls`` from ``data``; an ``entry`` of a list checks its fields under bare names, which get
+    ``prefix`` (``eval.sets[1].``) here."""
     _check(isinstance(data, Mapping), prefix.rstrip(".") or "config", f"must be a section (a mapping), got {data!r}")
     hints = typing.get_type_hints(cls)
     known = {f.name for f in fields(cls)}
@@ -95,11 +117,16 @@ def _build(cls: type, data: Mapping[str, Any], prefix: str) -> Any:
             continue
         tp = hints[f.name]
         key = f"{prefix}{f.name}"
-        if dataclasses.is_dataclass(tp):
-            kwargs[f.name] = _build(tp, data[f.name] or {}, f"{key}.")
+        if dataclasses.is_dataclass(tp):  # an empty section (`model:` in YAML) is null
+            kwargs[f.name] = _build(tp, {} if data[f.name] is None else data[f.name], f"{key}.")
         else:
             kwargs[f.name] = _coerce(data[f.name], tp, key)
-    return cls(**kwargs)
+    try:
+        return cls(**kwargs)
+    except ConfigError as e:
+        if not entry:
+            raise
+        raise ConfigError(f"{prefix}{e}") from None
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
@@ -112,7 +139,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
         raise ConfigError(f"override {text!r}: malformed key {key!r}")
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
+    except (yaml.YAMLError, ValueError, RecursionError):  # ValueError: an int too long to read; RecursionError: [[[...
         value = raw  # not YAML (e.g. 'Question: {prompt} Answer:'): plain text, type-checked like any value
     if isinstance(value, dict):  # 'Q: {prompt}' reads as a YAML mapping; on the command line it is text
         value = raw
@@ -134,10 +161,17 @@ def load_config(recipe: str | Path | None = None, overrides: list[str] | tuple[s
     if recipe is not None:
         path = Path(recipe)
         if not path.is_file():
-            raise ConfigError(f"recipe {str(path)!r} does not exist")
+            raise ConfigError(f"recipe {str(path)!r} " + ("is a directory, not a YAML file" if path.is_dir()
+                                                         else "does not exist"))
+        data = path.read_bytes()
         try:
-            tree = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as e:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            line = data[: e.start].count(b"\n") + 1
+            raise ConfigError(f"recipe {path}: line {line}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+        try:
+            tree = yaml.safe_load(text) or {}
+        except (yaml.YAMLError, ValueError, RecursionError) as e:  # ValueError: an int too long to read
             raise ConfigError(f"recipe {path}: invalid YAML: {e}") from None
         if not isinstance(tree, dict):
             raise ConfigError(f"recipe {path}: top level must be a mapping of sections")
@@ -231,6 +265,10 @@ def help_text() -> str:
             lines.extend(help_lines())
         if section.name == "reward":
             lines.extend(_reward_lines(ast, inspect))
+        if section.name == "eval":
+            docs = _field_docs(EvalSet, ast, inspect)
+            lines.append("  eval.sets entries: a source, or a mapping of:")
+            lines.extend(f"    {f.name} = {f.default!r}    {docs.get(f.name, '')}".rstrip() for f in fields(EvalSet))
     return "\n".join(lines)
 
 

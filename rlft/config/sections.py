@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -17,10 +18,10 @@ from typing import Any, Literal
 import yaml
 
 from rlft.config.algo import STEP_LEVEL_ADVANTAGES, AlgoConfig, CriticConfig
-from rlft.config.checks import ConfigError, _check
+from rlft.config.checks import ConfigError, _check, template_problem
 from rlft.config.stages import DPOConfig, PRMConfig, RFTConfig, RMConfig, SFTConfig
 
-__all__ = ["AlgoConfig", "Config", "ConfigError", "CriticConfig", "DataConfig", "DPOConfig", "EvalConfig", "LogConfig",
+__all__ = ["AlgoConfig", "Config", "ConfigError", "CriticConfig", "DataConfig", "DPOConfig", "EvalConfig", "EvalSet", "LogConfig",
            "HealthConfig", "LoraConfig", "ModelConfig", "OptimConfig", "PRMConfig", "RewardConfig", "RewardTerm", "RFTConfig", "RMConfig",
            "RolloutConfig", "SFTConfig", "TrainConfig"]
 
@@ -48,7 +49,9 @@ class ModelConfig:
     """Embedded tiny model: attention heads."""
 
     def __post_init__(self) -> None:
-        _check(self.device == "auto" or self.device.split(":")[0] in ("cpu", "cuda"),
+        kind, sep, index = self.device.partition(":")  # an index torch.device cannot read fails here, not there
+        index_ok = not sep or (index.isascii() and index.isdigit())
+        _check(self.device == "auto" or (kind in ("cpu", "cuda") and index_ok),
                "model.device", f"must be auto, cpu, cuda or cuda:N, got {self.device!r}")
         for name in ("tiny_hidden_size", "tiny_layers", "tiny_heads"):
             _check(getattr(self, name) >= 1, f"model.{name}", "must be >= 1")
@@ -117,14 +120,15 @@ class DataConfig:
     """ptx texts are cut to this many tokens."""
 
     def __post_init__(self) -> None:
+        _check(bool(self.source), "data.source", "empty; name a file, a directory, 'synthetic:<task>' or 'hf:<name>'")
         if self.source.startswith("synthetic:"):
             from rlft.data.synthetic import SYNTHETIC_TASKS
 
             task = self.source.split(":", 1)[1]
             _check(task in SYNTHETIC_TASKS, "data.source",
                    f"unknown synthetic task {task!r}; allowed: {', '.join(SYNTHETIC_TASKS.names())}")
-        _check(self.template in ("chat", "raw") or "{prompt}" in self.template, "data.template",
-               f"must be 'chat', 'raw' or a format string containing '{{prompt}}', got {self.template!r}")
+        why = template_problem(self.template)
+        _check(why is None, "data.template", why)
         _check(self.max_prompt_tokens >= 1, "data.max_prompt_tokens", "must be >= 1")
         _check(self.num_train >= 0, "data.num_train", "must be >= 0")
         _check(self.num_eval >= 0, "data.num_eval", "must be >= 0")
@@ -312,6 +316,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         _check(self.steps >= 0, "train.steps", "must be >= 0")
+        _check(0 <= self.seed < 2**31, "train.seed", f"must be in [0, 2**31), got {self.seed}")
         _check(self.threads >= 0, "train.threads", "must be >= 0 (0: torch's default)")
         _check(self.prompts_per_step >= 1, "train.prompts_per_step", "must be >= 1")
         _check(self.micro_batch_size >= 1, "train.micro_batch_size", "must be >= 1")
@@ -321,6 +326,74 @@ class TrainConfig:
         _check(self.max_consecutive_skips >= 0, "train.max_consecutive_skips", "must be >= 0 (0: never stop)")
         _check(self.ptx_batch_size >= 1, "train.ptx_batch_size", "must be >= 1")
         _check(self.keep_checkpoints >= 1, "train.keep_checkpoints", "must be >= 1")
+
+
+def source_name(source: str) -> str:
+    """A held-out set's default name from its source: ``synthetic:max`` -> ``max``, ``hf:openai/gsm8k`` ->
+    ``openai/gsm8k``, a file or directory -> its last part without suffix."""
+    source = source.rstrip("/")
+    return source.split(":", 1)[1] if source.startswith(("synthetic:", "hf:")) else Path(source).stem
+
+
+@dataclass(frozen=True)
+class EvalSet:
+    """One entry of ``eval.sets``: an extra held-out set, evaluated wherever the primary one (``data``) is (before
+    and after RL, every ``eval.every`` steps, a pipeline's stages) and logged as ``val/<name>/<metric>``.
+
+    Written in a recipe as a mapping (``{name: math500, source: data/math500.jsonl, correct_fn: math}``) or a bare
+    source (``synthetic:arith``). The rows are read as ``data`` reads its own (``prompt_key``, ``answer_key``); an
+    empty ``template`` is ``data.template``, an empty ``correct_fn``, ``format_fn`` or ``vote_extractor`` the
+    ``eval`` section's.
+    """
+
+    source: str = ""
+    """'synthetic:<task>' (its held-out problems, drawn with data.synth_max_operand, data.synth_ops and the data's seed), a .jsonl/.json/.parquet file, a directory with <split>.parquet|jsonl|json, or 'hf:<name>[:<config>]'."""
+    name: str = ""
+    """Name in the val/ metrics and the evaluation; empty: from source, as eval.name is from data.source."""
+    split: str = "test"
+    """Split read from a directory or the hub."""
+    limit: int = 0
+    """Evaluate the first N problems (0: all of a file's split; data.num_eval, else 500, for a synthetic task)."""
+    prompt_key: str = "prompt"
+    """Field holding the prompt in plain rows (verl-style rows are detected), as data.prompt_key."""
+    answer_key: str = ""
+    """Field holding the ground truth in plain rows; empty for verl-style rows, as data.answer_key."""
+    template: str = ""
+    """'chat', 'raw' or a format string containing '{prompt}' (empty: data.template)."""
+    correct_fn: str = ""
+    """Reward function deciding correctness on this set (value >= 1 counts as correct; empty: eval.correct_fn)."""
+    format_fn: str = ""
+    """Reward function deciding format compliance on this set (empty: eval.format_fn)."""
+    vote_extractor: str = ""
+    """How maj@k reads each sample's answer on this set: strict, final, flexible or math, as eval.vote_extractor (empty: eval.vote_extractor)."""
+
+    def __post_init__(self) -> None:
+        from rlft.rewards import REWARDS
+
+        _check(bool(self.source), "source", "missing; every set needs its problems: a file, a directory, "
+               "'synthetic:<task>' or 'hf:<name>'")
+        if self.source.startswith("synthetic:"):
+            from rlft.data.synthetic import SYNTHETIC_TASKS
+
+            task = self.source.split(":", 1)[1]
+            _check(task in SYNTHETIC_TASKS, "source",
+                   f"unknown synthetic task {task!r}; allowed: {', '.join(SYNTHETIC_TASKS.names())}")
+        _check(bool(self.key), "name", f"empty, and none can be read from source {self.source!r}")
+        _check(self.limit >= 0, "limit", "must be >= 0 (0: all)")
+        why = template_problem(self.template, ("", "chat", "raw"))
+        _check(why is None, "template", f"{why} (empty: data.template)")
+        for key in ("correct_fn", "format_fn"):
+            value = getattr(self, key)
+            _check(not value or value in REWARDS, key,
+                   f"unknown reward {value!r}; allowed: {', '.join(REWARDS.names())} (empty: eval.{key})")
+        allowed = typing.get_args(typing.get_type_hints(EvalConfig)["vote_extractor"])
+        _check(self.vote_extractor in ("", *allowed), "vote_extractor",
+               f"must be one of {', '.join(allowed)} (empty: eval.vote_extractor), got {self.vote_extractor!r}")
+
+    @property
+    def key(self) -> str:
+        """The set's name in metrics: ``name``, else read from ``source``."""
+        return self.name or source_name(self.source)
 
 
 @dataclass(frozen=True)
@@ -342,6 +415,8 @@ class EvalConfig:
     """Name of the held-out set in the val/ metrics; empty: from data.source (synthetic:max -> max, a file or directory -> its name without suffix)."""
     vote_extractor: Literal["strict", "final", "flexible", "math"] = "final"
     """How maj@k reads each sample's answer: strict (the number after the last ####), final (a response that ends with its only #### n), flexible (the last number), math (the last \\boxed{}, <answer> tag or "answer is")."""
+    sets: tuple[EvalSet, ...] = ()
+    """Extra held-out sets evaluated with the primary one (data.source, named eval.name), each logged as val/<name>/<metric> with its own correctness reward: mappings {name, source, split, limit, prompt_key, answer_key, template, correct_fn, format_fn, vote_extractor}, or bare sources. See rlft.config.sections.EvalSet."""
 
     def __post_init__(self) -> None:
         from rlft.rewards import REWARDS
@@ -353,6 +428,15 @@ class EvalConfig:
                    f"unknown {getattr(self, key)!r}; allowed: {', '.join(REWARDS.names())}")
         _check(self.batch_size >= 1, "eval.batch_size", "must be >= 1")
         _check(self.every >= 0, "eval.every", "must be >= 0 (0: only before and after RL)")
+        self.check_set_names(self.name)
+
+    def check_set_names(self, primary: str) -> None:
+        """Every set's name differs from the others' and from the primary set's name ``primary`` (when known)."""
+        seen = {primary: "the primary set (eval.name, else from data.source)"} if primary else {}
+        for i, s in enumerate(self.sets):
+            _check(s.key not in seen, f"eval.sets[{i}].name",
+                   f"{s.key!r} is already the name of {seen.get(s.key)}; give each held-out set its own name")
+            seen[s.key] = f"eval.sets[{i}]"
 
     @property
     def num_samples(self) -> int:
@@ -410,6 +494,9 @@ class LogConfig:
     def __post_init__(self) -> None:
         _check(self.samples_every >= 0, "log.samples_every", "must be >= 0 (0: no sample log)")
         _check(self.samples_groups >= 1, "log.samples_groups", "must be >= 1")
+        _check("/" not in self.name and "\\" not in self.name and self.name not in (".", ".."), "log.name",
+               f"must be a plain directory name (the run goes in log.run_dir/log.name), got {self.name!r}; "
+               "put the parent directories in log.run_dir")
 
     @property
     def path(self) -> Path:

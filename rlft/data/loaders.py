@@ -16,11 +16,13 @@ A path that does not exist is a ``FileNotFoundError``; unreadable content is a
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
-from rlft.data.schema import DataError, Example, rows_to_examples
+from rlft.data.schema import DataError, Example, Rows, rows_to_examples
 
 HF_PREFIX = "hf:"
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 SUFFIXES = (".parquet", ".jsonl", ".json")
 
 
@@ -82,35 +84,120 @@ def _read_parquet(path: Path) -> list[dict]:
 
 def numbered_rows(path: Path) -> list[tuple[str, dict]]:
     """``(where, row)`` for each object of a .jsonl file (``file: line N``) or a JSON array (``file: item N``)."""
+    return [(where, row) for where, _, row in _located_rows(path)]
+
+
+def _located_rows(path: Path) -> list[tuple[str, int | None, dict]]:
+    """``(where, line, row)`` for each object of a .jsonl file or a JSON array (``line`` None in an array).
+
+    The text is UTF-8, with or without a byte-order mark; a .jsonl file's lines end at ``\n`` only (a JSON string
+    may hold U+2028 and the other characters ``str.splitlines`` would also cut at).
+    """
+    data = path.read_bytes()
     try:
-        text = path.read_text(encoding="utf-8")
+        text = data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
-        raise DataError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+        line = data[: e.start].count(b"\n") + 1
+        raise DataError(f"{path}: line {line}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     if text.lstrip().startswith("["):
-        try:
-            items = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise DataError(f"{path}: line {e.lineno}: invalid JSON: {e.msg} (column {e.colno})") from None
-        pairs = [(f"{path}: item {i}", row) for i, row in enumerate(items)]
+        located = [(f"{path}: item {i}", None, row) for i, row in enumerate(_json_array(text, path))]
     else:
-        pairs = []
-        for lineno, line in enumerate(text.splitlines(), start=1):
+        located = []
+        for lineno, line in enumerate(text.split("\n"), start=1):
             if line.strip():
-                try:
-                    pairs.append((f"{path}: line {lineno}", json.loads(line)))
-                except json.JSONDecodeError as e:
-                    raise DataError(f"{path}: line {lineno}: invalid JSON: {e.msg} (column {e.colno})") from None
-    for where, row in pairs:
+                located.append((f"{path}: line {lineno}", lineno, _json_line(line, path, lineno)))
+    escaped = _SURROGATE_ESCAPE.search(text) is not None  # only a \ud800-\udfff escape makes a lone surrogate
+    for where, _, row in located:
         if not isinstance(row, dict):
             raise DataError(f"{where}: expected a JSON object, got {type(row).__name__}")
-    if not pairs:
+        field = _lone_surrogate(row) if escaped else None
+        if field is not None:
+            raise DataError(f"{where}: field {field!r}: not valid Unicode (a lone surrogate: a \\ud800-\\udfff "
+                            "escape without its pair)")
+    if not located:
         raise DataError(f"{path}: no rows")
-    return pairs
+    return located
+
+
+def _lone_surrogate(row: dict) -> str | None:
+    """The field (``prompt[0].content``) of a string in ``row`` (a key or a value) that is not valid Unicode,
+    else None; a loop, not recursion, since rows can nest as deep as the JSON reader allows."""
+    todo: list[tuple[str, object]] = [(k, v) for k, v in row.items()]
+    while todo:
+        key, value = todo.pop()
+        if isinstance(value, dict):
+            todo.extend((f"{key}.{k}", v) for k, v in value.items())
+        elif isinstance(value, list):
+            todo.extend((f"{key}[{i}]", v) for i, v in enumerate(value))
+        for text in (key, value):
+            if isinstance(text, str) and not _is_unicode(text):
+                return key
+    return None
+
+
+def _is_unicode(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _json_line(line: str, path: Path, lineno: int):
+    """``json.loads`` of line ``lineno`` of a .jsonl file; any failure is a DataError naming the file and line."""
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as e:
+        raise DataError(f"{path}: line {lineno}: invalid JSON: {e.msg} (column {e.colno})") from None
+    except RecursionError:
+        raise DataError(f"{path}: line {lineno}: invalid JSON: nested too deeply") from None
+    except ValueError as e:  # an integer too long to convert (Python's int_max_str_digits)
+        raise DataError(f"{path}: line {lineno}: invalid JSON: {e}") from None
+
+
+def _json_array(text: str, path: Path) -> list:
+    """The items of a JSON array, decoded one at a time so that any error names the line it is on."""
+    decoder, ws = json.JSONDecoder(), " \t\n\r"
+    line_of = lambda pos: text.count("\n", 0, pos) + 1  # noqa: E731
+    items: list = []
+    pos = text.index("[") + 1
+    while True:
+        while pos < len(text) and text[pos] in ws:
+            pos += 1
+        if text[pos:pos + 1] == "]" and not items:
+            pos += 1
+            break
+        try:
+            item, pos = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path}: line {e.lineno}: invalid JSON: {e.msg} (column {e.colno})") from None
+        except (RecursionError, ValueError) as e:  # ValueError: an int too long to convert (int_max_str_digits)
+            why = "nested too deeply" if isinstance(e, RecursionError) else str(e)
+            raise DataError(f"{path}: line {line_of(pos)}: item {len(items)}: invalid JSON: {why}") from None
+        items.append(item)
+        while pos < len(text) and text[pos] in ws:
+            pos += 1
+        if text[pos:pos + 1] == ",":
+            pos += 1
+        elif text[pos:pos + 1] == "]":
+            pos += 1
+            break
+        else:
+            raise DataError(f"{path}: line {line_of(pos)}: invalid JSON: expected ',' or ']' after item "
+                            f"{len(items) - 1}")
+    if text[pos:].strip(ws):
+        raise DataError(f"{path}: line {line_of(pos)}: invalid JSON: extra data after the array")
+    return items
 
 
 def _read_json_rows(path: Path) -> list[dict]:
-    """The objects of a .jsonl file, or of a .json file holding an array (or jsonl)."""
-    return [row for _, row in numbered_rows(path)]
+    """The objects of a .jsonl file, or of a .json file holding an array (or jsonl); a .jsonl file's rows remember
+    their line (``Rows.lines``), which a bad row's error then names."""
+    located = _located_rows(path)
+    rows = Rows(row for _, _, row in located)
+    if located[0][1] is not None:
+        rows.lines = [line for _, line, _ in located]
+    return rows
 
 
 def _load_hf(source: str, split: str) -> list[dict]:

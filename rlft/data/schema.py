@@ -23,6 +23,7 @@ the field.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -75,8 +76,16 @@ class _RowError(Exception):
 RowError = _RowError  # raised by row converters: RowError(field, problem)
 
 
+class Rows(list):
+    """Rows read from a file; ``lines`` holds the line each row is on (a .jsonl file), else None."""
+
+    lines: list[int] | None = None
+
+
 def convert_rows(rows: Iterable, convert, *, source: str) -> list:
-    """``convert(row)`` for every row; a ``RowError`` becomes a DataError naming the source, the row and the field."""
+    """``convert(row)`` for every row; a ``RowError`` becomes a DataError naming the source, the row (and its line,
+    for rows read from a .jsonl file) and the field."""
+    lines = getattr(rows, "lines", None)
     out = []
     for i, row in enumerate(rows):
         try:
@@ -84,7 +93,8 @@ def convert_rows(rows: Iterable, convert, *, source: str) -> list:
                 raise _RowError("<row>", f"expected an object, got {type(row).__name__}")
             out.append(convert(row))
         except _RowError as e:
-            raise DataError(f"{source}: row {i}: field {e.field_name!r}: {e.problem}") from None
+            line = f" (line {lines[i]})" if lines else ""
+            raise DataError(f"{source}: row {i}: field {e.field_name!r}: {e.problem}{line}") from None
     return out
 
 
@@ -149,6 +159,8 @@ def _as_list(value: Any) -> Any:
 
 
 def _prompt(value: Any, key: str) -> Prompt:
+    if value is None:
+        raise _RowError(key, "missing")
     value = _as_list(value)
     if isinstance(value, str):
         if not value:
@@ -174,6 +186,8 @@ def _ground_truth(value: Any, key: str) -> str:
     if isinstance(value, str):
         return value
     if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if not math.isfinite(value):
+            raise _RowError(key, f"expected a finite number, got {value}")
         return str(value)
     raise _RowError(key, f"expected a string or a number, got {type(value).__name__}")
 

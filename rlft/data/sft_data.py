@@ -104,7 +104,9 @@ def _row(row: Mapping) -> Example:
         raise RowError("prompt", "missing (a row needs 'prompt' and 'completion', or 'messages')")
     prompt, completion = prompt_field(row["prompt"], "prompt"), row.get("completion")
     if not isinstance(completion, str) or not completion.strip():
-        raise RowError("completion", "expected a non-empty string")
+        got = ("none (a row needs 'prompt' and 'completion', or 'messages')" if completion is None
+               else "blank text" if isinstance(completion, str) else type(completion).__name__)
+        raise RowError("completion", f"expected a non-empty string, got {got}")
     return Example(prompt=prompt, ground_truth="", response=completion)
 
 

@@ -30,21 +30,21 @@ STAGES: Registry[StageFn] = Registry("stage")
 
 
 def task_metrics(policy, tokenizer, cfg) -> dict:
-    """The rule-checked held-out evaluation of ``data.source``'s task (what ``rlft eval`` prints)."""
-    from rlft.data.templates import encode_prompts
-    from rlft.eval import evaluate
+    """The rule-checked held-out evaluation of ``data.source``'s task (what ``rlft eval`` prints), with the extra
+    sets of ``eval.sets`` under ``"sets"``."""
+    from rlft.eval import evaluate_task
     from rlft.run import load_task
 
     _, eval_ex = load_task(cfg)
-    prompts = encode_prompts(eval_ex, cfg.data.template, tokenizer, cfg.data.max_prompt_tokens, "eval data")
-    return {k: v for k, v in evaluate(policy, tokenizer, prompts, eval_ex, cfg).items() if k != "examples"}
+    return evaluate_task(policy, tokenizer, cfg, eval_ex)
 
 
 def write_json(path: Path, obj: dict) -> None:
-    """Write ``obj`` as JSON through a temporary file, so a reader never sees half of it."""
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(obj, indent=2))
-    tmp.replace(path)
+    """Write ``obj`` as JSON through a temporary file, so a reader never sees half of it (a failed write:
+    ``WriteFailed`` naming ``path``)."""
+    from rlft.tracking import write_atomic
+
+    write_atomic(path, json.dumps(obj, indent=2))
 
 
 @contextmanager
@@ -81,3 +81,11 @@ def save_model(model, tokenizer, path: Path) -> Path:
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+def save_whole(path: Path, save: Callable[[Path], object]) -> Path:
+    """``save(directory)`` into ``path`` through a temporary sibling (``rlft.checkpoint.write_dir``): a full disk
+    leaves no half-written model that a later stage or a resume would load, and raises ``WriteFailed``."""
+    from rlft.checkpoint import write_dir
+
+    return write_dir(Path(path), save)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from rlft.config import Config
 from rlft.models.lora import save_policy
-from rlft.stages.base import STAGES, StageResult, step_log, task_metrics, write_json
+from rlft.stages.base import STAGES, StageResult, save_whole, step_log, task_metrics, write_json
 from rlft.stages.data import load_rankings
 from rlft.trainers.dpo import encode_pairs, evaluate_dpo, reference_logps, train_dpo
 
@@ -41,7 +41,7 @@ def dpo_stage(cfg: Config, model_dir: str, out_dir: Path, echo=print, start: dic
         train_dpo(policy, pairs, ref, tok.pad_token_id, d, cfg.optim, cfg.train.seed, on_step=on_step)
     prefs = evaluate_dpo(policy, held_pairs, held_ref, tok.pad_token_id, d)
     task_after = task_metrics(policy, tok, cfg)
-    save_to = save_policy(policy, tok, Path(out_dir) / "policy", cfg.lora.save)
+    save_to = save_whole(Path(out_dir) / "policy", lambda tmp: save_policy(policy, tok, tmp, cfg.lora.save))
     write_json(Path(out_dir) / "dpo_eval.json", {"preferences": prefs, "task_before": task_before,
                                                  "task_after": task_after})
     line = (f"dpo: held-out preference accuracy {prefs['dpo/rewards/accuracies']:.3f}; exact match "

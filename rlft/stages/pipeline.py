@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 from rlft.config import Config, ConfigError
+from rlft.errors import WriteFailed, writing
 from rlft.stages.base import STAGES, StageResult, write_json
 
 SUMMARY = "summary.json"
@@ -42,13 +43,13 @@ def run_pipeline(cfg: Config, echo=print) -> list[dict]:
     """Run ``cfg.stages`` in order; returns the summary entries (also in ``summary.json``)."""
     from rlft.models.loading import quiet_transformers
     from rlft.dist import init_dist
-    from rlft.run import base_model_dir, preflight, prepare_run_dir, removed_if_start_fails, seed_everything, set_threads
+    from rlft.run import base_model_dir, preflight, prepare_run_dir, removed_if_start_fails, set_threads
 
     dist = init_dist(cfg.model.device)
     echo = echo if dist.is_main else (lambda *args, **kwargs: None)
     if cfg.train.resume and not (cfg.log.path / "config.yaml").is_file():
         raise ConfigError(f"train.resume: no pipeline run in {cfg.log.path}")
-    preflight(cfg)  # the model path and the task's data, before anything is written
+    preflight(cfg, cfg.stages)  # the model path, the task's and the stages' data, before anything is written
     cfg = prepare_run_dir(cfg)
     run_dir, t0 = cfg.log.path, time.perf_counter()
     quiet_transformers()
@@ -57,6 +58,28 @@ def run_pipeline(cfg: Config, echo=print) -> list[dict]:
         model_dir, entries = Path(base_model_dir(cfg, run_dir)), []
     scorers: dict[str, Path] = {}  # rm / prm stage -> the model it trained (not a policy)
     policy_metrics = None  # the held-out task metrics of model_dir, once a stage has measured them
+    try:
+        model_dir, entries = _run_stages(cfg, run_dir, model_dir, entries, scorers, policy_metrics, echo)
+    except WriteFailed as e:  # a full disk: what the finished stages wrote is whole, the failed one restarts
+        raise e.advised("The stages finished before it are kept: free some space or fix the directory, then "
+                        "continue the pipeline with train.resume=true") from e.cause
+    if dist.is_main:
+        from rlft.report import build_report
+
+        with writing(run_dir / "report.html"):
+            build_report(run_dir)
+    echo(summary_table(entries, time.perf_counter() - t0, run_dir))
+    return entries
+
+
+def _run_stages(cfg: Config, run_dir: Path, model_dir: Path, entries: list, scorers: dict, policy_metrics,
+                echo) -> tuple[Path, list]:
+    """Each stage of ``cfg.stages`` in turn, skipping those a resumed run finished; returns the last policy
+    directory and the summary entries."""
+    from rlft.dist import current
+    from rlft.run import seed_everything
+
+    dist = current()
     for i, name in enumerate(cfg.stages):
         out = run_dir / f"{i}-{name}"
         done = _finished(out)
@@ -81,17 +104,12 @@ def run_pipeline(cfg: Config, echo=print) -> list[dict]:
         entries.append(done)
         if dist.is_main:
             write_json(run_dir / SUMMARY, {"stages": entries})
-    if dist.is_main:
-        from rlft.report import build_report
-
-        build_report(run_dir)
-    echo(summary_table(entries, time.perf_counter() - t0, run_dir))
-    return entries
+    return model_dir, entries
 
 
 def task_part(metrics: dict) -> dict:
-    """The task evaluation's keys (n, exact_match, format_rate, pass@k) of a stage's metrics; a stage's own
-    metrics are namespaced (dpo/..., rm/...)."""
+    """The task evaluation's keys (n, exact_match, format_rate, pass@k, and the extra sets' under sets) of a
+    stage's metrics; a stage's own metrics are namespaced (dpo/..., rm/...)."""
     return {k: v for k, v in metrics.items() if "/" not in k}
 
 
@@ -118,6 +136,9 @@ def summary_table(entries: list[dict], seconds: float, run_dir: Path) -> str:
         key = next((k for k in ("exact_match", "rm/accuracy", "prm/accuracy") if k in m), None)
         label, value = f"{i}-{e['stage']}", f"{m[key]:.3f}" if key else "-"
         lines.append(f"{label:<16}{key or '':<22}{value:>10}")
+        for name, part in m.get("sets", {}).items():  # the extra held-out sets (eval.sets)
+            if "exact_match" in part:
+                lines.append(f"{'':<16}{name + '/exact_match':<22}{part['exact_match']:>10.3f}")
     lines += [f"time                  {seconds:.1f} s", f"run directory         {run_dir}",
               f"summary               {run_dir / SUMMARY}"]
     return "\n".join(lines)

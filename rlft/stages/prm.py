@@ -20,7 +20,7 @@ from rlft.config import Config
 from rlft.models.loading import DTYPES, resolve_device
 from rlft.models.prm_head import build_prm
 from rlft.rewards import REWARDS
-from rlft.stages.base import STAGES, StageResult, save_model, step_log, write_json
+from rlft.stages.base import STAGES, StageResult, save_model, save_whole, step_log, write_json
 from rlft.trainers.prm import evaluate_prm, step_examples, train_prm
 
 
@@ -46,7 +46,7 @@ def prm_stage(cfg: Config, model_dir: str, out_dir: Path, echo=print, start: dic
         train_prm(model, tok.pad_token_id, train, p.steps, p.batch_size, p.lr, cfg.optim.weight_decay,
                   cfg.optim.grad_clip, cfg.train.seed, on_step=on_step)
     after = evaluate_prm(model, held_out, tok.pad_token_id)
-    save_to = save_model(model, tok, Path(out_dir) / "prm_model")
+    save_to = save_whole(Path(out_dir) / "prm_model", lambda tmp: save_model(model, tok, tmp))
     write_json(Path(out_dir) / "prm_eval.json", {"before": before, "after": after})
     line = (f"prm: held-out step accuracy {before['prm/accuracy']:.3f} -> {after['prm/accuracy']:.3f}; "
             f"process reward model in {save_to}")

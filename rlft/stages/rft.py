@@ -16,7 +16,7 @@ from pathlib import Path
 
 from rlft.config import Config
 from rlft.models.lora import save_policy
-from rlft.stages.base import STAGES, StageResult, step_log, task_metrics, write_json
+from rlft.stages.base import STAGES, StageResult, save_whole, step_log, task_metrics, write_json
 from rlft.trainers.rft import forced_mode, train_rft
 
 
@@ -33,7 +33,7 @@ def rft_stage(cfg: Config, model_dir: str, out_dir: Path, echo=print, start: dic
     with step_log(out_dir, "rft_metrics.jsonl", r.rounds, cfg.log.progress) as on_round:
         totals = train_rft(policy, tok, load_task(cfg)[0], cfg, on_round=on_round)
     after = task_metrics(policy, tok, cfg)
-    save_to = save_policy(policy, tok, Path(out_dir) / "policy", cfg.lora.save)
+    save_to = save_whole(Path(out_dir) / "policy", lambda tmp: save_policy(policy, tok, tmp, cfg.lora.save))
     write_json(Path(out_dir) / "rft_eval.json", {"rft": totals, "task_before": before, "task_after": after})
     line = (f"rft ({r.mode}): exact match {before['exact_match']:.3f} -> {after['exact_match']:.3f} after "
             f"{int(totals['rft/samples_total'])} completions, {totals['rft/accept_rate']:.2f} accepted; "

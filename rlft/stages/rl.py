@@ -40,6 +40,7 @@ def rl_stage(cfg: Config, model_dir: str, out_dir: Path, echo=print, start: dict
              rm_dir: Path | None = None, prm_dir: Path | None = None) -> StageResult:
     """RL from ``model_dir`` in ``out_dir``; the result's model is the final policy. With ``start`` (the
     held-out metrics of ``model_dir``) the evaluation before RL is not repeated."""
+    from rlft.eval import without_examples
     from rlft.run import train
 
     from rlft.dist import current
@@ -57,7 +58,7 @@ def rl_stage(cfg: Config, model_dir: str, out_dir: Path, echo=print, start: dict
         log=dataclasses.replace(cfg.log, run_dir=str(out_dir.parent), name=out_dir.name))
     result = train(stage_cfg, echo=echo)
     before, after = start or result.eval.get("before_rl", {}), result.eval["after_rl"]
-    metrics = {k: v for k, v in after.items() if k != "examples"}
+    metrics = without_examples(after)  # eval.sets' metrics under "sets"
     start = f"{before['exact_match']:.3f} -> " if "exact_match" in before else ""
     line = f"{cfg.algo.name}: exact match {start}{after['exact_match']:.3f}; policy in {out_dir / 'policy'}"
     return StageResult(model_dir=out_dir / "policy", metrics=metrics, summary=line)

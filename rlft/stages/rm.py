@@ -24,7 +24,7 @@ from rlft.config import Config, ConfigError
 from rlft.data.preferences import Ranking
 from rlft.models.loading import DTYPES, resolve_device
 from rlft.models.reward_head import build_reward_model
-from rlft.stages.base import STAGES, StageResult, save_model, step_log, write_json
+from rlft.stages.base import STAGES, StageResult, save_model, save_whole, step_log, write_json
 from rlft.stages.data import load_rankings
 from rlft.trainers.policy_pairs import policy_preferences
 from rlft.trainers.rm import encode_ranking, evaluate_rm, train_rm
@@ -90,7 +90,7 @@ def rm_stage(cfg: Config, model_dir: str, out_dir: Path, echo=print, start: dict
     with step_log(out_dir, "rm_metrics.jsonl", cfg.rm.steps, cfg.log.progress) as on_step:
         train_rm(model, tok.pad_token_id, enc_train, r, cfg.optim, cfg.train.seed, on_step=on_step)
     after = {**evaluate(), **stats}
-    save_to = save_model(model, tok, Path(out_dir) / "reward_model")
+    save_to = save_whole(Path(out_dir) / "reward_model", lambda tmp: save_model(model, tok, tmp))
     write_json(Path(out_dir) / "rm_eval.json", {"before": before, "after": after, "pairs": n_pairs})
     kinds = "".join(f", {k} {after[f'rm/{k}/accuracy']:.3f}" for k in enc_kinds if f"rm/{k}/accuracy" in after)
     line = (f"rm: held-out ranking accuracy {before['rm/accuracy']:.3f} -> {after['rm/accuracy']:.3f} "

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from rlft.config import Config
 from rlft.models.lora import save_policy
-from rlft.stages.base import STAGES, StageResult, step_log, task_metrics, write_json
+from rlft.stages.base import STAGES, StageResult, save_whole, step_log, task_metrics, write_json
 from rlft.trainers.sft import train_sft
 
 
@@ -29,7 +29,7 @@ def sft_stage(cfg: Config, model_dir: str, out_dir: Path, echo=print, start: dic
     with step_log(out_dir, "sft_metrics.jsonl", cfg.sft.steps, cfg.log.progress) as on_step:
         train_sft(policy, tok, train_ex, cfg, on_step=on_step)
     after = task_metrics(policy, tok, cfg)
-    save_to = save_policy(policy, tok, Path(out_dir) / "policy", cfg.lora.save)
+    save_to = save_whole(Path(out_dir) / "policy", lambda tmp: save_policy(policy, tok, tmp, cfg.lora.save))
     write_json(Path(out_dir) / "sft_eval.json", {"task_before": before, "task_after": after})
     line = (f"sft: exact match {before['exact_match']:.3f} -> {after['exact_match']:.3f} "
             f"(loss on {cfg.sft.loss_on}); policy in {save_to}")
