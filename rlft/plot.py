@@ -70,6 +70,25 @@ def series(records: list[dict], panel: Panel) -> dict[str, tuple[list[int], list
     return {}
 
 
+def write_run_plots(run_dir: Path, echo=print) -> Path | None:
+    """A finished run's own curves in ``run_dir/plots`` (``log.plots``); None, with a line saying why, when
+    matplotlib is missing, and None when the run logged no RL step (an SFT-only pipeline)."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        echo("rlft: no plots/ (matplotlib is not installed: pip install 'rlft[plot]', then rlft plot "
+             f"{run_dir})")
+        return None
+    from rlft.errors import writing
+
+    try:
+        with writing(run_dir / "plots", catch=OSError):
+            plot_runs([run_dir], run_dir / "plots")
+    except DataError:
+        return None
+    return run_dir / "plots"
+
+
 def plot_runs(runs: list[Path], out: Path) -> dict[str, dict[str, tuple[list[int], list[float]]]]:
     """Draw the panels of ``runs`` into ``out`` (PNG files); returns what was drawn: {panel: {line label: data}}."""
     import matplotlib

@@ -12,6 +12,10 @@ Run directory layout::
     runs/<name>/critic_pretrain_metrics.jsonl  VAPO value pre-training (critic.pretrain_steps > 0)
     runs/<name>/checkpoints/       step_N/{policy/, state.pt} every train.save_every steps
     runs/<name>/base_model/        the embedded tiny model (only when model.path is empty)
+    runs/<name>/samples.jsonl      sampled completions with their rewards (log.samples_every)
+    runs/<name>/health.json        the health warnings that fired
+    runs/<name>/report.html        the run on one page
+    runs/<name>/plots/             its curves as PNG files (log.plots, with matplotlib)
 
 Under ``accelerate launch`` / ``torchrun`` the RL steps are data-parallel (``rlft.dist``); the SFT warm-up
 and the evaluations run in the main process while the others wait, and only the main process writes.
@@ -47,6 +51,7 @@ from rlft.dist import current, init_dist
 from rlft.errors import TrainingHalted, WriteFailed, writing
 from rlft.eval import HeldOut, evaluate_sets, load_sets, primary_name, primary_set, val_metrics
 from rlft.health import HealthMonitor
+from rlft.plot import write_run_plots
 from rlft.report import build_report
 from rlft.models.loading import check_model_path, load_policy, quiet_transformers, resolve_device
 from rlft.models.lora import AdaptersOff, add_lora, is_adapter_dir, is_peft, load_adapters, merged_copy, save_policy
@@ -210,6 +215,8 @@ def train(cfg: Config, *, echo=print) -> RunResult:
             checkpoint.write_dir(run_dir / "policy", lambda tmp: save_policy(policy, tokenizer, tmp, cfg.lora.save))
             with writing(run_dir / "report.html"):
                 build_report(run_dir)
+            if cfg.log.plots:
+                write_run_plots(run_dir, echo)
     dist.barrier()  # the run's files are complete when any process returns
     seconds = time.perf_counter() - t0
     echo(summary(results, seconds, run_dir))

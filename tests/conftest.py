@@ -24,6 +24,7 @@ TINY_MODEL = {"hidden_size": 32, "layers": 1, "heads": 2}
 
 # Size of a tiny run: valid on top of the embedded default and of a recipe.
 TINY_SIZE = [
+    "log.plots=false",  # matplotlib at every run's end would add minutes to the suite; tests/test_plot.py draws
     "model.device=cpu",
     "model.dtype=float32",
     f"model.tiny_hidden_size={TINY_MODEL['hidden_size']}",

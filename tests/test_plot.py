@@ -52,3 +52,30 @@ def test_plot_command_and_its_errors(tmp_path, capsys):
     (tmp_path / "b" / "metrics.jsonl").write_text('{"step": 1}\n{bad\n{"step": 2}\n')
     assert main(["plot", str(tmp_path / "b")]) == 2
     assert "line 2: not JSON" in capsys.readouterr().err
+
+
+def test_a_run_with_validation_writes_its_curves_report_and_plots(tmp_path, tiny_overrides):
+    """Issue 13's acceptance on the embedded demo's settings: eval.every gives validation curves, and the run ends
+    with report.html and plots/*.png (log.plots) without any other command."""
+    from rlft.config import load_config
+    from rlft.run import train
+
+    cfg = load_config(None, tiny_overrides(tmp_path, "train.steps=4", "eval.every=2", "log.plots=true", "log.name=v"))
+    res = train(cfg, echo=lambda *a, **k: None)
+    steps = [json.loads(line) for line in (res.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in steps if "val/max/exact_match" in r] == [2, 4]
+    assert (res.run_dir / "report.html").is_file()
+    for name in ("reward", "validation", "overview"):
+        image = mpimg.imread(res.run_dir / "plots" / f"{name}.png")
+        assert image.ndim == 3 and image.std() > 0, name
+
+
+def test_without_matplotlib_a_run_says_how_to_get_plots(tmp_path, monkeypatch):
+    import sys
+
+    from rlft.plot import write_run_plots
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    said = []
+    assert write_run_plots(tmp_path, echo=said.append) is None
+    assert "pip install 'rlft[plot]'" in said[0] and not (tmp_path / "plots").exists()

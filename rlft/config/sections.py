@@ -490,6 +490,8 @@ class LogConfig:
     """Every N RL steps, append log.samples_groups groups of the step's batch to samples.jsonl (prompt, completion, each reward, advantage, length, the rule's verdict); 0: no sample log."""
     samples_groups: int = 2
     """Groups (each G completions of one prompt) logged each time."""
+    plots: bool = True
+    """At the end of a run, draw its curves into plots/*.png (as rlft plot does; needs matplotlib, the plot extra)."""
 
     def __post_init__(self) -> None:
         _check(self.samples_every >= 0, "log.samples_every", "must be >= 0 (0: no sample log)")

@@ -68,6 +68,10 @@ def run_pipeline(cfg: Config, echo=print) -> list[dict]:
 
         with writing(run_dir / "report.html"):
             build_report(run_dir)
+        if cfg.log.plots:
+            from rlft.plot import write_run_plots
+
+            write_run_plots(run_dir, echo)
     echo(summary_table(entries, time.perf_counter() - t0, run_dir))
     return entries
 
