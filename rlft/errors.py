@@ -51,3 +51,13 @@ def writing(path: str | Path, catch: type[BaseException] | tuple = OSError):
         raise
     except catch as e:
         raise WriteFailed(path, e) from e
+
+
+def utf8_text(data: bytes, where: str, error: type[Exception], *, bom: bool = False) -> str:
+    """``data`` decoded as UTF-8 (``bom``: a leading byte-order mark dropped); text that is not UTF-8 raises
+    ``error`` naming ``where`` and the line of the first bad byte."""
+    try:
+        return data.decode("utf-8-sig" if bom else "utf-8")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise error(f"{where}: line {line}: not UTF-8 text ({e.reason} at byte {e.start})") from None

@@ -17,6 +17,7 @@ from typing import Any, Literal, Mapping
 import yaml
 
 from rlft.config.sections import AlgoConfig, Config, ConfigError, EvalSet, RewardTerm, _check
+from rlft.errors import utf8_text
 
 
 def _coerce(value: Any, tp: Any, key: str) -> Any:
@@ -163,12 +164,7 @@ def load_config(recipe: str | Path | None = None, overrides: list[str] | tuple[s
         if not path.is_file():
             raise ConfigError(f"recipe {str(path)!r} " + ("is a directory, not a YAML file" if path.is_dir()
                                                          else "does not exist"))
-        data = path.read_bytes()
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError as e:
-            line = data[: e.start].count(b"\n") + 1
-            raise ConfigError(f"recipe {path}: line {line}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+        text = utf8_text(path.read_bytes(), f"recipe {path}", ConfigError)
         try:
             tree = yaml.safe_load(text) or {}
         except (yaml.YAMLError, ValueError, RecursionError) as e:  # ValueError: an int too long to read

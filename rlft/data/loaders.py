@@ -20,6 +20,7 @@ import re
 from pathlib import Path
 
 from rlft.data.schema import DataError, Example, Rows, rows_to_examples
+from rlft.errors import utf8_text
 
 HF_PREFIX = "hf:"
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
@@ -93,12 +94,7 @@ def _located_rows(path: Path) -> list[tuple[str, int | None, dict]]:
     The text is UTF-8, with or without a byte-order mark; a .jsonl file's lines end at ``\n`` only (a JSON string
     may hold U+2028 and the other characters ``str.splitlines`` would also cut at).
     """
-    data = path.read_bytes()
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        line = data[: e.start].count(b"\n") + 1
-        raise DataError(f"{path}: line {line}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    text = utf8_text(path.read_bytes(), str(path), DataError, bom=True)
     if text.lstrip().startswith("["):
         located = [(f"{path}: item {i}", None, row) for i, row in enumerate(_json_array(text, path))]
     else:
