@@ -287,3 +287,17 @@ def test_help_text_lists_every_key():
         for f in dataclasses.fields(value):
             assert f"{section.name}.{f.name} = " in text
     assert "responses sampled per prompt" in text  # field docstrings are the help
+
+
+def test_a_key_given_twice_in_a_recipe_is_an_error_naming_it(tmp_path):
+    """PyYAML keeps the last of two equal keys silently; a recipe that sets a value twice is refused instead."""
+    recipe = tmp_path / "twice.yaml"
+    recipe.write_text("optim:\n  lr: 1.0e-4\ntrain:\n  steps: 3\noptim:\n  lr: 1.0e-2\n")
+    with pytest.raises(ConfigError, match=r"(?s)twice.yaml: invalid YAML.*found key 'optim' again.*line 5"):
+        load_config(recipe, [])
+    recipe.write_text("optim:\n  lr: 1.0e-4\n  lr: 2.0e-4\n")
+    with pytest.raises(ConfigError, match=r"found key 'lr' again \(first at line 2\)"):
+        load_config(recipe, [])
+    recipe.write_text("optim:\n  lr: 1.0e-4\ntrain:\n  lr_like: 1\n")  # equal keys in different sections are fine
+    with pytest.raises(ConfigError, match="train.lr_like"):
+        load_config(recipe, [])

@@ -130,6 +130,29 @@ def _build(cls: type, data: Mapping[str, Any], prefix: str, entry: bool = False)
         raise ConfigError(f"{prefix}{e}") from None
 
 
+class _UniqueKeys(yaml.SafeLoader):
+    """YAML's safe loader, except that a key given twice in one mapping is an error (where PyYAML keeps the last
+    value silently: a recipe that sets ``lr`` twice would run with whichever came last)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if not isinstance(key, (str, int, float, bool)):
+                continue  # an unhashable key is the base loader's error
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    "while reading a mapping", node.start_mark,
+                    f"found key {key!r} again (first at line {seen[key] + 1}); a key may appear once",
+                    key_node.start_mark)
+            seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep=deep)
+
+
+def _yaml(text: str) -> Any:
+    return yaml.load(text, Loader=_UniqueKeys)
+
+
 def parse_override(text: str) -> tuple[list[str], Any]:
     """``'algo.group_size=4'`` -> (['algo', 'group_size'], 4). Values are read as YAML scalars/lists."""
     if "=" not in text:
@@ -139,7 +162,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if not all(parts):
         raise ConfigError(f"override {text!r}: malformed key {key!r}")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = _yaml(raw) if raw.strip() else ""
     except (yaml.YAMLError, ValueError, RecursionError):  # ValueError: an int too long to read; RecursionError: [[[...
         value = raw  # not YAML (e.g. 'Question: {prompt} Answer:'): plain text, type-checked like any value
     if isinstance(value, dict):  # 'Q: {prompt}' reads as a YAML mapping; on the command line it is text
@@ -166,7 +189,7 @@ def load_config(recipe: str | Path | None = None, overrides: list[str] | tuple[s
                                                          else "does not exist"))
         text = utf8_text(path.read_bytes(), f"recipe {path}", ConfigError)
         try:
-            tree = yaml.safe_load(text) or {}
+            tree = _yaml(text) or {}
         except (yaml.YAMLError, ValueError, RecursionError) as e:  # ValueError: an int too long to read
             raise ConfigError(f"recipe {path}: invalid YAML: {e}") from None
         if not isinstance(tree, dict):
