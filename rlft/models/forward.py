@@ -27,6 +27,25 @@ def _accepts_logits_to_keep(cls: type) -> bool:
     return "logits_to_keep" in inspect.signature(cls.forward).parameters
 
 
+@lru_cache(maxsize=None)
+def cache_kwarg(cls: type) -> str | None:
+    """The keyword under which ``cls.forward`` takes a KV cache: ``cache`` (transformers >= 5.24) or
+    ``past_key_values`` (before; 5.24 still accepts it, with a deprecation warning); None for neither."""
+    params = inspect.signature(cls.forward).parameters
+    return next((name for name in ("cache", "past_key_values") if name in params), None)
+
+
+def with_cache(model, cache) -> dict:
+    """``{keyword: cache}`` for a forward of ``model`` (see ``cache_kwarg``)."""
+    return {cache_kwarg(type(core_model(model))) or "past_key_values": cache}
+
+
+def returned_cache(out):
+    """The KV cache a forward returned: ``out.cache`` (transformers >= 5.24) or ``out.past_key_values``."""
+    cache = getattr(out, "cache", None)
+    return cache if cache is not None else out.past_key_values
+
+
 def autocast(model, dtype: str):
     """``torch.autocast`` in ``dtype`` on ``model``'s device (``none``: no autocast)."""
     if dtype == "none":
@@ -49,7 +68,8 @@ def can_share_prefix(model) -> bool:
     flag = "is_activation_checkpointing" if hasattr(type(core), "is_activation_checkpointing") else \
         "is_gradient_checkpointing"
     checkpointing = getattr(core, flag, False) and model.training
-    return _accepts_logits_to_keep(type(core_model(model))) and not checkpointing
+    cls = type(core_model(model))
+    return _accepts_logits_to_keep(cls) and cache_kwarg(cls) is not None and not checkpointing
 
 
 def response_logits(model, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor, response_mask: Tensor,
@@ -87,18 +107,18 @@ def _shared_prefix_logits(model, prompt_ids: Tensor, prompt_mask: Tensor, respon
     first, group = first.to(device), group.to(device)
     p_ids, p_mask = prompt_ids.to(device)[first], prompt_mask.to(device)[first]  # (U, Tp)
     out = model(input_ids=p_ids, attention_mask=p_mask, position_ids=(p_mask.cumsum(-1) - 1).clamp(min=0),
-                past_key_values=DynamicCache(), use_cache=True, logits_to_keep=1)
+                **with_cache(model, DynamicCache()), use_cache=True, logits_to_keep=1)
     head = out.logits[:, -1:][group]  # (B, 1, V): the last prompt position predicts response token 0
     T = response_ids.shape[1]
     if T == 1:
         return head
-    cache = out.past_key_values
+    cache = returned_cache(out)
     cache.batch_select_indices(group)  # row b reads the keys and values of its prompt; gradients sum back
     attn = torch.cat([p_mask[group], response_mask.to(device)[:, :-1]], dim=1)  # (B, Tp + T - 1)
     start = p_mask.sum(1)[group]  # (B,) position id of response token 0
     position_ids = start[:, None] + torch.arange(T - 1, device=device)  # (B, T - 1)
     rest = model(input_ids=response_ids.to(device)[:, :-1], attention_mask=attn, position_ids=position_ids,
-                 past_key_values=cache, use_cache=True).logits  # (B, T - 1, V): token t predicts token t + 1
+                 **with_cache(model, cache), use_cache=True).logits  # (B, T - 1, V): token t predicts token t + 1
     return torch.cat([head, rest], dim=1)  # (B, T, V)
 
 

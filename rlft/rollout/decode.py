@@ -11,8 +11,8 @@ computing rows that have already emitted eos. This loop
   temperature, then top-k, then top-p (transformers' own warpers), then
   ``torch.multinomial``; greedy takes the argmax.
 
-It needs a causal LM that accepts ``position_ids``, ``past_key_values`` with a
-``DynamicCache`` and ``logits_to_keep`` (every decoder-only model of transformers
+It needs a causal LM that accepts ``position_ids``, a ``DynamicCache`` (as ``cache``
+from transformers 5.24 on, ``past_key_values`` before) and ``logits_to_keep`` (every decoder-only model of transformers
 does); ``supports_fast_sampling`` says whether one does, and ``rlft.rollout.hf``
 falls back to ``model.generate`` when it does not.
 """
@@ -26,6 +26,7 @@ from functools import lru_cache
 import torch
 from torch import Tensor
 
+from rlft.models.forward import cache_kwarg, returned_cache, with_cache
 from rlft.models.lora import core_model
 from rlft.rollout.batch import left_pad
 
@@ -120,7 +121,7 @@ def reserved_cache(model, capacity: int):
 @lru_cache(maxsize=None)
 def supports_fast_sampling(cls: type) -> bool:
     params = inspect.signature(cls.forward).parameters
-    return all(p in params for p in ("position_ids", "past_key_values", "logits_to_keep"))
+    return cache_kwarg(cls) is not None and all(p in params for p in ("position_ids", "logits_to_keep"))
 
 
 def warp(logits: Tensor, *, temperature: float, top_k: int, top_p: float) -> Tensor:
@@ -147,9 +148,9 @@ def sample(model, prompts: list[list[int]], *, group_size: int, max_new_tokens: 
     ids, mask = ids.to(device), mask.to(device)
     cache = reserved_cache(core_model(model), ids.shape[1] + max_new_tokens) or DynamicCache()
     out = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
-                past_key_values=cache, use_cache=True, logits_to_keep=1)
+                **with_cache(model, cache), use_cache=True, logits_to_keep=1)
     logits = out.logits[:, -1].float()  # (P, V)
-    cache = out.past_key_values
+    cache = returned_cache(out)
     if G > 1:
         cache.batch_repeat_interleave(G)
         logits = logits.repeat_interleave(G, 0)  # (B, V)
@@ -185,10 +186,10 @@ def sample(model, prompts: list[list[int]], *, group_size: int, max_new_tokens: 
             cache.batch_select_indices(keep)
             rows, nxt, attn, pos, live = rows[keep], nxt[keep], attn[keep], pos[keep], live[keep]
         attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)
-        out = model(input_ids=nxt[:, None], attention_mask=attn, position_ids=pos[:, None], past_key_values=cache,
-                    use_cache=True, logits_to_keep=1)
+        out = model(input_ids=nxt[:, None], attention_mask=attn, position_ids=pos[:, None],
+                    **with_cache(model, cache), use_cache=True, logits_to_keep=1)
         logits = out.logits[:, -1].float()
-        cache = out.past_key_values
+        cache = returned_cache(out)
         pos = pos + 1
     width = int(lengths.max())
     response_mask = (torch.arange(width, device=device)[None, :] < lengths[:, None]).long()
