@@ -50,7 +50,7 @@ def cmd_train(ns: argparse.Namespace) -> int:
 
 
 def cmd_eval(ns: argparse.Namespace) -> int:
-    from rlft.eval import evaluate_sets, load_sets, primary_set
+    from rlft.eval import evaluate_task
     from rlft.models.loading import load_policy, quiet_transformers
     from rlft.run import load_task, seed_everything
 
@@ -60,8 +60,7 @@ def cmd_eval(ns: argparse.Namespace) -> int:
     seed_everything(cfg.train.seed)  # pass@k samples are reproducible, as in `rlft train`
     model, tok = load_policy(ns.model, cfg.model)
     _, held_out = load_task(cfg)
-    sets = [h.encode(tok, cfg) for h in (primary_set(cfg, held_out), *load_sets(cfg))]
-    print(json.dumps(evaluate_sets(model, tok, sets, cfg), indent=2))  # eval.sets' results under "sets"
+    print(json.dumps(evaluate_task(model, tok, cfg, held_out, examples=True), indent=2))  # eval.sets under "sets"
     return 0
 
 

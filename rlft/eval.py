@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from rlft.config import Config, ConfigError
-from rlft.config.sections import EvalSet, source_name
+from rlft.config.sections import EvalSet, primary_name
 from rlft.core.passk import maj_at_k, mean_pass_at_k
 from rlft.data.loaders import load_examples
 from rlft.data.schema import DataError, Example
-from rlft.data.synthetic import synthetic_task
+from rlft.data.synthetic import configured_task
 from rlft.data.templates import encode_prompts
 from rlft.rewards import score_batch
 from rlft.rewards.group import EXTRACTORS, answer_key
@@ -98,12 +98,6 @@ class HeldOut:
         return self
 
 
-def primary_name(cfg: Config) -> str:
-    """The primary held-out set's name: ``eval.name``, else read from ``data.source`` (``synthetic:max`` -> ``max``,
-    a path -> its last part without suffix)."""
-    return cfg.eval.name or source_name(cfg.data.source)
-
-
 def primary_set(cfg: Config, examples: list[Example]) -> HeldOut:
     """The held-out split of ``data.source``, judged by the ``eval`` section's rules."""
     e = cfg.eval
@@ -130,10 +124,7 @@ def load_sets(cfg: Config) -> list[HeldOut]:
 def _set_examples(s: EvalSet, cfg: Config) -> list[Example]:
     d = cfg.data
     if s.source.startswith("synthetic:"):  # the held-out part, past data.synth_train_size training problems
-        _, held_out = synthetic_task(s.source.split(":", 1)[1], n_train=d.synth_train_size,
-                                     n_eval=s.limit or d.num_eval or 500, max_operand=d.synth_max_operand,
-                                     ops=d.synth_ops, seed=cfg.train.seed if d.synth_seed < 0 else d.synth_seed)
-        return held_out
+        return configured_task(s.source, d, cfg.train.seed, s.limit or d.num_eval or 500)[1]
     rows = load_examples(s.source, s.split, prompt_key=s.prompt_key, answer_key=s.answer_key or None)
     return rows[: s.limit or None]
 
@@ -163,7 +154,9 @@ def without_examples(results: dict) -> dict:
     return out
 
 
-def evaluate_task(model, tokenizer, cfg: Config, held_out: list[Example]) -> dict:
-    """The primary set ``held_out`` and ``eval.sets``, loaded and encoded here, evaluated (examples dropped)."""
+def evaluate_task(model, tokenizer, cfg: Config, held_out: list[Example], *, examples: bool = False) -> dict:
+    """The primary set ``held_out`` and ``eval.sets``, loaded and encoded here, evaluated (with a few example
+    responses when ``examples``)."""
     sets = [primary_set(cfg, held_out), *load_sets(cfg)]
-    return without_examples(evaluate_sets(model, tokenizer, [h.encode(tokenizer, cfg) for h in sets], cfg))
+    results = evaluate_sets(model, tokenizer, [h.encode(tokenizer, cfg) for h in sets], cfg)
+    return results if examples else without_examples(results)

@@ -44,12 +44,12 @@ from rlft.config import Config, ConfigError, with_name
 from rlft.core.kl import make_kl_controller
 from rlft.data.loaders import load_examples
 from rlft.data.schema import Example
-from rlft.data.synthetic import synthetic_task
+from rlft.data.synthetic import configured_task
 from rlft.data.templates import encode_prompts
 from rlft.disk import check_disk
 from rlft.dist import current, init_dist
 from rlft.errors import TrainingHalted, WriteFailed, writing
-from rlft.eval import HeldOut, evaluate_sets, load_sets, primary_name, primary_set, val_metrics
+from rlft.eval import HeldOut, evaluate_sets, load_sets, primary_set, val_metrics
 from rlft.health import HealthMonitor
 from rlft.plot import write_run_plots
 from rlft.report import build_report
@@ -87,9 +87,7 @@ def set_threads(cfg: Config) -> None:
 def load_task(cfg: Config) -> tuple[list[Example], list[Example]]:
     d = cfg.data
     if d.source.startswith("synthetic:"):
-        return synthetic_task(d.source.split(":", 1)[1], n_train=d.synth_train_size, n_eval=d.num_eval or 500,
-                              max_operand=d.synth_max_operand, ops=d.synth_ops,
-                              seed=cfg.train.seed if d.synth_seed < 0 else d.synth_seed)
+        return configured_task(d.source, d, cfg.train.seed, d.num_eval or 500)
     keys = {"prompt_key": d.prompt_key, "answer_key": d.answer_key or None, "response_key": d.response_key or None}
     train = load_examples(d.source, d.train_split, **keys)
     held_out = load_examples(d.source, d.eval_split, **keys)
@@ -407,12 +405,6 @@ class StopSignals:
     def __exit__(self, *exc) -> None:
         for s, handler in self._previous.items():
             signal.signal(s, handler)
-
-
-def eval_set_name(cfg: Config) -> str:
-    """``eval.name``, or the held-out set's name from ``data.source`` (``synthetic:max`` -> ``max``, a path -> its
-    last part without suffix)."""
-    return primary_name(cfg)
 
 
 def validation(policy, tokenizer, held_out: list[HeldOut], cfg: Config) -> dict[str, float]:

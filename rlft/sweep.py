@@ -135,10 +135,9 @@ def _finished(run_dir: Path) -> bool:
 
 def _primary_val_key(run_dir: Path) -> str:
     """``val/<primary set>/exact_match`` of the run (eval.sets' extra sets are not what the sweep compares)."""
-    from rlft.config.sections import source_name
+    from rlft.config.sections import primary_name
 
-    cfg = load_config(run_dir / "config.yaml", [])
-    return f"val/{cfg.eval.name or source_name(cfg.data.source)}/exact_match"
+    return f"val/{primary_name(load_config(run_dir / 'config.yaml', []))}/exact_match"
 
 
 def _results(run_dir: Path) -> dict:

@@ -10,7 +10,8 @@ import pytest
 from rlft import eval as ev
 from rlft.config import load_config
 from rlft.data.schema import Example
-from rlft.run import eval_set_name, train
+from rlft.config.sections import primary_name as eval_set_name
+from rlft.run import train
 
 
 def quiet(*args, **kwargs) -> None:

@@ -126,11 +126,12 @@ def test_settings_map_onto_sampling_params(fake_vllm, tiny_model_dir):
 def test_the_request_seed_follows_torch_s_generator(fake_vllm, tiny_model_dir):
     model = load_model(str(tiny_model_dir))
     seeds = []
-    for _ in range(2):
-        torch.manual_seed(123)
+    for seed in (123, 123, 124):
+        torch.manual_seed(seed)
         sample_vllm(model, [[5, 6]], group_size=2, max_new_tokens=3, stops=[2], pad_id=0)
         seeds.append(FakeLLM.instances[0].calls[-1].seed)
     assert seeds[0] == seeds[1]
+    assert seeds[2] != seeds[0]  # drawn from the generator, not a constant
 
 
 def test_weights_are_pushed_once_per_change_under_checkpoint_names(fake_vllm, tiny_model_dir):

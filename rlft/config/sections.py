@@ -335,6 +335,12 @@ def source_name(source: str) -> str:
     return source.split(":", 1)[1] if source.startswith(("synthetic:", "hf:")) else Path(source).stem
 
 
+def primary_name(cfg: "Config") -> str:
+    """The primary held-out set's name in the val/ metrics: ``eval.name``, else read from ``data.source``
+    (``synthetic:max`` -> ``max``, a path -> its last part without suffix)."""
+    return cfg.eval.name or source_name(cfg.data.source)
+
+
 @dataclass(frozen=True)
 class EvalSet:
     """One entry of ``eval.sets``: an extra held-out set, evaluated wherever the primary one (``data``) is (before

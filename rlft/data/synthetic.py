@@ -112,6 +112,14 @@ def synthetic_task(task: str, *, n_train: int, n_eval: int, max_operand: int = 9
     return examples[:n_train], examples[n_train:]
 
 
+def configured_task(source: str, data, train_seed: int, n_eval: int) -> tuple[list[Example], list[Example]]:
+    """``synthetic:<task>``'s (train, held-out) problems as the ``data`` config section draws them
+    (``synth_train_size``, ``synth_max_operand``, ``synth_ops``; seeded by ``synth_seed``, else ``train_seed``)."""
+    return synthetic_task(source.split(":", 1)[1], n_train=data.synth_train_size, n_eval=n_eval,
+                          max_operand=data.synth_max_operand, ops=data.synth_ops,
+                          seed=train_seed if data.synth_seed < 0 else data.synth_seed)
+
+
 def _example(question: str, answer: int, working: str = "", *, index: int, task: str) -> Example:
     return Example(
         prompt=({"role": "user", "content": f"{question} {INSTRUCTION}"},),
