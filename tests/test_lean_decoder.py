@@ -1,0 +1,158 @@
+"""The lean decode step (rlft.rollout.lean) against each supported model's own forward, where it steps aside,
+and the sampler's inverse-CDF draw."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from rlft.models.loading import load_model
+from rlft.rollout import decode
+from rlft.rollout.lean import LeanDecoder
+from numerics import FORWARD_DEPTH, assert_rounding_close, rounding_differs
+
+SIZES = dict(vocab_size=50, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, head_dim=8, max_position_embeddings=64, pad_token_id=0, bos_token_id=1,
+             eos_token_id=2, tie_word_embeddings=False)
+
+
+def make_config(kind: str, **extra):
+    import transformers
+
+    name, more = {
+        "llama": ("LlamaConfig", dict(attention_bias=True, mlp_bias=True)),  # every projection with a bias
+        "mistral": ("MistralConfig", dict(sliding_window=None)),
+        "qwen2": ("Qwen2Config", dict()),  # q, k, v biases; o without
+        "qwen3": ("Qwen3Config", dict()),  # per-head q and k norms
+    }[kind]
+    return getattr(transformers, name)(**{**SIZES, **more, **extra})
+
+
+def saved_model(tmp_path, config, seed: int = 0):
+    """A random model of ``config``, saved and loaded back through rlft's loader; biases and norm weights made
+    non-trivial so that a path that skips one of them shows."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or "norm" in name:
+                p.add_(0.3 * torch.randn_like(p))
+    model.save_pretrained(tmp_path / config.model_type)
+    return load_model(str(tmp_path / config.model_type)).eval()
+
+
+def lockstep(model, lean, *, shift: int = 0):
+    """Max |logit| and, per decode step, (lean logits, model logits) from the same cache: left-padded prompts
+    prefilled by the model, then 6 decode steps with a compaction after the third."""
+    g = torch.Generator().manual_seed(1)
+    V = model.config.vocab_size
+    prompts = [torch.randint(3, V, (n,), generator=g).tolist() for n in (5, 2, 4)]
+    ids, mask = decode.left_pad(prompts, 0)
+    capacity = ids.shape[1] + 6
+    cache = decode.reserved_cache(model, capacity)
+    with torch.no_grad():
+        model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+              **decode.with_cache(model, cache), use_cache=True)
+    cache.batch_repeat_interleave(2)
+    attn, pos = mask.repeat_interleave(2, 0), mask.sum(1).repeat_interleave(2, 0)
+    pairs = []
+    for t in range(6):
+        if t == 3:
+            keep = torch.tensor([0, 2, 3, 5])
+            cache.batch_select_indices(keep)
+            attn, pos = attn[keep], pos[keep]
+        tokens = torch.randint(3, V, (len(attn),), generator=g)
+        attn = torch.cat([attn, torch.ones_like(attn[:, :1])], 1)
+        mine = lean.step(copy.deepcopy(cache), tokens, pos + shift, attn.bool()).float()
+        with torch.no_grad():
+            out = model(input_ids=tokens[:, None], attention_mask=attn, position_ids=pos[:, None],
+                        **decode.with_cache(model, cache), use_cache=True)
+        pairs.append((mine, out.logits[:, -1].float()))
+        pos = pos + 1
+    return max(theirs.abs().max().item() for _, theirs in pairs), pairs
+
+
+@pytest.mark.parametrize("kind", ["llama", "mistral", "qwen2", "qwen3"])
+def test_lean_step_is_the_models_forward(tmp_path, kind):
+    model = saved_model(tmp_path, make_config(kind))
+    lean = LeanDecoder.build(model, capacity=16)
+    assert lean is not None
+    z_max, pairs = lockstep(model, lean)
+    c = model.config
+    tol = dict(n_terms=max(c.vocab_size, c.intermediate_size, c.hidden_size, 16), scale=1 + z_max,
+               depth=FORWARD_DEPTH)
+    for t, (mine, theirs) in enumerate(pairs):
+        assert mine.shape == theirs.shape
+        assert_rounding_close(mine, theirs, **tol, what=f"{kind} decode step {t}")
+    # the bound catches the bug it guards against: rotary positions off by one
+    _, shifted = lockstep(model, lean, shift=1)
+    assert any(rounding_differs(mine, theirs, **tol) for mine, theirs in shifted)
+
+
+def test_lean_step_reads_the_weights_as_they_are_now(tmp_path):
+    model = saved_model(tmp_path, make_config("llama"))
+    lean = LeanDecoder.build(model, capacity=16)
+    _, before = lockstep(model, lean)
+    with torch.no_grad():
+        model.model.layers[1].mlp.down_proj.weight.mul_(3.0)  # an optimizer step changes weights in place
+    z_max, after = lockstep(model, lean)
+    c = model.config
+    for (mine, theirs), (old, _) in zip(after, before):
+        assert_rounding_close(mine, theirs, n_terms=max(c.vocab_size, c.intermediate_size, 16), scale=1 + z_max,
+                              depth=FORWARD_DEPTH)
+        assert not torch.allclose(mine, old)
+
+
+def test_lean_decoder_steps_aside_where_it_would_not_be_the_same_function(tmp_path):
+    llama = saved_model(tmp_path, make_config("llama"))
+    handle = llama.register_forward_hook(lambda *a: None)  # a hook must see every call: only the model's forward
+    assert LeanDecoder.build(llama, 16) is None
+    handle.remove()
+    assert LeanDecoder.build(llama, 16) is not None
+
+    dynamic = saved_model(tmp_path / "dyn", make_config(
+        "llama", rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}))
+    assert LeanDecoder.build(dynamic, 16) is None  # its rotary tables depend on the sequence length
+
+    windowed = saved_model(tmp_path / "win", make_config("mistral", sliding_window=8))
+    assert LeanDecoder.build(windowed, 16) is None and LeanDecoder.build(windowed, 8) is not None
+
+    dropout = saved_model(tmp_path / "drop", make_config("llama", attention_dropout=0.1))
+    assert LeanDecoder.build(dropout, 16) is not None  # eval mode: no dropout
+    dropout.train()
+    assert LeanDecoder.build(dropout, 16) is None
+
+    from transformers import GPT2Config
+
+    gpt2 = saved_model(tmp_path / "gpt2", GPT2Config(vocab_size=50, n_embd=32, n_layer=1, n_head=2, n_positions=64))
+    assert LeanDecoder.build(gpt2, 16) is None
+
+
+def test_lean_decoder_steps_aside_for_lora_adapters(tmp_path):
+    pytest.importorskip("peft")
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(saved_model(tmp_path, make_config("qwen2")),
+                           LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"]))
+    assert LeanDecoder.build(model, 16) is None
+
+
+def test_draw_samples_the_distribution_and_never_a_zero_probability_token(monkeypatch):
+    p = torch.tensor([0.1, 0.0, 0.2, 0.3, 0.4, 0.0])
+    n = 40_000
+    torch.manual_seed(0)
+    counts = torch.bincount(decode.draw(p.expand(n, -1).contiguous()), minlength=6).double()
+    assert counts[1] == counts[5] == 0
+    sd = (n * p * (1 - p)).sqrt()
+    assert ((counts - n * p).abs() <= 5 * sd + 1e-9).all(), counts  # 5 binomial sd: fails with odds below 1e-5
+    # unnormalised rows are drawn in proportion, as torch.multinomial draws them
+    assert decode.draw(torch.tensor([[0.0, 0.0, 3.0]])).item() == 2
+    # a uniform draw that rounds up to the row's total picks the last token with probability > 0, never V
+    monkeypatch.setattr(torch, "rand", lambda shape, **kw: torch.full(shape, 1 - 2 ** -24, **kw))
+    assert decode.draw(torch.tensor([[0.3, 0.7, 0.0], [1e-8, 1.0, 0.0]])).tolist() == [1, 1]
+    monkeypatch.setattr(torch, "rand", lambda shape, **kw: torch.zeros(shape, **kw))
+    assert decode.draw(torch.tensor([[0.0, 0.7, 0.3]])).tolist() == [1]
