@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import datetime
 import os
+import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 import torch
@@ -142,7 +144,7 @@ def init_dist(device: str = "auto") -> Dist:
         return _DIST
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
-        _refuse_cpu_simple_launcher()
+        _cpu_simple_launcher()
         _DIST = Dist()
         return _DIST
     sharded = [k for k in ("ACCELERATE_USE_FSDP", "ACCELERATE_USE_DEEPSPEED")
@@ -172,13 +174,55 @@ def current() -> Dist:
     return _DIST if _DIST is not None and not _SOLO else Dist()
 
 
-def _refuse_cpu_simple_launcher() -> None:
-    """``accelerate launch --cpu --num_processes N`` (N > 1) starts ONE process unless it is given an MPI hostfile;
-    it then sets MASTER_ADDR but no WORLD_SIZE. Training alone while N were asked for would mislead."""
+def _cpu_simple_launcher() -> None:
+    """``accelerate launch --cpu --num_processes N`` (N > 1) starts ONE process: accelerate's CPU launcher spreads
+    processes only through MPI, and sets MASTER_ADDR but no WORLD_SIZE. rlft then starts the N processes itself:
+    it replaces this process with torch's launcher (``torch.distributed.run``) on the same command, before anything
+    is written. Where N cannot be read from the launcher's command line, or this is not rlft's command, it stops
+    instead of training alone while N processes were asked for."""
     from_accelerate = os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("true", "1")
-    if from_accelerate and os.environ.get("MASTER_ADDR") and "WORLD_SIZE" not in os.environ:
-        raise RuntimeError(
-            "accelerate launch --cpu with --num_processes > 1 started a single process (accelerate's CPU launcher "
-            "needs an MPI hostfile for more). Start the processes with torch's launcher instead: "
-            "`accelerate launch --multi_gpu --num_processes N -m rlft train ...` (rlft uses gloo when there is no "
-            "GPU) or `torchrun --nproc_per_node N -m rlft train ...`")
+    if not (from_accelerate and os.environ.get("MASTER_ADDR") and "WORLD_SIZE" not in os.environ):
+        return
+    n, entry = _launcher_processes(), _rlft_entry()
+    if n > 1 and entry:
+        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={n}",
+               f"--master-addr={os.environ['MASTER_ADDR']}", f"--master-port={os.environ.get('MASTER_PORT', '29500')}",
+               *entry, *sys.argv[1:]]
+        print(f"rlft: accelerate's CPU launcher started one process for --num_processes {n}; starting {n} through "
+              "torch.distributed.run", file=sys.stderr, flush=True)
+        os.execv(sys.executable, cmd)
+    raise RuntimeError(
+        "accelerate launch --cpu with --num_processes > 1 started a single process (accelerate's CPU launcher "
+        "needs an MPI hostfile for more), and rlft could not read the number of processes from its command line. "
+        "Start the processes with torch's launcher instead: `accelerate launch --multi_gpu --num_processes N -m rlft "
+        "train ...` (rlft uses gloo when there is no GPU) or `torchrun --nproc_per_node N -m rlft train ...`")
+
+
+def _launcher_processes() -> int:
+    """N of ``--num_processes N`` on the command line of this process's parent, the ``accelerate launch`` that
+    started it (Linux); 0 when it is not there."""
+    try:
+        argv = [a.decode(errors="replace") for a in Path(f"/proc/{os.getppid()}/cmdline").read_bytes().split(b"\0")]
+    except OSError:
+        return 0
+    start = next((i + 1 for i, a in enumerate(argv) if a in ("launch", "accelerate.commands.launch")), None)
+    if start is None:  # not `accelerate launch` nor `python -m accelerate.commands.launch`
+        return 0
+    argv = argv[start:]
+    argv = argv[:argv.index("-m")] if "-m" in argv else argv  # the launcher's own arguments only
+    for i, arg in enumerate(argv):
+        name, _, value = arg.partition("=")
+        if name.replace("-", "_") == "__num_processes":
+            value = value or (argv[i + 1] if i + 1 < len(argv) else "")
+            return int(value) if value.isdigit() else 0
+    return 0
+
+
+def _rlft_entry() -> list[str]:
+    """How this process was started as rlft (``-m rlft`` or the ``rlft`` script), for the relaunch; [] otherwise."""
+    main = Path(sys.argv[0]) if sys.argv and sys.argv[0] else None
+    if main is None:
+        return []
+    if main.name == "__main__.py" and main.parent.name == "rlft":
+        return ["-m", "rlft"]
+    return [str(main)] if main.name == "rlft" else []

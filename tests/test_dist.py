@@ -78,15 +78,34 @@ def test_merge_scores_concatenates_in_order_and_adds_errors():
     assert m.errors == {"f": 1} and m.steps == {"s": [[(1, 1.0)], [], [(2, 0.0)]]}
 
 
-def test_accelerate_cpu_simple_launcher_is_refused(monkeypatch):
-    """`accelerate launch --cpu --num_processes 2` starts one process with MASTER_ADDR and no WORLD_SIZE."""
+def test_accelerate_cpu_simple_launcher_is_refused_where_the_processes_cannot_be_read(monkeypatch):
+    """`accelerate launch --cpu --num_processes 2` starts one process with MASTER_ADDR and no WORLD_SIZE; when
+    neither N nor rlft's own command can be read (here: pytest's process), rlft stops instead of training alone."""
     monkeypatch.setattr(rdist, "_DIST", None)
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     monkeypatch.setenv("ACCELERATE_USE_CPU", "True")
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setattr(rdist.os, "execv", lambda *a: pytest.fail("relaunched"))
     with pytest.raises(RuntimeError, match="torchrun --nproc_per_node"):
         rdist.init_dist("cpu")
     assert rdist._DIST is None
+    monkeypatch.setattr(rdist, "_launcher_processes", lambda: 2)  # N known, but this is not rlft's command
+    with pytest.raises(RuntimeError, match="torchrun --nproc_per_node"):
+        rdist.init_dist("cpu")
+
+
+def test_the_launcher_process_count_is_read_from_its_own_arguments(monkeypatch, tmp_path):
+    def parent(*argv: str) -> int:
+        path = tmp_path / "cmdline"
+        path.write_bytes(b"\0".join(a.encode() for a in argv) + b"\0")
+        monkeypatch.setattr(rdist, "Path", lambda p: path if p.endswith("/cmdline") else Path(p))
+        return rdist._launcher_processes()
+
+    assert parent("python", "accelerate", "launch", "--cpu", "--num_processes", "3", "-m", "rlft", "train") == 3
+    assert parent("accelerate", "launch", "--cpu", "--num-processes=2", "-m", "rlft") == 2
+    assert parent("python", "-m", "accelerate.commands.launch", "--num_processes", "2", "-m", "rlft") == 2
+    assert parent("accelerate", "launch", "--cpu", "-m", "rlft", "train", "--num_processes", "4") == 0  # rlft's
+    assert parent("bash", "-c", "rlft train") == 0
 
 
 # --------------------------------------------------------------------------- two processes
@@ -196,6 +215,22 @@ def test_accelerate_launch_rlft_train_two_processes_writes_once_and_resumes(tmp_
     assert again.stdout.count("resumed from") == 1
     steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3]
+
+
+def test_accelerate_launch_cpu_num_processes_two_trains_in_two_processes(tmp_path, tiny_overrides):
+    """The issue's own command, `accelerate launch --cpu --num_processes 2 -m rlft train ...`: accelerate's CPU
+    launcher starts one process, which relaunches itself as two through torch's launcher."""
+    base = tiny_overrides(tmp_path, "log.name=cpu2", "train.save_every=1", "train.prompts_per_step=2",
+                          "sft.steps=0", "train.threads=1", "train.steps=2", "eval.before_rl=false")
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "2", "--num_machines", "1",
+           "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port()),
+           "-m", "rlft", "train", *base]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=600, cwd=ROOT)
+    assert done.returncode == 0, f"{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
+    assert "starting 2 through torch.distributed.run" in done.stderr
+    assert done.stdout.count("rlft summary") == 1 and "2 processes" in done.stdout
+    saved = torch.load(tmp_path / "cpu2" / "checkpoints" / "step_000001" / "state.pt", weights_only=False)
+    assert len(saved["process_rngs"]) == 2
 
 
 def test_accelerate_launch_pipeline_runs_the_other_stages_in_the_main_process(tmp_path, tiny_overrides):
