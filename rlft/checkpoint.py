@@ -16,6 +16,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from rlft.disk import flush_to_disk
 from rlft.errors import writing
 
 
@@ -57,7 +58,8 @@ def write_dir(final: Path, write: Callable[[Path], Any], *, tmp: Path | None = N
     """``write(tmp)`` fills a temporary sibling of ``final``, which is then renamed to ``final``: a failed write
     (a full disk, a read-only directory) or a kill leaves the previous ``final`` whole (or, killed between the two
     renames, as ``.old_<name>``, which the next call puts back), never half of one. A failure removes the
-    temporary directory and raises :class:`~rlft.errors.WriteFailed` naming ``final``."""
+    temporary directory and raises :class:`~rlft.errors.WriteFailed` naming ``final``. What was written is flushed
+    to the disk before the rename, so a machine crash does not leave an empty file under the final name."""
     final = Path(final)
     tmp, old = tmp or final.with_name(f".tmp_{final.name}"), final.with_name(f".old_{final.name}")
     try:
@@ -68,9 +70,11 @@ def write_dir(final: Path, write: Callable[[Path], Any], *, tmp: Path | None = N
             shutil.rmtree(old, ignore_errors=True)
             tmp.mkdir(parents=True)
             write(tmp)
+            flush_to_disk(tmp)  # every file on the disk before the directory takes the final name
             if final.exists():  # renamed away whole, not deleted file by file while it still has its name
                 final.rename(old)
             tmp.rename(final)
+            flush_to_disk(final.parent, recursive=False)  # the renames themselves
     except BaseException:
         if old.exists() and not final.exists():  # the last rename failed: the previous one takes its name back
             old.rename(final)

@@ -3,11 +3,13 @@ with space for what the run will write (an estimate from the model's size and th
 
 A failure is a ``ConfigError`` naming ``log.run_dir``, the free and the needed bytes; writes that fail later (the
 disk filled up meanwhile) are :class:`~rlft.errors.WriteFailed` (see ``rlft.checkpoint.write_dir`` and
-``rlft.tracking``).
+``rlft.tracking``). Those two also ``flush_to_disk`` what they wrote before renaming it into place, so that a
+crash of the machine (not only of the process) leaves the old file or the new one, not an empty one.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import tempfile
@@ -73,3 +75,30 @@ def _model_bytes(cfg: Config) -> int:
         return 0
     weights = (".safetensors", ".bin", ".pt", ".pth")
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and f.name.endswith(weights))
+
+
+def flush_to_disk(path: Path, *, recursive: bool = True) -> None:
+    """Make the operating system write ``path`` to the disk: a file, or a directory's entries and (``recursive``)
+    every file and directory under it (``os.fsync``; symbolic links are not followed). A rename is durable once
+    the directory holding it is flushed, which ``recursive=False`` on that directory does. Where the file system
+    cannot flush a directory (EINVAL, ENOTSUP) or the OS cannot open one (Windows), that part is skipped; other
+    errors propagate (inside ``rlft.errors.writing`` they become ``WriteFailed``)."""
+    path = Path(path)
+    if recursive and path.is_dir():
+        for sub in sorted(path.rglob("*"), reverse=True):  # files, then the directories holding them
+            if not sub.is_symlink():
+                _fsync(sub)
+    _fsync(path)
+
+
+def _fsync(path: Path) -> None:
+    if path.is_dir() and os.name == "nt":
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError as e:
+        if e.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
+            raise
+    finally:
+        os.close(fd)

@@ -20,7 +20,8 @@ class WriteFailed(TrainingHalted):
     """A file or directory of the run could not be written: a full disk (``ENOSPC``), a quota (``EDQUOT``), a
     read-only file system (``EROFS``), no permission (``EACCES``), a file size limit (``EFBIG``), or any other
     failed write. ``path`` names what failed; what was written before it is left as it was (checkpoints and
-    directories are written whole into a temporary sibling and renamed, so a failed one leaves nothing)."""
+    directories are written whole into a temporary sibling, flushed to the disk and renamed, so a failed one
+    leaves nothing)."""
 
     def __init__(self, path: str | Path, cause: BaseException, advice: str = ""):
         self.path, self.cause, self.advice = Path(path), cause, advice

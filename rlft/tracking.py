@@ -9,6 +9,7 @@ import json
 import math
 from pathlib import Path
 
+from rlft.disk import flush_to_disk
 from rlft.errors import WriteFailed, writing
 
 
@@ -79,7 +80,9 @@ def write_atomic(path: Path, text: str) -> None:
     try:
         with writing(path):
             tmp.write_text(text, encoding="utf-8")
+            flush_to_disk(tmp)  # the text is on the disk before the name points at it
             tmp.replace(path)
+            flush_to_disk(path.parent, recursive=False)  # and the rename itself
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

@@ -206,6 +206,46 @@ def test_a_failed_atomic_write_keeps_the_old_text(tmp_path, monkeypatch):
     assert path.read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == ["eval.json"]
 
 
+def test_writes_reach_the_disk_before_their_rename_and_a_failed_flush_is_a_write_failure(tmp_path, monkeypatch):
+    """A machine crash must not leave an empty file under the final name: each file (and directory) is fsynced
+    before the rename that publishes it, and the directory holding the rename after it."""
+    from rlft import disk
+    from rlft.checkpoint import write_dir
+    from rlft.tracking import write_atomic
+
+    events = []
+    real_fsync, real_rename, real_replace = disk._fsync, Path.rename, Path.replace
+    monkeypatch.setattr(disk, "_fsync", lambda p: (events.append(("fsync", p.relative_to(tmp_path).as_posix())),
+                                                   real_fsync(p))[1])
+    monkeypatch.setattr(Path, "rename", lambda self, to: (events.append(("rename", Path(to).name)),
+                                                          real_rename(self, to))[1])
+    monkeypatch.setattr(Path, "replace", lambda self, to: (events.append(("rename", Path(to).name)),
+                                                           real_replace(self, to))[1])
+
+    write_atomic(tmp_path / "eval.json", "{}")
+    assert events == [("fsync", "eval.json.tmp"), ("rename", "eval.json"), ("fsync", ".")]
+    events.clear()
+
+    def files(tmp: Path) -> None:
+        (tmp / "sub").mkdir()
+        (tmp / "sub" / "weights").write_text("w")
+        (tmp / "config.json").write_text("{}")
+
+    write_dir(tmp_path / "policy", files)
+    assert events == [("fsync", ".tmp_policy/sub/weights"), ("fsync", ".tmp_policy/sub"),
+                      ("fsync", ".tmp_policy/config.json"), ("fsync", ".tmp_policy"), ("rename", "policy"),
+                      ("fsync", ".")]
+
+    def failing(path: Path) -> None:
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(disk, "_fsync", failing)
+    with pytest.raises(WriteFailed, match=r"eval.json: Input/output error \[EIO\]"):
+        write_atomic(tmp_path / "eval.json", '{"new": 1}')
+    assert (tmp_path / "eval.json").read_text() == "{}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["eval.json", "policy"]
+
+
 # ----------------------------------------------------------------------------- a real write failure, then resume
 
 # Run as ``python -c FILE_LIMIT LIMIT rlft-args...``: once the first checkpoint is written, files may not grow past
