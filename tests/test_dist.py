@@ -127,13 +127,16 @@ def _env(**extra: str) -> dict:
 
 def launch(processes: int, args: list[str], *, module: bool = False, **env: str) -> subprocess.CompletedProcess:
     """``args`` (a script and its arguments, or ``-m`` module arguments) in ``processes`` processes."""
-    if processes == 1:
-        cmd = [sys.executable, *(["-m"] if module else []), *args]
-    else:
-        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(processes),
-               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-               "--main_process_port", str(_free_port()), *(["-m"] if module else []), *args]
-    done = subprocess.run(cmd, capture_output=True, text=True, env=_env(**env), timeout=600, cwd=ROOT)
+    for attempt in range(3):  # a port found free can be taken before torch's store binds it: then another port
+        if processes == 1:
+            cmd = [sys.executable, *(["-m"] if module else []), *args]
+        else:
+            cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes",
+                   str(processes), "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+                   "--main_process_port", str(_free_port()), *(["-m"] if module else []), *args]
+        done = subprocess.run(cmd, capture_output=True, text=True, env=_env(**env), timeout=600, cwd=ROOT)
+        if done.returncode == 0 or "EADDRINUSE" not in done.stderr:
+            break
     assert done.returncode == 0, f"{' '.join(cmd)} failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
     return done
 
