@@ -14,9 +14,9 @@ It drives only what it reproduces exactly (``LeanDecoder.build`` returns None ot
 then calls the model): Llama, Mistral, Qwen2 and Qwen3 layouts (pre-norm RMSNorm blocks, rotary
 attention with optional q/k/v/o biases and Qwen3's per-head q/k norms, grouped-query attention, a SiLU
 gated MLP), full attention in every layer, a rotary embedding that does not depend on the sequence length,
-no attention dropout, no forward hooks on the model or its modules, and weights that are plain dense tensors on
-one device (not LoRA-wrapped, sharded by FSDP or DeepSpeed, or moved by accelerate's hooks). ``tests/test_lean_decoder.py`` compares its logits with
-the model's forward for each layout.
+no attention dropout, no forward hooks on the model or its modules, and weights that are plain dense tensors
+on one device (not LoRA-wrapped, sharded by FSDP or DeepSpeed, or moved by accelerate's hooks).
+``tests/test_lean_decoder.py`` compares its logits with the model's forward for each layout.
 """
 
 from __future__ import annotations
@@ -98,7 +98,8 @@ class LeanDecoder:
                     or a.q_proj.weight.device != embed.device or hasattr(a, "q_norm") != qk_norms
                     or not isinstance(getattr(a, "scaling", None), float)):
                 return None
-            norms += [layer.input_layernorm, layer.post_attention_layernorm] + ([a.q_norm, a.k_norm] if qk_norms else [])
+            norms += [layer.input_layernorm, layer.post_attention_layernorm]
+            norms += [a.q_norm, a.k_norm] if qk_norms else []
         if any(not isinstance(getattr(n, "variance_epsilon", None), float) for n in norms):
             return None
         with torch.no_grad():
