@@ -49,9 +49,9 @@ def lockstep(model, lean, *, shift: int = 0):
     """Max |logit| and, per decode step, (lean logits, model logits) from the same cache: left-padded prompts
     prefilled by the model, then 6 decode steps with a compaction after the third."""
     g = torch.Generator().manual_seed(1)
-    V = model.config.vocab_size
+    V, device = model.config.vocab_size, model.device
     prompts = [torch.randint(3, V, (n,), generator=g).tolist() for n in (5, 2, 4)]
-    ids, mask = decode.left_pad(prompts, 0)
+    ids, mask = (t.to(device) for t in decode.left_pad(prompts, 0))
     capacity = ids.shape[1] + 6
     cache = decode.reserved_cache(model, capacity)
     with torch.no_grad():
@@ -62,10 +62,10 @@ def lockstep(model, lean, *, shift: int = 0):
     pairs = []
     for t in range(6):
         if t == 3:
-            keep = torch.tensor([0, 2, 3, 5])
+            keep = torch.tensor([0, 2, 3, 5], device=device)
             cache.batch_select_indices(keep)
             attn, pos = attn[keep], pos[keep]
-        tokens = torch.randint(3, V, (len(attn),), generator=g)
+        tokens = torch.randint(3, V, (len(attn),), generator=g).to(device)
         attn = torch.cat([attn, torch.ones_like(attn[:, :1])], 1)
         mine = lean.step(copy.deepcopy(cache), tokens, pos + shift, attn.bool()).float()
         with torch.no_grad():
@@ -91,6 +91,22 @@ def test_lean_step_is_the_models_forward(tmp_path, kind):
     # the bound catches the bug it guards against: rotary positions off by one
     _, shifted = lockstep(model, lean, shift=1)
     assert any(rounding_differs(mine, theirs, **tol) for mine, theirs in shifted)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_lean_step_is_the_models_forward_on_cuda(tmp_path, dtype):
+    """The same comparison on a GPU, in float32 and in bfloat16 (the bound of the dtype's rounding)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    model = saved_model(tmp_path, make_config("qwen2")).to("cuda", dtype)
+    lean = LeanDecoder.build(model, capacity=16)
+    assert lean is not None
+    z_max, pairs = lockstep(model, lean)
+    c = model.config
+    for t, (mine, theirs) in enumerate(pairs):
+        assert_rounding_close(mine.cpu(), theirs.cpu(), n_terms=max(c.vocab_size, c.intermediate_size, 16),
+                              scale=1 + z_max, depth=FORWARD_DEPTH, dtype=dtype, what=f"cuda decode step {t}")
 
 
 def test_lean_step_reads_the_weights_as_they_are_now(tmp_path):
