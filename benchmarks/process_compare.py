@@ -5,7 +5,9 @@ SFT policy (its SFT stage, run once here unless ``--start`` gives a policy
 directory); they differ only in the advantage and the reward:
 
 - ``outcome``: ``algo.advantage=group_norm`` on ``final_answer`` (the #### line right or not);
-- ``process``: ``algo.advantage=process`` on ``chain_steps`` (every line checked, the #### line a step).
+- ``process``: ``algo.advantage=process`` on ``chain_steps`` (every line checked, the #### line a step);
+- ``process_answer3``: the same with ``chain_steps``'s ``answer: 3.0`` (a right #### line rewarded 3, a
+  right working line 1).
 
 Each run saves a checkpoint every ``--eval-every`` RL steps; every checkpoint and
 the final policy are then evaluated greedily on the held-out problems (exact
@@ -43,6 +45,8 @@ MODES = {
     "outcome": ["algo.advantage=group_norm", "algo.name=grpo_outcome", "reward.fns=[final_answer]",
                 "reward.weights=[1.0]"],
     "process": [],  # the recipe's own: process advantage on chain_steps
+    # the same, with a right #### line worth the three working lines together
+    "process_answer3": ["reward.fns=[{name: chain_steps, answer: 3.0}]"],
 }
 QUIET = ["log.progress=false", "log.tensorboard=false", "eval.ks=[]"]
 

@@ -54,6 +54,17 @@ def test_chain_steps_hand_cases():
     assert scaled("7+1=8\n#### 5", CHAIN) == [(5, -1.0), (12, -1.0)]
     with pytest.raises(ValueError, match="correct"):
         REWARDS.build("chain_steps", {"correct": math.inf})
+    # answer: the reward of a right #### line only; a wrong one still gets `wrong`
+    weighted = REWARDS.build("chain_steps", {"answer": 3.0})
+    assert weighted("12+7=19\n19-5=14\n14+3=17\n#### 17", CHAIN) == [(7, 1.0), (15, 1.0), (23, 1.0), (31, 3.0)]
+    assert weighted("12+7=19\n#### 16", CHAIN) == [(7, 1.0), (15, 0.0)]
+    with pytest.raises(ValueError, match="answer"):
+        REWARDS.build("chain_steps", {"answer": math.nan})
+    # from a recipe: an optional number, null meaning `correct`
+    cfg = load_config(None, ["reward.fns=[{name: chain_steps, answer: 3}, {name: chain_steps, answer: null, label: plain}]"])
+    assert [t.params for t in cfg.reward.fns] == [(("answer", 3.0),), (("answer", None),)]
+    with pytest.raises(ConfigError, match=r"reward.fns\[0\].answer: must be a number"):
+        load_config(None, ["reward.fns=[{name: chain_steps, answer: many}]"])
 
 
 # ----------------------------------------------------------------------------- the step-level interface

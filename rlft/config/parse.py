@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import types
 import typing
 from dataclasses import fields
 from pathlib import Path
@@ -29,6 +30,9 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             value = {"source": value}
         return _build(tp, value, f"{key}.", entry=True)
     origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType) and type(None) in typing.get_args(tp):  # X | None
+        (inner,) = [a for a in typing.get_args(tp) if a is not type(None)]
+        return None if value is None else _coerce(value, inner, key)
     if origin is Literal:
         allowed = typing.get_args(tp)
         _check(value in allowed, key, f"must be one of {', '.join(map(str, allowed))}, got {value!r}")

@@ -16,7 +16,8 @@ A completion without a ``####`` line misses its final step: a wrong step at its
 end (an empty completion is one wrong step), or, when its last line ends the
 completion (no trailing newline, the usual case), that last line is wrong (one
 character offset holds one step). The steps' rewards are ``correct`` and
-``wrong``. A sample that is not a chain problem (its prompt holds no chain question,
+``wrong``; a right ``####`` line gets ``answer`` (default: ``correct``), so the
+final answer can weigh more than one working line in the group statistics. A sample that is not a chain problem (its prompt holds no chain question,
 or its ground truth is not an integer) has no steps: it is unscorable.
 """
 
@@ -45,11 +46,14 @@ class ChainSteps:
     """Reward of a right step."""
     wrong: float = 0.0
     """Reward of a wrong step (and of a missing final answer)."""
+    answer: float | None = None
+    """Reward of a right ``####`` line; None: ``correct``."""
 
     def __post_init__(self) -> None:
-        for name in ("correct", "wrong"):
-            if not math.isfinite(getattr(self, name)):
-                raise ValueError(f"{name}: must be a finite number, got {getattr(self, name)!r}")
+        for name in ("correct", "wrong", "answer"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, (int, float)) and math.isfinite(value)):
+                raise ValueError(f"{name}: must be a finite number, got {value!r}")
 
     def __call__(self, completion: str, sample: Mapping) -> list[tuple[int, float]]:
         """``(end_char, reward)`` per step.
@@ -57,6 +61,8 @@ class ChainSteps:
         >>> sample = {"prompt": "2+3*4=?", "ground_truth": "20"}
         >>> ChainSteps()("2+3=5\\n5*4=21\\n#### 20", sample)
         [(5, 1.0), (12, 0.0), (20, 1.0)]
+        >>> ChainSteps(answer=3.0)("2+3=5\\n5*4=20\\n#### 20", sample)
+        [(5, 1.0), (12, 1.0), (20, 3.0)]
         >>> ChainSteps()("#### 20", {"prompt": "max(1,2,3)=?", "ground_truth": "3"})  # not a chain problem
         []
         """
@@ -72,15 +78,17 @@ class ChainSteps:
                 continue
             end = m.start() + len(line.rstrip())
             final = _FINAL.fullmatch(line)
+            right = self.correct
             if answered:
                 ok = False
             elif final is not None:
                 ok, answered = int(final.group(1)) == answer, True
+                right = self.correct if self.answer is None else self.answer
             else:
                 work = _WORK.fullmatch(line)
                 ok = work is not None and k < len(truth) and _parsed(work) == truth[k]
                 k += 1
-            steps.append((end, self.correct if ok else self.wrong))
+            steps.append((end, right if ok else self.wrong))
         if not answered:
             steps.append((len(completion), self.wrong))  # the missing final answer, at the end
         return _merged(steps)
