@@ -36,16 +36,19 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def save(run_dir: Path, step: int, *, model, tokenizer, optimizer, scheduler, trainer_state: dict,
-         keep: int = 2, process_rngs: list[dict] | None = None) -> Path:
-    """Write ``step_N``; ``process_rngs``: the random states of every process of a multi-process run."""
+         keep: int = 2, process_rngs: list[dict] | None = None, model_state: dict | None = None,
+         optimizer_state: dict | None = None) -> Path:
+    """Write ``step_N``; ``process_rngs``: the random states of every process of a multi-process run;
+    ``model_state`` / ``optimizer_state``: what to write instead of the model's and optimizer's own state (a
+    sharded model's whole state, gathered by rlft.fsdp)."""
     root = Path(run_dir) / "checkpoints"
     for stale in root.glob(".tmp_step_*"):  # left by a process killed in the middle of a save
         shutil.rmtree(stale, ignore_errors=True)
 
     def write(tmp: Path) -> None:
-        model.save_pretrained(tmp / "policy")
+        model.save_pretrained(tmp / "policy", **({"state_dict": model_state} if model_state is not None else {}))
         tokenizer.save_pretrained(tmp / "policy")
-        torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+        torch.save({"optimizer": optimizer.state_dict() if optimizer_state is None else optimizer_state, "scheduler": scheduler.state_dict(),
                     "rng": rng_state(), "process_rngs": process_rngs, "trainer": trainer_state}, tmp / "state.pt")
 
     final = write_dir(root / f"step_{step:06d}", write, tmp=root / f".tmp_step_{step:06d}")

@@ -26,9 +26,12 @@ import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 import torch
+
+if TYPE_CHECKING:
+    from rlft.fsdp import ShardPlan
 
 # a process waits this long for the others, e.g. while the main process alone runs an evaluation or an SFT stage
 TIMEOUT = datetime.timedelta(hours=6)
@@ -40,6 +43,8 @@ class Dist:
 
     rank: int = 0
     world: int = 1
+    shard: "ShardPlan | None" = None
+    """An FSDP launch's plan (rlft.fsdp): the RL policy is sharded over the processes; None: whole in each."""
 
     @property
     def is_main(self) -> bool:
@@ -142,28 +147,30 @@ def init_dist(device: str = "auto") -> Dist:
         return Dist()
     if _DIST is not None:
         return _DIST
+    from rlft.fsdp import plan_from_env
+
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world <= 1:
+    plan = plan_from_env()
+    if world <= 1 and plan is None:
         _cpu_simple_launcher()
         _DIST = Dist()
         return _DIST
-    sharded = [k for k in ("ACCELERATE_USE_FSDP", "ACCELERATE_USE_DEEPSPEED")
-               if os.environ.get(k, "").lower() in ("true", "1")]
-    if sharded:
-        raise RuntimeError(f"{sharded[0]} is set: rlft's multi-process RL keeps a whole policy in every process "
-                           "(data-parallel); launch it without FSDP / DeepSpeed (e.g. recipes/accelerate/ddp.yaml)")
+    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() in ("true", "1"):
+        raise RuntimeError("ACCELERATE_USE_DEEPSPEED is set: rlft does not run inside DeepSpeed's engine; for ZeRO-3 "
+                           "sharding and optimizer offload use recipes/accelerate/fsdp.yaml (FSDP2), for data "
+                           "parallelism recipes/accelerate/ddp.yaml")
     from accelerate import PartialState
 
     cpu = device == "cpu" or (device == "auto" and not torch.cuda.is_available())
-    state = PartialState(cpu=cpu, timeout=TIMEOUT)
-    _DIST = Dist(rank=state.process_index, world=state.num_processes)
+    state = PartialState(cpu=cpu, timeout=TIMEOUT)  # a process group even for one process: FSDP needs one
+    _DIST = Dist(rank=state.process_index, world=state.num_processes, shard=plan)
     return _DIST
 
 
 def shutdown() -> None:
     """Wait for every process, then close the process group (left open, gloo can abort the exiting process)."""
     global _DIST
-    if _DIST is not None and _DIST.active and torch.distributed.is_initialized():
+    if _DIST is not None and (_DIST.active or _DIST.shard) and torch.distributed.is_initialized():
         torch.distributed.barrier()
         torch.distributed.destroy_process_group()
     _DIST = None

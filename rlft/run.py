@@ -49,6 +49,8 @@ from rlft.data.templates import encode_prompts
 from rlft.disk import check_disk
 from rlft.dist import current, init_dist
 from rlft.errors import TrainingHalted, WriteFailed, writing
+from rlft.fsdp import (check_supported, full_model_state, full_optimizer_state, gathered, is_sharded,
+                       load_optimizer_state, shard_)
 from rlft.eval import HeldOut, evaluate_sets, load_sets, primary_set, val_metrics
 from rlft.health import HealthMonitor
 from rlft.plot import write_run_plots
@@ -168,6 +170,8 @@ def train(cfg: Config, *, echo=print) -> RunResult:
         if ckpt is None:
             raise ConfigError(f"train.resume: no checkpoint under {cfg.log.path / 'checkpoints'}")
     train_ex, eval_ex, extra_sets = preflight(cfg)
+    if dist.shard is not None:
+        check_supported(cfg, dist.shard)
     if cfg.train.prompts_per_step < dist.world:
         raise ConfigError(f"train.prompts_per_step: {cfg.train.prompts_per_step} prompts cannot be shared by "
                           f"{dist.world} processes; use at least one per process")
@@ -208,9 +212,11 @@ def train(cfg: Config, *, echo=print) -> RunResult:
 
         results["after_rl"] = _eval(policy, tokenizer, held_out, cfg, echo, "after RL")
         _write_json(run_dir / "eval.json", results)
+    whole = full_model_state(policy) if is_sharded(policy) else None  # every process takes part; the main one writes
     if dist.is_main:
         with stops_on_write_failure(run_dir):  # policy/ appears whole or not at all
-            checkpoint.write_dir(run_dir / "policy", lambda tmp: save_policy(policy, tokenizer, tmp, cfg.lora.save))
+            checkpoint.write_dir(run_dir / "policy",
+                                 lambda tmp: save_policy(policy, tokenizer, tmp, cfg.lora.save, state_dict=whole))
             with writing(run_dir / "report.html"):
                 build_report(run_dir)
             if cfg.log.plots:
@@ -296,7 +302,8 @@ def training_policy(cfg: Config, model_path: str, ckpt: Path | None, work_dir: P
         policy = load_adapters(policy, ckpt / "policy", trainable=True) if ckpt else add_lora(policy, cfg.lora)
     else:
         policy, tokenizer = load_policy(str(ckpt / "policy") if ckpt else model_path, cfg.model)
-    if cfg.model.gradient_checkpointing:
+    plan = current().shard
+    if cfg.model.gradient_checkpointing or (plan is not None and plan.activation_checkpointing):
         _enable_checkpointing(policy)
         if cfg.lora.rank:  # frozen embeddings: the checkpointed blocks need an input that requires grad
             policy.enable_input_require_grads()
@@ -411,7 +418,8 @@ def validation(policy, tokenizer, held_out: list[HeldOut], cfg: Config) -> dict[
     """The held-out evaluation during RL, every set's, as ``val/<set>/<metric>`` metrics (the policy's training
     mode kept)."""
     was_training = policy.training
-    results = current().on_main(lambda: evaluate_sets(policy, tokenizer, held_out, cfg))
+    with gathered(policy):
+        results = current().on_main(lambda: evaluate_sets(policy, tokenizer, held_out, cfg))
     policy.train(was_training)
     return val_metrics(results, held_out[0].name)
 
@@ -437,15 +445,26 @@ PROCESS_SEED_STRIDE = 1_000_003  # process r > 0 of a multi-process run seeds it
 def _save_checkpoint(state: RLState, cfg: Config, run_dir: Path) -> None:
     """A checkpoint of the run, written by the main process with the random states of every process."""
     rngs = state.dist.gather(checkpoint.rng_state())
+    model_state = optimizer_state = None
+    if is_sharded(state.policy):  # whole state dicts, gathered by every process into the main one
+        model_state = full_model_state(state.policy)
+        optimizer_state = full_optimizer_state(state.policy, state.optimizer)
     if state.dist.is_main:
         checkpoint.save(run_dir, state.step, model=state.policy, tokenizer=state.tokenizer,
                         optimizer=state.optimizer, scheduler=state.scheduler, keep=cfg.train.keep_checkpoints,
-                        trainer_state=state.trainer_state(), process_rngs=rngs)
+                        trainer_state=state.trainer_state(), process_rngs=rngs, model_state=model_state,
+                        optimizer_state=optimizer_state)
 
 
 def _rl_state(policy, tokenizer, train_ex, train_prompts, cfg: Config) -> RLState:
     """Optimizer and schedule of the policy, plus the reference model, critic, KL controller and ptx data it needs."""
     o, a = cfg.optim, cfg.algo
+    ref = None
+    if a.needs_ref:  # the frozen policy as it enters RL; under LoRA the base, i.e. the policy without its adapters
+        ref = AdaptersOff(policy) if is_peft(policy) else copy.deepcopy(policy).eval().requires_grad_(False)
+    plan = current().shard
+    if plan is not None:  # an FSDP launch: the policy's parameters, gradients and AdamW state split over processes
+        shard_(policy, plan)
     optimizer = make_optimizer(policy.parameters(), lr=o.lr, weight_decay=o.weight_decay, betas=(o.beta1, o.beta2),
                                eps=o.eps)
     total_opt_steps = cfg.train.steps * a.epochs * a.minibatches
@@ -456,8 +475,8 @@ def _rl_state(policy, tokenizer, train_ex, train_prompts, cfg: Config) -> RLStat
     state.health = HealthMonitor(cfg.health)
     if cfg.rm.refresh_every:  # the reward model the run scores with, retrained on its rollouts
         state.rm_refresh = RMRefresh(cfg)
-    if a.needs_ref:  # the frozen policy as it enters RL; under LoRA the base, i.e. the policy without its adapters
-        state.ref = AdaptersOff(policy) if is_peft(policy) else copy.deepcopy(policy).eval().requires_grad_(False)
+    if ref is not None:
+        state.ref = ref
         state.kl_ctl = make_kl_controller(a.kl_coef, a.kl_target, a.kl_horizon)
     if a.needs_critic:
         state.critic = _build_critic(policy, cfg)
@@ -507,7 +526,7 @@ def _pretrain_critic(state: RLState, cfg: Config, run_dir: Path) -> None:
 
 def _restore(state: RLState, ckpt: Path, run_dir: Path, echo) -> None:
     saved = checkpoint.load_state(ckpt)
-    state.optimizer.load_state_dict(saved["optimizer"])
+    load_optimizer_state(state.policy, state.optimizer, saved["optimizer"])
     state.scheduler.load_state_dict(saved["scheduler"])
     rngs, dist = saved.get("process_rngs") or [saved["rng"]], state.dist
     if len(rngs) == dist.world:
@@ -530,7 +549,8 @@ def _eval(policy, tokenizer, held_out: list[HeldOut], cfg: Config, echo, label: 
     """The held-out evaluation of every set, run by the main process; every process gets its results."""
     extra = "".join(f" and {len(h.examples)} in {h.name}" for h in held_out[1:])
     echo(f"rlft: evaluating {label} on {len(held_out[0].examples)} held-out problems{extra}")
-    return current().on_main(lambda: evaluate_sets(policy, tokenizer, held_out, cfg))
+    with gathered(policy):
+        return current().on_main(lambda: evaluate_sets(policy, tokenizer, held_out, cfg))
 
 
 def _bar(total: int, desc: str, cfg: Config, initial: int = 0):

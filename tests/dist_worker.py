@@ -10,7 +10,8 @@ on and, in a one-process run, the per-parameter sum of |gradient terms| (the
 scale of the rounding bound). Rollouts are generated one prompt at a time with
 a seed drawn from the prompt's tokens, so the global batch does not depend on
 how the prompts are shared between processes. With ``RLFT_PLANT=no_grad_sum``
-the gradients are not summed over processes (a planted bug the test must see).
+the gradients are not summed over processes, with ``RLFT_PLANT=fsdp_mean`` a sharded run (rlft.fsdp) averages
+them as FSDP does by default (planted bugs the tests must see).
 """
 
 from __future__ import annotations
@@ -57,8 +58,9 @@ def recording(optimizer, model, grads: list[dict]):
     """Wrap ``optimizer.step`` to keep the gradients it applies to ``model``, by parameter name."""
     step = optimizer.step
 
-    def wrapped(*args, **kwargs):
-        grads.append({n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None})
+    def wrapped(*args, **kwargs):  # a sharded gradient (rlft.fsdp) is gathered whole, in every process
+        grads.append({n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).detach().clone()
+                      for n, p in model.named_parameters() if p.grad is not None})
         return step(*args, **kwargs)
 
     optimizer.step = wrapped
@@ -66,9 +68,13 @@ def recording(optimizer, model, grads: list[dict]):
 
 def main(out: str, model_dir: str, overrides: list[str]) -> None:
     torch.set_num_threads(1)
-    dist = rdist.init_dist("cpu")
+    dist = rdist.init_dist("cuda" if "model.device=cuda" in overrides else "cpu")
     if os.environ.get("RLFT_PLANT") == "no_grad_sum":
         rdist.Dist.sum_grads_ = lambda self, params: None
+    if os.environ.get("RLFT_PLANT") == "fsdp_mean":  # FSDP's default: the processes' gradients averaged
+        from torch.distributed.fsdp import FSDPModule
+        FSDPModule.set_gradient_divide_factor = lambda self, factor: None
+        FSDPModule.set_force_sum_reduction_for_comms = lambda self, enable: None
     cfg = load_config(None, [f"model.path={model_dir}", *overrides])
     run.seed_everything(cfg.train.seed)
     policy, tok = load_policy(model_dir, cfg.model)
@@ -86,7 +92,8 @@ def main(out: str, model_dir: str, overrides: list[str]) -> None:
     for name, opt in (("policy", state.optimizer), ("critic", state.critic_optimizer)):
         if opt is not None:
             recording(opt, models[name], grads[name])
-            scales[name] = AbsGradSum(models[name])
+            if dist.shard is None:  # the bound's scale comes from the one-process run
+                scales[name] = AbsGradSum(models[name])
     metrics = rl.rl_step(state, cfg)
     if dist.is_main:
         batch = seen[0]

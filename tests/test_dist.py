@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -199,6 +200,112 @@ def test_gradients_not_summed_over_processes_break_the_bound(step_runs, preset):
     g1, g2 = one["grads"]["policy"][0], planted["grads"]["policy"][0]
     assert any(rounding_differs(g2[k], g1[k], n_terms=one["n_tokens"], scale=one["scale"]["policy"][k],
                                 depth=MODEL_DEPTH) for k in g1)
+
+
+# --------------------------------------------------------------------------- sharded (FSDP2, rlft.fsdp)
+
+FSDP_RUNS = {  # label: processes, environment
+    "zero3_three": (3, {"ACCELERATE_USE_FSDP": "true"}),  # 16 rows as 6/5/5: two processes add an idle pass
+    "zero2_two": (2, {"ACCELERATE_USE_FSDP": "true", "FSDP_RESHARD_AFTER_FORWARD": "false"}),
+    "planted_mean": (2, {"ACCELERATE_USE_FSDP": "true", "RLFT_PLANT": "fsdp_mean"}),  # FSDP's default average
+}
+
+
+@pytest.fixture(scope="module")
+def fsdp_runs(step_runs, tiny_model_dir, tmp_path_factory):
+    """The GRPO step (a reference model, KL in the loss) with the policy sharded, per FSDP_RUNS entry."""
+    out = tmp_path_factory.mktemp("fsdp")
+    runs = {}
+    for label, (procs, env) in FSDP_RUNS.items():
+        path = out / f"{label}.pt"
+        launch(procs, [str(WORKER), str(path), str(tiny_model_dir), *STEP, *PRESETS["grpo"]], **env)
+        runs[label] = torch.load(path, weights_only=False)
+    return runs
+
+
+@pytest.mark.parametrize("label", ["zero3_three", "zero2_two"])
+def test_sharded_processes_apply_the_one_process_gradient(step_runs, fsdp_runs, label):
+    one, sharded = step_runs["grpo"]["one"], fsdp_runs[label]
+    assert sharded["world"] == FSDP_RUNS[label][0]
+    assert torch.equal(sharded["response_ids"], one["response_ids"]) and torch.equal(sharded["adv"], one["adv"])
+    g1, g2 = one["grads"]["policy"][0], sharded["grads"]["policy"][0]
+    assert g1.keys() == g2.keys() and any(v.abs().sum() > 0 for v in g1.values())
+    for name in g1:
+        assert_rounding_close(g2[name], g1[name], n_terms=one["n_tokens"], scale=one["scale"]["policy"][name],
+                              depth=MODEL_DEPTH, what=f"{label} {name}")
+    norm = one["metrics"]["actor/grad_norm"]
+    assert abs(sharded["metrics"]["actor/grad_norm"] - norm) <= 1e-5 * norm
+
+
+def test_sharded_gradients_averaged_as_fsdp_does_by_default_break_the_bound(step_runs, fsdp_runs):
+    one, planted = step_runs["grpo"]["one"], fsdp_runs["planted_mean"]
+    g1, g2 = one["grads"]["policy"][0], planted["grads"]["policy"][0]
+    assert all(rounding_differs(g2[k], g1[k], n_terms=one["n_tokens"], scale=one["scale"]["policy"][k],
+                                depth=MODEL_DEPTH) for k in g1 if g1[k].abs().max() > 0)
+
+
+@pytest.mark.gpu
+def test_sharded_with_offload_on_one_gpu_applies_the_plain_gradient(tiny_model_dir, tmp_path):
+    """FSDP_OFFLOAD_PARAMS on one GPU (one process: AdamW state in CPU memory) against the plain GPU step."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    step = [a.replace("model.device=cpu", "model.device=cuda") for a in STEP] + PRESETS["grpo"]
+    got = {}
+    for label, env in (("plain", {}), ("offload", {"ACCELERATE_USE_FSDP": "true", "FSDP_OFFLOAD_PARAMS": "true"})):
+        path = tmp_path / f"{label}.pt"
+        cmd = ["-m", "torch.distributed.run", "--nproc-per-node=1", f"--master-port={_free_port()}"] if env else []
+        done = subprocess.run([sys.executable, *cmd, str(WORKER), str(path), str(tiny_model_dir), *step],
+                              capture_output=True, text=True, env=_env(**env), timeout=600, cwd=ROOT)
+        assert done.returncode == 0, done.stderr[-4000:]
+        got[label] = torch.load(path, weights_only=False, map_location="cpu")
+    plain, offload = got["plain"], got["offload"]
+    assert torch.equal(offload["response_ids"].cpu(), plain["response_ids"].cpu())
+    g1, g2 = plain["grads"]["policy"][0], offload["grads"]["policy"][0]
+    for name in g1:
+        assert_rounding_close(g2[name].cpu(), g1[name].cpu(), n_terms=plain["n_tokens"],
+                              scale=plain["scale"]["policy"][name], depth=MODEL_DEPTH, what=name)
+
+
+def test_accelerate_launch_fsdp_config_trains_saves_whole_models_and_resumes(tmp_path, tiny_overrides,
+                                                                            tiny_model_dir):
+    """`accelerate launch --config_file recipes/accelerate/fsdp.yaml -m rlft train`: whole Hugging Face
+    checkpoints and final policy (trained weights, tied weights written once), an optimizer state keyed by
+    parameter name; a resume under FSDP, and a one-process resume from the sharded run's checkpoint."""
+    from transformers import AutoModelForCausalLM
+
+    base = tiny_overrides(tmp_path, "train.save_every=1", "train.prompts_per_step=2", "sft.steps=0",
+                          "train.threads=1", f"model.path={tiny_model_dir}", "eval.before_rl=false",
+                          f"reward.fns=[{{name: custom, fn: {WORKER}:char_codes}}]", "reward.weights=[1.0]")
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+           str(ROOT / "recipes" / "accelerate" / "fsdp.yaml"), "--main_process_port", str(_free_port()),
+           "-m", "rlft", "train", *base, "log.name=fsdp"]
+    done = subprocess.run([*cmd, "train.steps=3"], capture_output=True, text=True, env=_env(), timeout=600, cwd=ROOT)
+    assert done.returncode == 0, f"{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
+    assert done.stdout.count("rlft summary") == 1 and "2 processes" in done.stdout
+    run_dir = tmp_path / "fsdp"
+    start = AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()
+    final = AutoModelForCausalLM.from_pretrained(run_dir / "policy").state_dict()
+    step2 = AutoModelForCausalLM.from_pretrained(run_dir / "checkpoints" / "step_000002" / "policy").state_dict()
+    assert final.keys() == start.keys()
+    assert all(not torch.equal(final[k], start[k]) and not torch.equal(final[k], step2[k]) for k in start)
+    from safetensors import safe_open
+    with safe_open(run_dir / "policy" / "model.safetensors", "pt") as f:
+        assert "lm_head.weight" not in f.keys()  # tied to the embeddings, as save_pretrained writes it
+    saved = torch.load(run_dir / "checkpoints" / "step_000002" / "state.pt", weights_only=False)
+    assert set(saved["optimizer"]["state"]) == {n for n in start if n != "lm_head.weight"}
+    assert len(saved["process_rngs"]) == 2
+
+    shutil.copytree(run_dir, tmp_path / "plain")
+    again = subprocess.run([*cmd, "train.steps=4", "train.resume=true"], capture_output=True, text=True, env=_env(),
+                           timeout=600, cwd=ROOT)
+    assert again.returncode == 0, again.stderr[-4000:]
+    assert "resumed from" in again.stdout and "step_000002" in again.stdout
+    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3, 4]
+    plain = launch(1, ["rlft", "train", *base, "log.name=plain", "train.steps=4", "train.resume=true"], module=True)
+    assert "resumed from" in plain.stdout
+    steps = [json.loads(line)["step"] for line in (tmp_path / "plain" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3, 4]
 
 
 def test_accelerate_launch_rlft_train_two_processes_writes_once_and_resumes(tmp_path, tiny_overrides):

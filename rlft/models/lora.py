@@ -64,14 +64,15 @@ def load_adapters(model, path: str | Path, *, trainable: bool):
     return PeftModel.from_pretrained(model, str(path), is_trainable=trainable)
 
 
-def save_policy(model, tokenizer, path: str | Path, save: str = "adapter") -> Path:
-    """The policy into ``path``: a PEFT model's adapters, or (``save=merged``) the base with them merged in.
+def save_policy(model, tokenizer, path: str | Path, save: str = "adapter", state_dict: dict | None = None) -> Path:
+    """The policy into ``path``: a PEFT model's adapters, or (``save=merged``) the base with them merged in;
+    ``state_dict``: the weights to write instead of the model's own (a sharded model's whole state, rlft.fsdp).
 
     Merging changes ``model`` in place (its adapters are folded into the base weights), so it is done last."""
     path = Path(path)
     if is_peft(model) and save == "merged":
         model = model.merge_and_unload()
-    model.save_pretrained(path)
+    model.save_pretrained(path, **({"state_dict": state_dict} if state_dict is not None else {}))
     tokenizer.save_pretrained(path)
     return path
 

@@ -27,6 +27,7 @@ from rlft.core.shaping import informative_groups, overlong_filter, soft_overlong
 from rlft.core.value import explained_variance
 from rlft.data.schema import Example
 from rlft.dist import Dist
+from rlft.fsdp import gathered
 from rlft.models.forward import autocast
 from rlft.rewards import score_batch
 from rlft.rewards.scoring import ScoreResult
@@ -140,16 +141,18 @@ def rl_step(state: RLState, cfg: Config, *, train_policy: bool = True) -> dict[s
     """
     t: dict[str, float] = {}  # timing_s/<phase>
     t_start = time.perf_counter()
-    batch, metrics = collect(state, cfg, t)
-    with _timed(t, "logprob"):
-        fill_logprobs(state, batch, cfg)
+    with gathered(state.policy):  # a sharded policy (rlft.fsdp): whole weights for sampling and the no-grad passes
+        batch, metrics = collect(state, cfg, t)
+        with _timed(t, "logprob"):
+            fill_logprobs(state, batch, cfg)
     with _timed(t, "advantage"):
         metrics.update(compute_advantages(state, batch, cfg))
     state.last_batch = batch
     with _timed(t, "update"):
         metrics.update(update(state, batch, cfg, train_policy=train_policy))
         if state.penalty_ctl is not None and train_policy:  # PPO §4: d = KL(pi_old || pi) after the update
-            metrics["actor/ppo_penalty_kl_post"] = penalty_kl(state, batch, cfg)
+            with gathered(state.policy):
+                metrics["actor/ppo_penalty_kl_post"] = penalty_kl(state, batch, cfg)
             state.penalty_ctl.update(metrics["actor/ppo_penalty_kl_post"], n_steps=1)
     if state.kl_ctl is not None and train_policy:
         state.kl_ctl.update(metrics["actor/kl_seq"], n_steps=len(batch))  # Ziegler et al. 2019 §2.2: KL per sequence

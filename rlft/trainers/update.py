@@ -21,6 +21,7 @@ from rlft.core.losses import POLICY_LOSSES, aggregate_parts, aggregation_weight,
 from rlft.core.ops import masked_mean, masked_sum
 from rlft.core.value import value_loss
 from rlft.dist import Dist
+from rlft.fsdp import idle_pass, is_sharded, lockstep_extra
 from rlft.models.forward import autocast, response_logprobs
 from rlft.rollout.batch import Batch
 from rlft.trainers.ptx import lm_loss
@@ -131,8 +132,12 @@ def _policy_step(state: "RLState", mb: Batch, cfg: Config) -> dict[str, float]:
     totals: dict[str, float] = {}
     n_tok = full_mask.sum().item()
     dist = state.dist
-    for _, micro in micro_batches(mb.index(dist.share(len(mb))), cfg.train.micro_batch_size,
-                                  cfg.train.micro_batch_tokens):
+    micros = [m for _, m in micro_batches(mb.index(dist.share(len(mb))), cfg.train.micro_batch_size,
+                                          cfg.train.micro_batch_tokens)]
+    if is_sharded(policy):  # every process runs as many forward+backward passes as the busiest
+        for _ in range(lockstep_extra(dist, len(micros))):
+            idle_pass(batch_logprobs(policy, mb.index(slice(0, 1)), cfg)[0].sum())
+    for micro in micros:
         mask = _loss_mask(micro).to(device)  # (b, T)
         logp, ent = batch_logprobs(policy, micro, cfg, with_entropy=True, entropy_grad=a.entropy_coef > 0)
         old_logp = logp.detach() if a.single_pass else micro.old_logp.to(device)
@@ -207,11 +212,14 @@ def _critic_step(state: "RLState", mb: Batch, cfg: Config) -> dict[str, float]:
 
 
 def _optimizer_step(model, optimizer, scheduler, grad_clip: float, prefix: str, dist: Dist) -> dict[str, float]:
-    """Sum the gradients over the processes, clip, step (skipped on a non-finite gradient norm), advance the
-    schedule, clear gradients."""
-    dist.sum_grads_(model.parameters())
+    """Sum the gradients over the processes (a sharded model's were summed by FSDP in the backward), clip, step
+    (skipped on a non-finite gradient norm), advance the schedule, clear gradients."""
+    if not is_sharded(model):
+        dist.sum_grads_(model.parameters())
     clip = grad_clip if grad_clip > 0 else float("inf")
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+    if hasattr(grad_norm, "full_tensor"):  # sharded gradients: the norm is a DTensor holding the global norm
+        grad_norm = grad_norm.full_tensor()
     out = {f"{prefix}/lr": scheduler.get_last_lr()[0], f"{prefix}/grad_norm": grad_norm.item(),
            f"{prefix}/skipped_steps": float(not torch.isfinite(grad_norm))}
     if torch.isfinite(grad_norm):

@@ -1,0 +1,221 @@
+"""Sharded RL training: the policy's parameters, gradients and optimizer state split over the processes (FSDP2).
+
+``accelerate launch`` with an FSDP configuration (``recipes/accelerate/fsdp.yaml``)
+sets ``ACCELERATE_USE_FSDP`` and its ``FSDP_*`` settings; rlft then shards the
+RL policy with PyTorch's ``fully_shard`` (FSDP2) instead of keeping a whole copy
+per process:
+
+- **What is sharded.** Every decoder layer (the classes the model lists in
+  ``_no_split_modules``) and the rest of the model (embeddings, final norm, LM
+  head) as the root group. Each process keeps 1/W of the parameters, of their
+  gradients and of AdamW's two moments.
+- **Gradient convention.** rlft sums the processes' gradients (each process's
+  loss is already divided by the whole mini-batch's normaliser, ``rlft.dist``);
+  FSDP averages by default. Every FSDP module is therefore set to divide by 1 and
+  to reduce with a plain sum, so the sharded update is the one-process update.
+- **Generation and no-grad passes** (sampling, old / reference log-probs,
+  evaluation) run on whole weights: :func:`gathered` all-gathers every layer once
+  and keeps it whole until the block ends, so processes may run different
+  numbers of forward passes (their rows finish at different lengths), as in
+  verl's hybrid engine. Memory peaks at the whole model there, not at AdamW's
+  state.
+- **The update** runs sharded: each forward gathers one layer at a time and
+  frees it after (``FSDP_RESHARD_AFTER_FORWARD``, ZeRO-3) or keeps it until the
+  backward (ZeRO-2). Every process must then run the same number of forward and
+  backward passes: :func:`lockstep_extra` says how many zero-weight passes a
+  process with fewer micro-batches adds.
+- **Offload.** ``FSDP_OFFLOAD_PARAMS=true`` keeps the sharded parameters,
+  gradients and optimizer state in CPU memory (``CPUOffloadPolicy``) and runs
+  AdamW there: GPU memory holds only the layers being computed.
+- **Checkpoints** hold full state dicts, gathered to the main process
+  (:func:`full_model_state`, :func:`full_optimizer_state`): a sharded run's
+  checkpoint is an ordinary Hugging Face directory and resumes under any number
+  of processes, sharded or not.
+
+What it does not shard: the frozen reference copy (whole in every process), and
+it refuses a critic, LoRA adapters, PPO-ptx and the vLLM sampler
+(:func:`check_supported`).
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+from torch import nn
+
+_TRUE = ("true", "1", "yes")
+
+
+@dataclass(frozen=True)
+class ShardPlan:
+    """How to shard, read from ``accelerate launch``'s FSDP settings."""
+
+    reshard_after_forward: bool = True
+    """True: each layer's whole weights are freed after its forward and gathered again for the backward (ZeRO-3,
+    FULL_SHARD); False: kept until the backward (ZeRO-2, SHARD_GRAD_OP)."""
+    offload: bool = False
+    """Sharded parameters, gradients and optimizer state in CPU memory (FSDP_OFFLOAD_PARAMS)."""
+    activation_checkpointing: bool = False
+    """FSDP_ACTIVATION_CHECKPOINTING: the same as model.gradient_checkpointing=true."""
+
+
+def plan_from_env(env: dict[str, str] | None = None) -> ShardPlan | None:
+    """The plan of an FSDP launch (``ACCELERATE_USE_FSDP``), None otherwise.
+
+    >>> plan_from_env({"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2", "FSDP_RESHARD_AFTER_FORWARD": "false"})
+    ShardPlan(reshard_after_forward=False, offload=False, activation_checkpointing=False)
+    >>> plan_from_env({}) is None
+    True
+    """
+    env = os.environ if env is None else env
+    if env.get("ACCELERATE_USE_FSDP", "").lower() not in _TRUE:
+        return None
+    strategy = env.get("FSDP_SHARDING_STRATEGY", "").upper()  # FSDP1's name; FSDP2 configs set reshard directly
+    if strategy in ("3", "NO_SHARD", "4", "HYBRID_SHARD", "5", "HYBRID_SHARD_ZERO2"):
+        raise RuntimeError(f"FSDP_SHARDING_STRATEGY={strategy}: rlft shards over all processes (FULL_SHARD or "
+                           "SHARD_GRAD_OP); for no sharding launch without FSDP (recipes/accelerate/ddp.yaml)")
+    if "FSDP_RESHARD_AFTER_FORWARD" in env:
+        reshard = env["FSDP_RESHARD_AFTER_FORWARD"].lower() in _TRUE
+    else:
+        reshard = strategy not in ("2", "SHARD_GRAD_OP")
+    return ShardPlan(reshard_after_forward=reshard,
+                     offload=env.get("FSDP_OFFLOAD_PARAMS", "").lower() in _TRUE,
+                     activation_checkpointing=env.get("FSDP_ACTIVATION_CHECKPOINTING", "").lower() in _TRUE)
+
+
+def check_supported(cfg, plan: ShardPlan) -> None:
+    """Refuse, naming the key, what the sharded RL path does not run (before anything is written)."""
+    from rlft.config import ConfigError
+
+    on_cpu = cfg.model.device == "cpu" or (cfg.model.device == "auto" and not torch.cuda.is_available())
+    if plan.offload and on_cpu:
+        raise ConfigError("FSDP_OFFLOAD_PARAMS=true (fsdp_offload_params) moves the sharded state from GPU to CPU "
+                          "memory, but this run is on the CPU: set fsdp_offload_params: false")
+
+    refused = [(cfg.lora.rank > 0, "lora.rank", "LoRA adapters are small: train them data-parallel, without FSDP"),
+               (cfg.algo.needs_critic, "algo.advantage",
+                f"{cfg.algo.advantage!r} trains a critic, which is not sharded; launch without FSDP"),
+               (cfg.algo.ptx_coef > 0, "algo.ptx_coef", "PPO-ptx's pretraining loss runs in one process"),
+               (cfg.rollout.sampler == "vllm", "rollout.sampler", "vLLM reads whole weights from one process")]
+    for bad, key, why in refused:
+        if bad:
+            raise ConfigError(f"{key}: not supported with an FSDP launch (ACCELERATE_USE_FSDP): {why}")
+
+
+def layer_classes(model: nn.Module) -> set[str]:
+    """Class names of the model's repeated blocks: the Hugging Face model's ``_no_split_modules``."""
+    names = set(getattr(model, "_no_split_modules", None) or ())
+    if not names:
+        raise RuntimeError(f"{type(model).__name__} lists no _no_split_modules: rlft cannot tell its layers to shard")
+    return names
+
+
+def shard_(model: nn.Module, plan: ShardPlan) -> nn.Module:
+    """``model`` with each layer and then the whole of it wrapped by ``fully_shard`` (in place), set to sum the
+    processes' gradients. Call before building the optimizer: the parameters become sharded tensors."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
+
+    offload = CPUOffloadPolicy() if plan.offload else OffloadPolicy()
+    names = layer_classes(model)
+    layers = [m for m in model.modules() if type(m).__name__ in names]
+    if not layers:
+        raise RuntimeError(f"{type(model).__name__}: no module of the classes {sorted(names)} to shard")
+    for layer in layers:
+        fully_shard(layer, reshard_after_forward=plan.reshard_after_forward, offload_policy=offload)
+    fully_shard(model, reshard_after_forward=plan.reshard_after_forward, offload_policy=offload)
+    for m in fsdp_modules(model):
+        m.set_gradient_divide_factor(1.0)  # rlft's losses are already normalised over the global batch
+        m.set_force_sum_reduction_for_comms(True)  # a plain SUM (gloo has no pre-multiplied sum)
+    model._rlft_shard_plan = plan  # what gathered() restores
+    return model
+
+
+def fsdp_modules(model: nn.Module | None) -> list:
+    from torch.distributed.fsdp import FSDPModule
+
+    return [] if model is None else [m for m in model.modules() if isinstance(m, FSDPModule)]
+
+
+def is_sharded(model: nn.Module | None) -> bool:
+    return bool(fsdp_modules(model))
+
+
+@contextmanager
+def gathered(model: nn.Module | None) -> Iterator[None]:
+    """Inside the block every process holds ``model``'s whole weights (one all-gather per layer, here, in every
+    process) and its forward passes communicate nothing, so processes may run different numbers of them; on exit
+    the weights are sharded again. Nothing for a model that is not sharded. Not for gradients: the block is for
+    generation, log-probs without gradient and evaluation."""
+    mods = fsdp_modules(model)
+    if not mods:
+        yield
+        return
+    for m in mods:
+        m.set_reshard_after_forward(False)
+        m.unshard()
+    try:
+        yield
+    finally:
+        for m in mods:
+            m.reshard()
+        reshard = getattr(model, "_rlft_shard_plan", ShardPlan()).reshard_after_forward
+        for m in mods:
+            m.set_reshard_after_forward(reshard)
+
+
+def lockstep_extra(dist, n_own: int) -> int:
+    """How many zero-weight forward+backward passes this process adds so that every process runs as many as the
+    busiest one (a sharded model communicates in each)."""
+    return max(dist.gather(n_own)) - n_own
+
+
+def idle_pass(loss: torch.Tensor) -> None:
+    """Back-propagate ``loss`` times 0: the sharded model's communication runs, no gradient changes."""
+    (loss * 0.0).backward()
+
+
+def full_model_state(model: nn.Module) -> dict[str, torch.Tensor] | None:
+    """The whole state dict of a sharded model, on the CPU, in the main process (None in the others); every
+    process must call it."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if torch.distributed.get_rank() != 0:
+        return None
+    seen: dict[int, str] = {}  # tied weights (one parameter under two names) are written once, as save_pretrained does
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if seen.setdefault(id(p), name) != name:
+            sd.pop(name, None)
+    return sd
+
+
+def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict | None:
+    """The whole optimizer state of a sharded model, keyed by parameter name, in the main process (None in the
+    others); every process must call it."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    sd = get_optimizer_state_dict(model, optimizer,
+                                  options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return sd if torch.distributed.get_rank() == 0 else None
+
+
+def load_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
+    """Load a saved optimizer state into ``optimizer``: a whole state keyed by parameter name (a sharded run's
+    checkpoint) into a sharded or a plain model, or a plain ``optimizer.state_dict()`` into a plain one."""
+    if not is_name_keyed(state):
+        optimizer.load_state_dict(state)
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))
+
+
+def is_name_keyed(state: dict) -> bool:
+    """Whether an optimizer state is keyed by parameter name (torch.distributed.checkpoint's whole form) rather
+    than by index (``optimizer.state_dict()``)."""
+    keys = list(state.get("state", {}))
+    return bool(keys) and isinstance(keys[0], str)
