@@ -5,9 +5,9 @@ SFT policy (its SFT stage, run once here unless ``--start`` gives a policy
 directory); they differ only in the advantage and the reward:
 
 - ``outcome``: ``algo.advantage=group_norm`` on ``final_answer`` (the #### line right or not);
-- ``process``: ``algo.advantage=process`` on ``chain_steps`` (every line checked, the #### line a step);
-- ``process_answer3``: the same with ``chain_steps``'s ``answer: 3.0`` (a right #### line rewarded 3, a
-  right working line 1).
+- ``process``: ``algo.advantage=process`` on ``chain_steps`` (every line checked, the #### line a step; the
+  recipe's ``answer: 3.0``: a right #### line rewarded 3, a right working line 1);
+- ``process_plain``: the same with ``answer: null`` (a right #### line rewarded 1, like a working line).
 
 Each run saves a checkpoint every ``--eval-every`` RL steps; every checkpoint and
 the final policy are then evaluated greedily on the held-out problems (exact
@@ -44,9 +44,9 @@ RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "process_demo.yaml"
 MODES = {
     "outcome": ["algo.advantage=group_norm", "algo.name=grpo_outcome", "reward.fns=[final_answer]",
                 "reward.weights=[1.0]"],
-    "process": [],  # the recipe's own: process advantage on chain_steps
-    # the same, with a right #### line worth the three working lines together
-    "process_answer3": ["reward.fns=[{name: chain_steps, answer: 3.0}]"],
+    "process": [],  # the recipe's own: process advantage on chain_steps, a right #### line rewarded 3
+    # the same with every right step rewarded 1, the #### line too
+    "process_plain": ["reward.fns=[{name: chain_steps, answer: null}]"],
 }
 QUIET = ["log.progress=false", "log.tensorboard=false", "eval.ks=[]"]
 
@@ -144,7 +144,8 @@ def main() -> None:
             print(f"{mode} seed {seed}: {rec['exact_match_by_step']} ({rec['rl_seconds']:.0f} s)", flush=True)
     summary = {"start": str(start), "sft_seconds": sft_seconds, "start_exact_match": start_em,
                "start_ref_logp": start_eval["ref_logp"], "runs": runs, "medians": medians(runs),
-               "medians_ref_logp": medians(runs, "ref_logp_by_step"), "overrides": a.overrides}
+               "medians_ref_logp": medians(runs, "ref_logp_by_step"), "paired_vs_outcome": paired(runs),
+               "overrides": a.overrides}
     (a.out / "results.json").write_text(json.dumps(summary, indent=2))
     steps = sorted({int(k) for r in runs for k in r["exact_match_by_step"]})
     print("| mode | seed | " + " | ".join(f"step {s}" for s in steps) + " | RL wall time |")
@@ -158,6 +159,41 @@ def main() -> None:
     for mode, med in medians(runs, "ref_logp_by_step").items():  # teacher-forced, per held-out reference token
         print(f"| {mode} | median ref_logp | " + " | ".join(f"{med[s]:.4f}" if s in med else "-" for s in steps)
               + " | |")
+    if "outcome" in a.modes:
+        print("\n| mode - outcome (points, paired by seed) | step | mean | sd | 95% t-interval | seeds >= outcome |")
+        print("|---|---:|---:|---:|---|---:|")
+        for mode, per_step in paired(runs).items():
+            for step, d in per_step.items():
+                print(f"| {mode} | {step} | {d['mean']:+.2f} | {d['sd']:.2f} | [{d['lo']:+.2f}, {d['hi']:+.2f}] | "
+                      f"{d['at_least']} of {d['n']} |")
+
+
+# two-sided 95% quantiles of Student's t with 1..30 degrees of freedom
+T975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+        2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042]
+
+
+def paired(runs: list[dict], base: str = "outcome") -> dict[str, dict[int, dict[str, float]]]:
+    """Per mode other than ``base`` and per step: the difference mode - base in held-out exact match, paired by
+    seed (points), with its mean, sd, 95% t-interval, the number of seeds and how many have mode >= base."""
+    import statistics
+
+    by = {(r["mode"], r["seed"]): {int(k): v for k, v in r["exact_match_by_step"].items()} for r in runs}
+    seeds = sorted({s for m, s in by if m == base})
+    out: dict[str, dict[int, dict[str, float]]] = {}
+    for mode in dict.fromkeys(r["mode"] for r in runs):
+        if mode == base:
+            continue
+        for step in sorted({k for (m, _), v in by.items() if m == mode for k in v if k > 0}):
+            d = [100 * (by[(mode, s)][step] - by[(base, s)][step]) for s in seeds
+                 if step in by.get((mode, s), {}) and step in by[(base, s)]]
+            if len(d) < 2:
+                continue
+            mean, sd = statistics.mean(d), statistics.stdev(d)
+            half = T975[min(len(d) - 2, len(T975) - 1)] * sd / len(d) ** 0.5
+            out.setdefault(mode, {})[step] = {"mean": mean, "sd": sd, "lo": mean - half, "hi": mean + half,
+                                              "n": len(d), "at_least": sum(x >= 0 for x in d)}
+    return out
 
 
 def medians(runs: list[dict], key: str = "exact_match_by_step") -> dict[str, dict[int, float]]:
