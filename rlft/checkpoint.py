@@ -48,8 +48,9 @@ def save(run_dir: Path, step: int, *, model, tokenizer, optimizer, scheduler, tr
     def write(tmp: Path) -> None:
         model.save_pretrained(tmp / "policy", **({"state_dict": model_state} if model_state is not None else {}))
         tokenizer.save_pretrained(tmp / "policy")
-        torch.save({"optimizer": optimizer.state_dict() if optimizer_state is None else optimizer_state, "scheduler": scheduler.state_dict(),
-                    "rng": rng_state(), "process_rngs": process_rngs, "trainer": trainer_state}, tmp / "state.pt")
+        optim = optimizer.state_dict() if optimizer_state is None else optimizer_state
+        torch.save({"optimizer": optim, "scheduler": scheduler.state_dict(), "rng": rng_state(),
+                    "process_rngs": process_rngs, "trainer": trainer_state}, tmp / "state.pt")
 
     final = write_dir(root / f"step_{step:06d}", write, tmp=root / f".tmp_step_{step:06d}")
     for old in sorted(root.glob("step_*"))[:-keep]:  # only once the new one is whole

@@ -61,7 +61,8 @@ def test_chain_steps_hand_cases():
     with pytest.raises(ValueError, match="answer"):
         REWARDS.build("chain_steps", {"answer": math.nan})
     # from a recipe: an optional number, null meaning `correct`
-    cfg = load_config(None, ["reward.fns=[{name: chain_steps, answer: 3}, {name: chain_steps, answer: null, label: plain}]"])
+    cfg = load_config(None, ["reward.fns=[{name: chain_steps, answer: 3}, "
+                             "{name: chain_steps, answer: null, label: plain}]"])
     assert [t.params for t in cfg.reward.fns] == [(("answer", 3.0),), (("answer", None),)]
     with pytest.raises(ConfigError, match=r"reward.fns\[0\].answer: must be a number"):
         load_config(None, ["reward.fns=[{name: chain_steps, answer: many}]"])

@@ -17,8 +17,9 @@ end (an empty completion is one wrong step), or, when its last line ends the
 completion (no trailing newline, the usual case), that last line is wrong (one
 character offset holds one step). The steps' rewards are ``correct`` and
 ``wrong``; a right ``####`` line gets ``answer`` (default: ``correct``), so the
-final answer can weigh more than one working line in the group statistics. A sample that is not a chain problem (its prompt holds no chain question,
-or its ground truth is not an integer) has no steps: it is unscorable.
+final answer can weigh more than one working line in the group statistics. A
+sample that is not a chain problem (its prompt holds no chain question, or its
+ground truth is not an integer) has no steps: it is unscorable.
 """
 
 from __future__ import annotations
