@@ -32,8 +32,9 @@ per process:
   checkpoint is an ordinary Hugging Face directory and resumes under any number
   of processes, sharded or not.
 
-What it does not shard: the frozen reference copy (whole in every process), and
-it refuses a critic, LoRA adapters, PPO-ptx and the vLLM sampler
+The frozen reference (when the algorithm has a KL term) is sharded the same way
+and gathered with the policy for the reference log-probs. The sharded path
+refuses a critic, LoRA adapters, PPO-ptx and the vLLM sampler
 (:func:`check_supported`).
 """
 
@@ -137,7 +138,9 @@ def shard_(model: nn.Module, plan: ShardPlan) -> nn.Module:
 def fsdp_modules(model: nn.Module | None) -> list:
     from torch.distributed.fsdp import FSDPModule
 
-    return [] if model is None else [m for m in model.modules() if isinstance(m, FSDPModule)]
+    if not isinstance(model, nn.Module):  # None, or a view such as rlft.models.lora.AdaptersOff
+        return []
+    return [m for m in model.modules() if isinstance(m, FSDPModule)]
 
 
 def is_sharded(model: nn.Module | None) -> bool:
@@ -178,19 +181,32 @@ def idle_pass(loss: torch.Tensor) -> None:
     (loss * 0.0).backward()
 
 
-def full_model_state(model: nn.Module) -> dict[str, torch.Tensor] | None:
+def full_model_state(model: nn.Module, *, tied_once: bool = True) -> dict[str, torch.Tensor] | None:
     """The whole state dict of a sharded model, on the CPU, in the main process (None in the others); every
-    process must call it."""
+    process must call it. ``tied_once``: a tied weight under its first name only, as save_pretrained writes it;
+    False: under every name, as ``load_state_dict`` expects it."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if torch.distributed.get_rank() != 0:
         return None
+    if not tied_once:
+        return sd
     seen: dict[int, str] = {}  # tied weights (one parameter under two names) are written once, as save_pretrained does
     for name, p in model.named_parameters(remove_duplicate=False):
         if seen.setdefault(id(p), name) != name:
             sd.pop(name, None)
     return sd
+
+
+def load_model_state(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Load a whole state dict into ``model``, sharded (each process keeps its part) or not."""
+    if not is_sharded(model):
+        model.load_state_dict(state)
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True))
 
 
 def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict | None:

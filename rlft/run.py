@@ -445,14 +445,16 @@ PROCESS_SEED_STRIDE = 1_000_003  # process r > 0 of a multi-process run seeds it
 def _save_checkpoint(state: RLState, cfg: Config, run_dir: Path) -> None:
     """A checkpoint of the run, written by the main process with the random states of every process."""
     rngs = state.dist.gather(checkpoint.rng_state())
-    model_state = optimizer_state = None
+    model_state = optimizer_state = ref_state = None
     if is_sharded(state.policy):  # whole state dicts, gathered by every process into the main one
         model_state = full_model_state(state.policy)
         optimizer_state = full_optimizer_state(state.policy, state.optimizer)
+    if is_sharded(state.ref):
+        ref_state = full_model_state(state.ref, tied_once=False)
     if state.dist.is_main:
         checkpoint.save(run_dir, state.step, model=state.policy, tokenizer=state.tokenizer,
                         optimizer=state.optimizer, scheduler=state.scheduler, keep=cfg.train.keep_checkpoints,
-                        trainer_state=state.trainer_state(), process_rngs=rngs, model_state=model_state,
+                        trainer_state=state.trainer_state(ref_state), process_rngs=rngs, model_state=model_state,
                         optimizer_state=optimizer_state)
 
 
@@ -465,6 +467,8 @@ def _rl_state(policy, tokenizer, train_ex, train_prompts, cfg: Config) -> RLStat
     plan = current().shard
     if plan is not None:  # an FSDP launch: the policy's parameters, gradients and AdamW state split over processes
         shard_(policy, plan)
+        if ref is not None:
+            shard_(ref, plan)
     optimizer = make_optimizer(policy.parameters(), lr=o.lr, weight_decay=o.weight_decay, betas=(o.beta1, o.beta2),
                                eps=o.eps)
     total_opt_steps = cfg.train.steps * a.epochs * a.minibatches

@@ -268,13 +268,15 @@ def test_sharded_with_offload_on_one_gpu_applies_the_plain_gradient(tiny_model_d
 
 def test_accelerate_launch_fsdp_config_trains_saves_whole_models_and_resumes(tmp_path, tiny_overrides,
                                                                             tiny_model_dir):
-    """`accelerate launch --config_file recipes/accelerate/fsdp.yaml -m rlft train`: whole Hugging Face
-    checkpoints and final policy (trained weights, tied weights written once), an optimizer state keyed by
-    parameter name; a resume under FSDP, and a one-process resume from the sharded run's checkpoint."""
+    """`accelerate launch --config_file recipes/accelerate/fsdp.yaml -m rlft train` with a KL reference: whole
+    Hugging Face checkpoints and final policy (trained weights, tied weights written once), an optimizer state
+    keyed by parameter name, the reference's whole state; a resume under FSDP, and a one-process resume from the
+    sharded run's checkpoint."""
     from transformers import AutoModelForCausalLM
 
     base = tiny_overrides(tmp_path, "train.save_every=1", "train.prompts_per_step=2", "sft.steps=0",
                           "train.threads=1", f"model.path={tiny_model_dir}", "eval.before_rl=false",
+                          "algo.kl_coef=0.05",  # a reference model, sharded too
                           f"reward.fns=[{{name: custom, fn: {WORKER}:char_codes}}]", "reward.weights=[1.0]")
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
            str(ROOT / "recipes" / "accelerate" / "fsdp.yaml"), "--main_process_port", str(_free_port()),
@@ -294,6 +296,8 @@ def test_accelerate_launch_fsdp_config_trains_saves_whole_models_and_resumes(tmp
     saved = torch.load(run_dir / "checkpoints" / "step_000002" / "state.pt", weights_only=False)
     assert set(saved["optimizer"]["state"]) == {n for n in start if n != "lm_head.weight"}
     assert len(saved["process_rngs"]) == 2
+    ref = saved["trainer"]["ref"]  # the sharded reference, gathered whole: the starting model, every name
+    assert ref.keys() == start.keys() and all(torch.equal(ref[k], start[k]) for k in start)
 
     shutil.copytree(run_dir, tmp_path / "plain")
     again = subprocess.run([*cmd, "train.steps=4", "train.resume=true"], capture_output=True, text=True, env=_env(),

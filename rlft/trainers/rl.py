@@ -27,7 +27,7 @@ from rlft.core.shaping import informative_groups, overlong_filter, soft_overlong
 from rlft.core.value import explained_variance
 from rlft.data.schema import Example
 from rlft.dist import Dist
-from rlft.fsdp import gathered
+from rlft.fsdp import gathered, load_model_state
 from rlft.models.forward import autocast
 from rlft.rewards import score_batch
 from rlft.rewards.scoring import ScoreResult
@@ -96,10 +96,13 @@ class RLState:
     consecutive_skips: int = 0  # ... and in a row, up to the last step
     step: int = 0
 
-    def trainer_state(self) -> dict:
-        """What a checkpoint needs besides the policy, its optimizer and scheduler."""
+    def trainer_state(self, ref_state: dict | None = None) -> dict:
+        """What a checkpoint needs besides the policy, its optimizer and scheduler; ``ref_state``: the reference's
+        whole state when it is sharded (rlft.fsdp.full_model_state)."""
+        if ref_state is None and self.ref is not None:
+            ref_state = self.ref.state_dict()
         out = {"step": self.step, "sampler": self.sampler.state_dict(), "baseline": self.baseline,
-               "ref": self.ref.state_dict() if self.ref is not None else None,
+               "ref": ref_state,
                "kl_ctl": self.kl_ctl.state_dict() if self.kl_ctl is not None else None,
                "penalty_ctl": self.penalty_ctl.state_dict() if self.penalty_ctl is not None else None,
                "ptx": self.ptx.state_dict() if self.ptx is not None else None, "critic": None,
@@ -116,7 +119,9 @@ class RLState:
         self.step, self.baseline = saved["step"], saved.get("baseline")
         self.skipped_steps, self.consecutive_skips = saved.get("skips", [0, 0])
         self.sampler.load_state_dict(saved["sampler"])
-        for name in ("ref", "kl_ctl", "penalty_ctl", "ptx", "hacking", "rm_refresh", "health"):  # run._rl_state
+        if self.ref is not None and saved.get("ref") is not None:
+            load_model_state(self.ref, saved["ref"])  # sharded or not
+        for name in ("kl_ctl", "penalty_ctl", "ptx", "hacking", "rm_refresh", "health"):  # run._rl_state
             obj = getattr(self, name)
             if obj is not None and saved.get(name) is not None:
                 obj.load_state_dict(saved[name])
@@ -141,7 +146,7 @@ def rl_step(state: RLState, cfg: Config, *, train_policy: bool = True) -> dict[s
     """
     t: dict[str, float] = {}  # timing_s/<phase>
     t_start = time.perf_counter()
-    with gathered(state.policy):  # a sharded policy (rlft.fsdp): whole weights for sampling and the no-grad passes
+    with gathered(state.policy), gathered(state.ref):  # sharded (rlft.fsdp): whole weights for the no-grad passes
         batch, metrics = collect(state, cfg, t)
         with _timed(t, "logprob"):
             fill_logprobs(state, batch, cfg)
