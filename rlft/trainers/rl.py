@@ -146,9 +146,9 @@ def rl_step(state: RLState, cfg: Config, *, train_policy: bool = True) -> dict[s
     """
     t: dict[str, float] = {}  # timing_s/<phase>
     t_start = time.perf_counter()
-    with gathered(state.policy), gathered(state.ref):  # sharded (rlft.fsdp): whole weights for the no-grad passes
+    with gathered(state.policy):  # a sharded policy (rlft.fsdp): whole weights for sampling and the no-grad passes
         batch, metrics = collect(state, cfg, t)
-        with _timed(t, "logprob"):
+        with _timed(t, "logprob"), gathered(state.ref):  # the reference whole only for its log-probs
             fill_logprobs(state, batch, cfg)
     with _timed(t, "advantage"):
         metrics.update(compute_advantages(state, batch, cfg))
