@@ -17,8 +17,8 @@ per process:
   evaluation) run on whole weights: :func:`gathered` all-gathers every layer once
   and keeps it whole until the block ends, so processes may run different
   numbers of forward passes (their rows finish at different lengths), as in
-  verl's hybrid engine. Memory peaks at the whole model there, not at AdamW's
-  state.
+  verl's hybrid engine. There each process holds the whole weights besides
+  its shards.
 - **The update** runs sharded: each forward gathers one layer at a time and
   frees it after (``FSDP_RESHARD_AFTER_FORWARD``, ZeRO-3) or keeps it until the
   backward (ZeRO-2). Every process must then run the same number of forward and
@@ -26,7 +26,8 @@ per process:
   process with fewer micro-batches adds.
 - **Offload.** ``FSDP_OFFLOAD_PARAMS=true`` keeps the sharded parameters,
   gradients and optimizer state in CPU memory (``CPUOffloadPolicy``) and runs
-  AdamW there: GPU memory holds only the layers being computed.
+  AdamW there: in the update GPU memory holds only the layers being computed
+  (generation still gathers the whole weights onto the GPU).
 - **Checkpoints** hold full state dicts, gathered to the main process
   (:func:`full_model_state`, :func:`full_optimizer_state`): a sharded run's
   checkpoint is an ordinary Hugging Face directory and resumes under any number
