@@ -81,11 +81,11 @@ def run_once(mode: str, model: str, processes: int, steps: int, overrides: list[
     peaks: dict[int, float] = {}
     while proc.poll() is None:
         for pid in _descendants(proc.pid):
-            cmdline = Path(f"/proc/{pid}/cmdline")
             try:
-                if b"rlft" not in cmdline.read_bytes() or b"torch.distributed" in cmdline.read_bytes():
-                    continue
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
             except OSError:
+                continue
+            if b"rlft" not in cmdline or b"torch.distributed" in cmdline:  # training processes, not launchers
                 continue
             hwm = _hwm_mb(pid)
             if hwm is not None:

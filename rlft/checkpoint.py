@@ -46,7 +46,7 @@ def save(run_dir: Path, step: int, *, model, tokenizer, optimizer, scheduler, tr
         shutil.rmtree(stale, ignore_errors=True)
 
     def write(tmp: Path) -> None:
-        model.save_pretrained(tmp / "policy", **({"state_dict": model_state} if model_state is not None else {}))
+        model.save_pretrained(tmp / "policy", state_dict=model_state)  # None: the model's own
         tokenizer.save_pretrained(tmp / "policy")
         optim = optimizer.state_dict() if optimizer_state is None else optimizer_state
         torch.save({"optimizer": optim, "scheduler": scheduler.state_dict(), "rng": rng_state(),

@@ -92,9 +92,9 @@ def plan_from_env(env: dict[str, str] | None = None) -> ShardPlan | None:
 def check_supported(cfg, plan: ShardPlan) -> None:
     """Refuse, naming the key, what the sharded RL path does not run (before anything is written)."""
     from rlft.config import ConfigError
+    from rlft.models.loading import resolve_device
 
-    on_cpu = cfg.model.device == "cpu" or (cfg.model.device == "auto" and not torch.cuda.is_available())
-    if plan.offload and on_cpu:
+    if plan.offload and resolve_device(cfg.model.device).type == "cpu":
         raise ConfigError("FSDP_OFFLOAD_PARAMS=true (fsdp_offload_params) moves the sharded state from GPU to CPU "
                           "memory, but this run is on the CPU: set fsdp_offload_params: false")
 

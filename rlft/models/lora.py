@@ -72,7 +72,7 @@ def save_policy(model, tokenizer, path: str | Path, save: str = "adapter", state
     path = Path(path)
     if is_peft(model) and save == "merged":
         model = model.merge_and_unload()
-    model.save_pretrained(path, **({"state_dict": state_dict} if state_dict is not None else {}))
+    model.save_pretrained(path, state_dict=state_dict)  # None: the model's own
     tokenizer.save_pretrained(path)
     return path
 
