@@ -32,6 +32,7 @@ import torch
 
 if TYPE_CHECKING:
     from rlft.fsdp import ShardPlan
+    from rlft.zero import ZeroPlan
 
 # a process waits this long for the others, e.g. while the main process alone runs an evaluation or an SFT stage
 TIMEOUT = datetime.timedelta(hours=6)
@@ -45,6 +46,8 @@ class Dist:
     world: int = 1
     shard: "ShardPlan | None" = None
     """An FSDP launch's plan (rlft.fsdp): the RL policy is sharded over the processes; None: whole in each."""
+    zero: "ZeroPlan | None" = None
+    """A DeepSpeed launch's plan (rlft.zero): the RL policy trains in a ZeRO engine; None: no DeepSpeed."""
 
     @property
     def is_main(self) -> bool:
@@ -147,30 +150,26 @@ def init_dist(device: str = "auto") -> Dist:
         return Dist()
     if _DIST is not None:
         return _DIST
-    from rlft.fsdp import plan_from_env
+    from rlft import fsdp, zero
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    plan = plan_from_env()
-    if world <= 1 and plan is None:
+    plan, zero_plan = fsdp.plan_from_env(), zero.plan_from_env()
+    if world <= 1 and plan is None and zero_plan is None:
         _cpu_simple_launcher()
         _DIST = Dist()
         return _DIST
-    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() in ("true", "1"):
-        raise RuntimeError("ACCELERATE_USE_DEEPSPEED is set: rlft does not run inside DeepSpeed's engine; for ZeRO-3 "
-                           "sharding and optimizer offload use recipes/accelerate/fsdp.yaml (FSDP2), for data "
-                           "parallelism recipes/accelerate/ddp.yaml")
     from accelerate import PartialState
 
     cpu = device == "cpu" or (device == "auto" and not torch.cuda.is_available())
     state = PartialState(cpu=cpu, timeout=TIMEOUT)  # a process group even for one process: FSDP needs one
-    _DIST = Dist(rank=state.process_index, world=state.num_processes, shard=plan)
+    _DIST = Dist(rank=state.process_index, world=state.num_processes, shard=plan, zero=zero_plan)
     return _DIST
 
 
 def shutdown() -> None:
     """Wait for every process, then close the process group (left open, gloo can abort the exiting process)."""
     global _DIST
-    if _DIST is not None and (_DIST.active or _DIST.shard) and torch.distributed.is_initialized():
+    if _DIST is not None and (_DIST.active or _DIST.shard or _DIST.zero) and torch.distributed.is_initialized():
         torch.distributed.barrier()
         torch.distributed.destroy_process_group()
     _DIST = None

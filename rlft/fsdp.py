@@ -37,6 +37,10 @@ The frozen reference (when the algorithm has a KL term) is sharded the same way
 and gathered with the policy for the reference log-probs. The sharded path
 refuses a critic, LoRA adapters, PPO-ptx and the vLLM sampler
 (:func:`check_supported`).
+
+A policy sharded by DeepSpeed ZeRO instead (``rlft.zero``) answers the same calls:
+:func:`is_sharded`, :func:`gathered`, the whole state dicts and the optimizer-state
+loading hand it to ``rlft.zero``, so the training loop has one set of calls for both.
 """
 
 from __future__ import annotations
@@ -48,6 +52,9 @@ from typing import Iterator
 
 import torch
 from torch import nn
+
+from rlft import zero
+from rlft.zero import engine_of
 
 _TRUE = ("true", "1", "yes")
 
@@ -97,15 +104,21 @@ def check_supported(cfg, plan: ShardPlan) -> None:
     if plan.offload and resolve_device(cfg.model.device).type == "cpu":
         raise ConfigError("FSDP_OFFLOAD_PARAMS=true (fsdp_offload_params) moves the sharded state from GPU to CPU "
                           "memory, but this run is on the CPU: set fsdp_offload_params: false")
+    refuse_unsharded_parts(cfg, "an FSDP launch (ACCELERATE_USE_FSDP)")
 
-    refused = [(cfg.lora.rank > 0, "lora.rank", "LoRA adapters are small: train them data-parallel, without FSDP"),
+
+def refuse_unsharded_parts(cfg, launch: str) -> None:
+    """Refuse, naming the key, what a sharded launch (FSDP or DeepSpeed ZeRO) does not run."""
+    from rlft.config import ConfigError
+
+    refused = [(cfg.lora.rank > 0, "lora.rank", "LoRA adapters are small: train them data-parallel (ddp.yaml)"),
                (cfg.algo.needs_critic, "algo.advantage",
-                f"{cfg.algo.advantage!r} trains a critic, which is not sharded; launch without FSDP"),
+                f"{cfg.algo.advantage!r} trains a critic, which is not sharded; launch with ddp.yaml"),
                (cfg.algo.ptx_coef > 0, "algo.ptx_coef", "PPO-ptx's pretraining loss runs in one process"),
                (cfg.rollout.sampler == "vllm", "rollout.sampler", "vLLM reads whole weights from one process")]
     for bad, key, why in refused:
         if bad:
-            raise ConfigError(f"{key}: not supported with an FSDP launch (ACCELERATE_USE_FSDP): {why}")
+            raise ConfigError(f"{key}: not supported with {launch}: {why}")
 
 
 def layer_classes(model: nn.Module) -> set[str]:
@@ -145,7 +158,9 @@ def fsdp_modules(model: nn.Module | None) -> list:
 
 
 def is_sharded(model: nn.Module | None) -> bool:
-    return bool(fsdp_modules(model))
+    """Sharded over the processes by FSDP or by DeepSpeed ZeRO (rlft.zero, which answers the calls below for the
+    models it wraps)."""
+    return bool(fsdp_modules(model)) or engine_of(model) is not None
 
 
 @contextmanager
@@ -154,6 +169,10 @@ def gathered(model: nn.Module | None) -> Iterator[None]:
     process) and its forward passes communicate nothing, so processes may run different numbers of them; on exit
     the weights are sharded again. Nothing for a model that is not sharded. Not for gradients: the block is for
     generation, log-probs without gradient and evaluation."""
+    if engine_of(model) is not None:
+        with zero.gathered(model):
+            yield
+        return
     mods = fsdp_modules(model)
     if not mods:
         yield
@@ -177,9 +196,9 @@ def lockstep_extra(dist, n_own: int) -> int:
     return max(dist.gather(n_own)) - n_own
 
 
-def idle_pass(loss: torch.Tensor) -> None:
-    """Back-propagate ``loss`` times 0: the sharded model's communication runs, no gradient changes."""
-    (loss * 0.0).backward()
+def idle_loss(loss: torch.Tensor) -> torch.Tensor:
+    """``loss`` times 0: its backward runs the sharded model's communication and changes no gradient."""
+    return loss * 0.0
 
 
 def full_model_state(model: nn.Module, *, tied_once: bool = True) -> dict[str, torch.Tensor] | None:
@@ -188,6 +207,8 @@ def full_model_state(model: nn.Module, *, tied_once: bool = True) -> dict[str, t
     False: under every name, as ``load_state_dict`` expects it."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
+    if engine_of(model) is not None:
+        return zero.full_model_state(model, tied_once=tied_once)
     sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if torch.distributed.get_rank() != 0:
         return None
@@ -215,6 +236,8 @@ def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> 
     others); every process must call it."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
+    if engine_of(model) is not None:
+        return zero.full_optimizer_state(model, optimizer)
     sd = get_optimizer_state_dict(model, optimizer,
                                   options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     return sd if torch.distributed.get_rank() == 0 else None
@@ -223,6 +246,9 @@ def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> 
 def load_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
     """Load a saved optimizer state into ``optimizer``: a whole state keyed by parameter name (a sharded run's
     checkpoint) into a sharded or a plain model, or a plain ``optimizer.state_dict()`` into a plain one."""
+    if engine_of(model) is not None:
+        zero.load_optimizer_state(model, optimizer, state)
+        return
     if not is_name_keyed(state):
         optimizer.load_state_dict(state)
         return

@@ -39,7 +39,7 @@ import numpy as np
 import torch
 import yaml
 
-from rlft import checkpoint
+from rlft import checkpoint, zero
 from rlft.config import Config, ConfigError, with_name
 from rlft.core.kl import make_kl_controller
 from rlft.data.loaders import load_examples
@@ -172,6 +172,8 @@ def train(cfg: Config, *, echo=print) -> RunResult:
     train_ex, eval_ex, extra_sets = preflight(cfg)
     if dist.shard is not None:
         check_supported(cfg, dist.shard)
+    if dist.zero is not None:
+        zero.check_supported(cfg, dist.zero)
     if cfg.train.prompts_per_step < dist.world:
         raise ConfigError(f"train.prompts_per_step: {cfg.train.prompts_per_step} prompts cannot be shared by "
                           f"{dist.world} processes; use at least one per process")
@@ -473,6 +475,8 @@ def _rl_state(policy, tokenizer, train_ex, train_prompts, cfg: Config) -> RLStat
                                eps=o.eps)
     total_opt_steps = cfg.train.steps * a.epochs * a.minibatches
     scheduler = make_scheduler(optimizer, warmup=o.warmup_steps, total=total_opt_steps, schedule=o.schedule)
+    if current().zero is not None:  # a DeepSpeed launch: AdamW's state (and gradients, parameters) split by ZeRO
+        zero.wrap(policy, optimizer, current().zero, o.grad_clip)
     state = RLState(policy=policy, tokenizer=tokenizer, optimizer=optimizer, scheduler=scheduler,
                     sampler=PromptSampler(len(train_ex), cfg.train.seed), examples=train_ex, prompts=train_prompts)
     state.penalty_ctl = penalty_controller(state, cfg)  # PPO-penalty's adaptive beta, when the loss reads one

@@ -8,6 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 bash scripts/browser.sh
+bash scripts/cxx.sh
 .venv/bin/python -m pytest --durations=15 "$@"
 if [ "$#" -eq 0 ]; then
   core=(tests/test_advantages.py tests/test_losses.py tests/test_kl.py tests/test_value.py tests/test_shaping.py

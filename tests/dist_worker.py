@@ -9,9 +9,14 @@ step applied (after the sum over processes), the global batch the step trained
 on and, in a one-process run, the per-parameter sum of |gradient terms| (the
 scale of the rounding bound). Rollouts are generated one prompt at a time with
 a seed drawn from the prompt's tokens, so the global batch does not depend on
-how the prompts are shared between processes. With ``RLFT_PLANT=no_grad_sum``
-the gradients are not summed over processes, with ``RLFT_PLANT=fsdp_mean`` a sharded run (rlft.fsdp) averages
-them as FSDP does by default (planted bugs the tests must see).
+how the prompts are shared between processes. It also writes the policy's weights and its
+optimizer state (keyed by parameter name) after the step, whole, and for a sharded policy that state once more
+after loading it back into the shards. With ``RLFT_CHECK=fresh_load`` it runs no step: it loads a synthetic
+whole optimizer state into the fresh (sharded) optimizer, as a resume does, and writes it with what gathers back
+(``fresh_load_by_position``: the same state keyed by position, as a plain run's checkpoint holds it).
+With ``RLFT_PLANT=no_grad_sum`` the gradients are not summed over processes, with ``RLFT_PLANT=fsdp_mean`` a
+sharded run (rlft.fsdp) averages them as FSDP does by default, with ``RLFT_PLANT=zero_mean`` a DeepSpeed run (rlft.zero) as DeepSpeed does (planted
+bugs the tests must see).
 """
 
 from __future__ import annotations
@@ -31,9 +36,11 @@ from rlft import dist as rdist  # noqa: E402
 from rlft import run  # noqa: E402
 from rlft.config import load_config  # noqa: E402
 from rlft.data.templates import encode_prompts  # noqa: E402
+from rlft.fsdp import full_model_state, full_optimizer_state, is_sharded, load_optimizer_state  # noqa: E402
 from rlft.models.loading import load_policy  # noqa: E402
 from rlft.rollout.batch import cat_batches  # noqa: E402
 from rlft.trainers import rl  # noqa: E402
+from rlft.zero import engine_of, stage_of  # noqa: E402
 
 
 def char_codes(completion: str, sample) -> float:
@@ -59,11 +66,45 @@ def recording(optimizer, model, grads: list[dict]):
     step = optimizer.step
 
     def wrapped(*args, **kwargs):  # a sharded gradient (rlft.fsdp) is gathered whole, in every process
-        grads.append({n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).detach().clone()
-                      for n, p in model.named_parameters() if p.grad is not None})
+        if engine_of(model) is not None:
+            grads.append(zero_grads(model, optimizer))
+        else:
+            grads.append({n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).detach().clone()
+                          for n, p in model.named_parameters() if p.grad is not None})
         return step(*args, **kwargs)
 
     optimizer.step = wrapped
+
+
+def zero_grads(model, optimizer) -> dict:
+    """The whole gradient a DeepSpeed ZeRO engine (rlft.zero) hands its optimizer, by parameter name, read inside
+    the optimizer's step (after the reduction over processes). Stage 3: DeepSpeed's ``safe_get_full_grad``; stages
+    1 and 2: each group's flat partition, gathered from every process and cut at the group's parameters (in order,
+    padding at the end)."""
+    engine = engine_of(model)
+    if stage_of(model) == 3:
+        from deepspeed.utils import safe_get_full_grad
+        return {n: safe_get_full_grad(p).detach().clone() for n, p in model.named_parameters()}
+    names = {id(p): n for n, p in model.named_parameters()}
+    out = {}
+    for group, params in zip(optimizer.param_groups, engine.optimizer.bit16_groups):
+        part = group["params"][0].grad
+        parts = [torch.empty_like(part) for _ in range(torch.distributed.get_world_size())]
+        torch.distributed.all_gather(parts, part)
+        flat, offset = torch.cat(parts), 0
+        for p in params:
+            out[names[id(p)]] = flat[offset:offset + p.numel()].view_as(p).clone()
+            offset += p.numel()
+    return out
+
+
+def synthetic_optimizer_state(model) -> dict:
+    """A whole AdamW state keyed by parameter name, the same in every process: moments drawn from a fixed seed."""
+    g = torch.Generator().manual_seed(7)
+    shapes = {n: getattr(p, "ds_shape", p.shape) for n, p in model.named_parameters()}  # ZeRO-3: the whole shape
+    state = {n: {"step": torch.tensor(3.0), "exp_avg": torch.randn(shape, generator=g),
+                 "exp_avg_sq": torch.rand(shape, generator=g)} for n, shape in shapes.items()}
+    return {"state": state, "param_groups": [{"lr": 1e-5, "params": list(state)}]}
 
 
 def main(out: str, model_dir: str, overrides: list[str]) -> None:
@@ -71,6 +112,9 @@ def main(out: str, model_dir: str, overrides: list[str]) -> None:
     dist = rdist.init_dist("cuda" if "model.device=cuda" in overrides else "cpu")
     if os.environ.get("RLFT_PLANT") == "no_grad_sum":
         rdist.Dist.sum_grads_ = lambda self, params: None
+    if os.environ.get("RLFT_PLANT") == "zero_mean":  # DeepSpeed's own convention: the processes' gradients averaged
+        from rlft import zero
+        zero.backward = lambda engine, loss, world: engine.backward(loss, scale_wrt_gas=False)
     if os.environ.get("RLFT_PLANT") == "fsdp_mean":  # FSDP's default: the processes' gradients averaged
         from torch.distributed.fsdp import FSDPModule
         FSDPModule.set_gradient_divide_factor = lambda self, factor: None
@@ -82,6 +126,19 @@ def main(out: str, model_dir: str, overrides: list[str]) -> None:
     prompts = encode_prompts(train_ex, cfg.data.template, tok, cfg.data.max_prompt_tokens, "train data")
     state = run._rl_state(policy, tok, train_ex, prompts, cfg)
     state.dist = dist
+    if os.environ.get("RLFT_CHECK", "").startswith("fresh_load"):  # a resume's load into a fresh engine: no step
+        loaded = synthetic_optimizer_state(policy)
+        given = loaded
+        if os.environ["RLFT_CHECK"] == "fresh_load_by_position":  # as a plain run's optimizer.state_dict() holds it
+            names = list(loaded["state"])
+            given = {"state": {i: loaded["state"][n] for i, n in enumerate(names)},
+                     "param_groups": [{"lr": 1e-5, "params": list(range(len(names)))}]}
+        load_optimizer_state(policy, state.optimizer, given)
+        gathered = full_optimizer_state(policy, state.optimizer)
+        if dist.is_main:
+            torch.save({"loaded": loaded, "gathered": gathered}, out)
+        rdist.shutdown()
+        return
     rl.generate = per_prompt_rollout(rl.generate)
     seen: list = []
     advantages = rl.compute_advantages
@@ -92,12 +149,23 @@ def main(out: str, model_dir: str, overrides: list[str]) -> None:
     for name, opt in (("policy", state.optimizer), ("critic", state.critic_optimizer)):
         if opt is not None:
             recording(opt, models[name], grads[name])
-            if dist.shard is None:  # the bound's scale comes from the one-process run
+            if dist.shard is None and dist.zero is None:  # the bound's scale comes from the one-process run
                 scales[name] = AbsGradSum(models[name])
     metrics = rl.rl_step(state, cfg)
+    reloaded = None
+    if is_sharded(policy):  # whole states, gathered by every process into the main one
+        weights, optimizer = full_model_state(policy), full_optimizer_state(policy, state.optimizer)
+        # loaded back as a resume loads it (every process reads the whole state), then gathered again
+        load_optimizer_state(policy, state.optimizer, dist.broadcast(optimizer))
+        reloaded = full_optimizer_state(policy, state.optimizer)
+    else:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+        weights = {k: v.detach().clone() for k, v in policy.state_dict().items()}
+        optimizer = get_optimizer_state_dict(policy, state.optimizer, options=StateDictOptions(full_state_dict=True))
     if dist.is_main:
         batch = seen[0]
-        torch.save({"world": dist.world, "metrics": metrics, "grads": grads,
+        torch.save({"world": dist.world, "metrics": metrics, "grads": grads, "weights": weights, "optimizer": optimizer,
+                    "reloaded_optimizer": reloaded,
                     "scale": {k: {n: s.scale(n) for n in s.total} for k, s in scales.items()},
                     "response_ids": batch.response_ids, "scores": batch.scores, "adv": batch.adv,
                     "n_tokens": batch.prompt_ids.numel() + batch.response_ids.numel()}, out)

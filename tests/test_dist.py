@@ -245,6 +245,110 @@ def test_sharded_gradients_averaged_as_fsdp_does_by_default_break_the_bound(step
                                             depth=MODEL_DEPTH) for k in nonzero)
 
 
+# --------------------------------------------------------------------------- DeepSpeed ZeRO (rlft.zero)
+
+def _needs_deepspeed() -> None:
+    """Skip, saying why, where DeepSpeed cannot run on the CPU here."""
+    pytest.importorskip("deepspeed", reason="DeepSpeed is the optional extra rlft[deepspeed]")
+    if shutil.which(os.environ.get("CXX", "c++")) is None:
+        pytest.skip("DeepSpeed's CPU backend compiles its communication op and there is no C++ compiler "
+                    "(scripts/cxx.sh installs g++ as root on Debian)")
+
+
+_ZERO3_JSON = {"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},  # every tensor split
+               "train_micro_batch_size_per_gpu": "auto", "gradient_clipping": "auto"}
+ZERO_RUNS = {  # label: processes, environment (the JSON file's path is filled in by the fixture)
+    "stage3_three": (3, {"ACCELERATE_DEEPSPEED_CONFIG_FILE": "zero3.json"}),  # rows 6/5/5: idle passes
+    "stage2_two": (2, {"ACCELERATE_DEEPSPEED_ZERO_STAGE": "2"}),
+    "stage1_two": (2, {"ACCELERATE_DEEPSPEED_ZERO_STAGE": "1"}),
+    "planted_mean": (2, {"ACCELERATE_DEEPSPEED_ZERO_STAGE": "2", "RLFT_PLANT": "zero_mean"}),  # DeepSpeed's average
+}
+
+
+@pytest.fixture(scope="module")
+def zero_runs(step_runs, tiny_model_dir, tmp_path_factory):
+    """The GRPO step (a reference model, KL in the loss) with the policy in a DeepSpeed ZeRO engine, per ZERO_RUNS
+    entry."""
+    _needs_deepspeed()
+    out = tmp_path_factory.mktemp("zero")
+    (out / "zero3.json").write_text(json.dumps(_ZERO3_JSON))
+    runs = {}
+    for label, (procs, env) in ZERO_RUNS.items():
+        env = {"ACCELERATE_USE_DEEPSPEED": "true", **env}
+        if "ACCELERATE_DEEPSPEED_CONFIG_FILE" in env:
+            env["ACCELERATE_DEEPSPEED_CONFIG_FILE"] = str(out / env["ACCELERATE_DEEPSPEED_CONFIG_FILE"])
+        path = out / f"{label}.pt"
+        launch(procs, [str(WORKER), str(path), str(tiny_model_dir), *STEP, *PRESETS["grpo"]], **env)
+        runs[label] = torch.load(path, weights_only=False)
+    return runs
+
+
+@pytest.mark.parametrize("label", ["stage3_three", "stage2_two", "stage1_two"])
+def test_zero_processes_apply_the_one_process_gradient(step_runs, zero_runs, label):
+    one, zero = step_runs["grpo"]["one"], zero_runs[label]
+    assert zero["world"] == ZERO_RUNS[label][0]
+    assert torch.equal(zero["response_ids"], one["response_ids"]) and torch.equal(zero["adv"], one["adv"])
+    g1, g2 = one["grads"]["policy"][0], zero["grads"]["policy"][0]
+    assert g1.keys() == g2.keys() and any(v.abs().sum() > 0 for v in g1.values())
+    for name in g1:
+        assert_rounding_close(g2[name], g1[name], n_terms=one["n_tokens"], scale=one["scale"]["policy"][name],
+                              depth=MODEL_DEPTH, what=f"{label} {name}")
+    norm = one["metrics"]["actor/grad_norm"]
+    assert abs(zero["metrics"]["actor/grad_norm"] - norm) <= 1e-5 * norm
+    assert zero["metrics"]["actor/skipped_steps"] == 0.0
+
+
+@pytest.mark.parametrize("label", ["stage3_three", "stage2_two"])
+def test_zero_whole_states_are_the_one_process_ones(step_runs, zero_runs, label):
+    """The weights and AdamW state gathered whole from the processes' partitions (what checkpoints hold): each
+    first moment is (1 - beta1) x the step's gradient, within that gradient's bound; each weight moved at most
+    the learning rate from the one-process weight's start, so it is within 2 lr of the one-process result. The
+    state loaded back into the partitions (a resume) gathers to the same tensors."""
+    one, zero = step_runs["grpo"]["one"], zero_runs[label]
+    assert zero["weights"].keys() == {k for k in one["weights"] if k != "lm_head.weight"}  # tied: written once
+    lr = one["metrics"]["actor/lr"]
+    for name, w in zero["weights"].items():
+        assert w.shape == one["weights"][name].shape and (w - one["weights"][name]).abs().max() <= 2 * lr, name
+    s1, s2 = one["optimizer"]["state"], zero["optimizer"]["state"]
+    assert s2.keys() == s1.keys() and zero["optimizer"]["param_groups"][0]["params"] == list(s1)
+    for name in s1:
+        assert float(s2[name]["step"]) == float(s1[name]["step"]) == 1.0
+        assert_rounding_close(s2[name]["exp_avg"], s1[name]["exp_avg"], n_terms=one["n_tokens"],
+                              scale=0.1 * one["scale"]["policy"][name], depth=MODEL_DEPTH, what=f"{label} {name}")
+    back = zero["reloaded_optimizer"]  # loaded into the partitions as a resume does, and gathered again
+    assert back["param_groups"] == zero["optimizer"]["param_groups"] and back["state"].keys() == s2.keys()
+    assert all(torch.equal(back["state"][n][k], s2[n][k]) for n in s2 for k in ("step", "exp_avg", "exp_avg_sq"))
+
+
+@pytest.mark.parametrize("stage, procs, check", [(3, 3, "fresh_load"), (2, 2, "fresh_load"), (1, 2, "fresh_load"),
+                                                 (2, 2, "fresh_load_by_position")])
+def test_zero_optimizer_state_loaded_into_a_fresh_engine_gathers_back_unchanged(tiny_model_dir, tmp_path, stage,
+                                                                               procs, check):
+    """A resume's load: a whole AdamW state keyed by name (or by position, as a plain run saves it) into a ZeRO
+    engine that has not stepped (stage 3 with every tensor split, sizes that do not divide by 3 processes), then
+    gathered whole again."""
+    _needs_deepspeed()
+    conf = tmp_path / "zero.json"
+    conf.write_text(json.dumps({"zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0}}))
+    path = tmp_path / "fresh.pt"
+    launch(procs, [str(WORKER), str(path), str(tiny_model_dir), *STEP, *PRESETS["grpo"]],
+           ACCELERATE_USE_DEEPSPEED="true", ACCELERATE_DEEPSPEED_CONFIG_FILE=str(conf), RLFT_CHECK=check)
+    got = torch.load(path, weights_only=False)
+    loaded, back = got["loaded"]["state"], got["gathered"]["state"]
+    assert back.keys() == loaded.keys() - {"lm_head.weight"} and len(back) > 5
+    for name in back:
+        assert float(back[name]["step"]) == 3.0
+        assert all(torch.equal(back[name][k], loaded[name][k]) for k in ("exp_avg", "exp_avg_sq")), name
+
+
+def test_zero_gradients_averaged_as_deepspeed_does_break_the_bound(step_runs, zero_runs):
+    one, planted = step_runs["grpo"]["one"], zero_runs["planted_mean"]
+    g1, g2 = one["grads"]["policy"][0], planted["grads"]["policy"][0]
+    nonzero = [k for k in g1 if g1[k].abs().max() > 0]
+    assert nonzero and all(rounding_differs(g2[k], g1[k], n_terms=one["n_tokens"], scale=one["scale"]["policy"][k],
+                                            depth=MODEL_DEPTH) for k in nonzero)
+
+
 @pytest.mark.gpu
 def test_sharded_with_offload_on_one_gpu_applies_the_plain_gradient(tiny_model_dir, tmp_path):
     """FSDP_OFFLOAD_PARAMS on one GPU (one process: AdamW state in CPU memory) against the plain GPU step."""
@@ -311,6 +415,68 @@ def test_accelerate_launch_fsdp_config_trains_saves_whole_models_and_resumes(tmp
     assert "resumed from" in plain.stdout
     steps = [json.loads(line)["step"] for line in (tmp_path / "plain" / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3, 4]
+
+
+def test_accelerate_launch_deepspeed_zero3_config_trains_saves_whole_models_and_resumes(tmp_path, tiny_overrides,
+                                                                                       tiny_model_dir):
+    """`accelerate launch --config_file recipes/accelerate/deepspeed_zero3.yaml -m rlft train` with a KL reference:
+    whole Hugging Face checkpoints and final policy (trained, tied weights written once), an optimizer state keyed
+    by parameter name; a resume under DeepSpeed, a one-process resume from its checkpoint, and DeepSpeed resumes
+    from that one-process run's checkpoint and from a sharded FSDP run's (the same whole form)."""
+    _needs_deepspeed()
+    from transformers import AutoModelForCausalLM
+
+    base = tiny_overrides(tmp_path, "train.save_every=1", "train.prompts_per_step=2", "sft.steps=0",
+                          "train.threads=1", f"model.path={tiny_model_dir}", "eval.before_rl=false",
+                          "algo.kl_coef=0.05", f"reward.fns=[{{name: custom, fn: {WORKER}:char_codes}}]",
+                          "reward.weights=[1.0]")
+
+    def accelerate(config: str, *args: str) -> subprocess.CompletedProcess:
+        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+               str(ROOT / "recipes" / "accelerate" / config), "--main_process_port", str(_free_port()),
+               "-m", "rlft", "train", *base, *args]
+        done = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=600, cwd=ROOT)
+        assert done.returncode == 0, f"{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
+        return done
+
+    done = accelerate("deepspeed_zero3.yaml", "log.name=zero", "train.steps=3")
+    assert done.stdout.count("rlft summary") == 1 and "2 processes" in done.stdout
+    run_dir = tmp_path / "zero"
+    start = AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()
+    final = AutoModelForCausalLM.from_pretrained(run_dir / "policy").state_dict()
+    step2 = AutoModelForCausalLM.from_pretrained(run_dir / "checkpoints" / "step_000002" / "policy").state_dict()
+    assert final.keys() == start.keys()
+    assert all(not torch.equal(final[k], start[k]) and not torch.equal(final[k], step2[k]) for k in start)
+    from safetensors import safe_open
+    with safe_open(run_dir / "policy" / "model.safetensors", "pt") as f:
+        assert "lm_head.weight" not in f.keys()
+    saved = torch.load(run_dir / "checkpoints" / "step_000002" / "state.pt", weights_only=False)
+    names = {n for n in start if n != "lm_head.weight"}
+    assert set(saved["optimizer"]["state"]) == names
+    assert all(float(v["step"]) == 2.0 and v["exp_avg"].shape == start[k].shape
+               for k, v in saved["optimizer"]["state"].items())
+    assert len(saved["process_rngs"]) == 2
+
+    shutil.copytree(run_dir, tmp_path / "plain")
+    again = accelerate("deepspeed_zero3.yaml", "log.name=zero", "train.steps=4", "train.resume=true")
+    assert "resumed from" in again.stdout and "step_000002" in again.stdout
+    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3, 4]
+    plain = launch(1, ["rlft", "train", *base, "log.name=plain", "train.steps=5", "train.resume=true"], module=True)
+    assert "resumed from" in plain.stdout
+    steps = [json.loads(line)["step"] for line in (tmp_path / "plain" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3, 4, 5]
+
+    from_plain = accelerate("deepspeed_zero3.yaml", "log.name=plain", "train.steps=6", "train.resume=true")
+    assert "step_000004" in from_plain.stdout  # the one-process run wrote it: its optimizer state keyed by position
+    steps = [json.loads(line)["step"] for line in (tmp_path / "plain" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3, 4, 5, 6]
+
+    accelerate("fsdp.yaml", "log.name=fsdp", "train.steps=2")
+    from_fsdp = accelerate("deepspeed_zero2.yaml", "log.name=fsdp", "train.steps=3", "train.resume=true")
+    assert "resumed from" in from_fsdp.stdout
+    steps = [json.loads(line)["step"] for line in (tmp_path / "fsdp" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3]
 
 
 def test_accelerate_launch_rlft_train_two_processes_writes_once_and_resumes(tmp_path, tiny_overrides):

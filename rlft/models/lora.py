@@ -29,7 +29,10 @@ def is_peft(model) -> bool:
 
 
 def core_model(model):
-    """The transformers model behind ``model`` (a PEFT model, ``AdaptersOff``, or the model itself)."""
+    """The transformers model behind ``model`` (a PEFT model, ``AdaptersOff``, a DeepSpeed engine, or the model
+    itself)."""
+    if type(model).__name__ == "DeepSpeedEngine":
+        model = model.module
     get = getattr(model, "get_base_model", None)
     return get() if callable(get) else model
 

@@ -9,6 +9,7 @@ rows; their gradients and their additive metrics are summed before the step.
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import TYPE_CHECKING, Iterator
 
@@ -21,7 +22,9 @@ from rlft.core.losses import POLICY_LOSSES, aggregate_parts, aggregation_weight,
 from rlft.core.ops import masked_mean, masked_sum
 from rlft.core.value import value_loss
 from rlft.dist import Dist
-from rlft.fsdp import idle_pass, is_sharded, lockstep_extra
+from rlft import zero
+from rlft.fsdp import idle_loss, is_sharded, lockstep_extra
+from rlft.zero import engine_of
 from rlft.models.forward import autocast, response_logprobs
 from rlft.rollout.batch import Batch
 from rlft.trainers.ptx import lm_loss
@@ -132,14 +135,16 @@ def _policy_step(state: "RLState", mb: Batch, cfg: Config) -> dict[str, float]:
     totals: dict[str, float] = {}
     n_tok = full_mask.sum().item()
     dist = state.dist
+    engine = engine_of(policy)
+    model = policy if engine is None else engine  # under DeepSpeed the update's passes go through its engine
     micros = [m for _, m in micro_batches(mb.index(dist.share(len(mb))), cfg.train.micro_batch_size,
                                           cfg.train.micro_batch_tokens)]
     if is_sharded(policy):  # every process runs as many forward+backward passes as the busiest
         for _ in range(lockstep_extra(dist, len(micros))):
-            idle_pass(batch_logprobs(policy, mb.index(slice(0, 1)), cfg)[0].sum())
+            _backward(engine, dist, idle_loss(batch_logprobs(model, mb.index(slice(0, 1)), cfg)[0].sum()))
     for micro in micros:
         mask = _loss_mask(micro).to(device)  # (b, T)
-        logp, ent = batch_logprobs(policy, micro, cfg, with_entropy=True, entropy_grad=a.entropy_coef > 0)
+        logp, ent = batch_logprobs(model, micro, cfg, with_entropy=True, entropy_grad=a.entropy_coef > 0)
         old_logp = logp.detach() if a.single_pass else micro.old_logp.to(device)
         pg_mat, pg_metrics = POLICY_LOSSES.get(a.policy_loss)(logp, old_logp, micro.adv.to(device), mask,
                                                           loss_cfg)
@@ -159,7 +164,7 @@ def _policy_step(state: "RLState", mb: Batch, cfg: Config) -> dict[str, float]:
             lm_num, _ = positive_lm_parts(logp, mask, _positive(micro, a.lm_threshold).to(device))
             loss = loss + a.lm_coef * lm_num / lm_den
             totals["actor/lm_loss"] = totals.get("actor/lm_loss", 0.0) + (lm_num / lm_den).item()
-        loss.backward()
+        _backward(engine, dist, loss)
         share = mask.sum().item() / max(n_tok, 1)  # token-weighted average of per-micro-batch metrics
         with torch.no_grad():
             for name, mat in terms.items():
@@ -180,6 +185,14 @@ def _policy_step(state: "RLState", mb: Batch, cfg: Config) -> dict[str, float]:
     totals["actor/positive_frac"] = positive.float().mean().item()
     totals.update(_optimizer_step(policy, state.optimizer, state.scheduler, cfg.optim.grad_clip, "actor", dist))
     return totals
+
+
+def _backward(engine, dist: Dist, loss: torch.Tensor) -> None:
+    """``loss.backward()``, or through the DeepSpeed engine (rlft.zero) when there is one."""
+    if engine is None:
+        loss.backward()
+    else:
+        zero.backward(engine, loss, dist.world)
 
 
 def _positive(mb: Batch, threshold: float) -> torch.Tensor:
@@ -214,6 +227,13 @@ def _critic_step(state: "RLState", mb: Batch, cfg: Config) -> dict[str, float]:
 def _optimizer_step(model, optimizer, scheduler, grad_clip: float, prefix: str, dist: Dist) -> dict[str, float]:
     """Sum the gradients over the processes (a sharded model's were summed by FSDP in the backward), clip, step
     (skipped on a non-finite gradient norm), advance the schedule, clear gradients."""
+    engine = engine_of(model)
+    if engine is not None:  # DeepSpeed reduces, clips and steps (skipping a non-finite gradient) in its engine
+        grad_norm = zero.step(engine)
+        out = {f"{prefix}/lr": scheduler.get_last_lr()[0], f"{prefix}/grad_norm": grad_norm,
+               f"{prefix}/skipped_steps": float(not math.isfinite(grad_norm))}
+        scheduler.step()
+        return out
     if not is_sharded(model):
         dist.sum_grads_(model.parameters())
     clip = grad_clip if grad_clip > 0 else float("inf")

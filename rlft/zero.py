@@ -1,0 +1,314 @@
+"""Sharded RL training under DeepSpeed ZeRO (stages 1, 2 and 3), started by ``accelerate launch`` with a DeepSpeed
+configuration (``recipes/accelerate/deepspeed_zero2.yaml``, ``deepspeed_zero3.yaml``).
+
+``accelerate launch`` sets ``ACCELERATE_USE_DEEPSPEED`` and its ``ACCELERATE_DEEPSPEED_*`` settings; rlft then
+hands the RL policy and its AdamW to ``deepspeed.initialize`` (the optional extra ``rlft[deepspeed]``):
+
+- **What is split.** Stage 1: AdamW's moments; stage 2: and the gradients; stage 3: and the parameters. Each
+  process keeps 1/W of them. Optimizer offload (``offload_optimizer_device: cpu``) keeps the optimizer state in
+  CPU memory and runs AdamW there; parameter offload (stage 3, ``offload_param_device: cpu``) the parameters.
+- **Gradient convention.** rlft sums the processes' gradients (each process's loss is already divided by the
+  whole mini-batch's normaliser, ``rlft.dist``); DeepSpeed averages them. Every loss is therefore multiplied by
+  the number of processes before its backward (:func:`backward`), so the sharded update is the one-process one.
+- **Micro-batches.** rlft forms its own (``train.micro_batch_size``, ``train.micro_batch_tokens``), so their
+  number varies from one mini-batch to the next: the engine runs with ``managed_gradient_accumulation: false``
+  (each backward accumulates, :func:`step` reduces and updates) and one micro-batch per "gradient accumulation
+  step" in DeepSpeed's own counting. With stages 2 and 3 every backward communicates, so every process runs as
+  many as the busiest (``rlft.fsdp.lockstep_extra``, as under FSDP).
+- **Clipping, skipping.** ``optim.grad_clip`` becomes DeepSpeed's ``gradient_clipping``; a step whose gradient
+  norm is not finite is skipped by DeepSpeed and counted by rlft as under one process. The learning-rate schedule
+  stays rlft's.
+- **Generation and no-grad passes** (sampling, old log-probs, evaluation) under stage 3 run inside
+  :func:`gathered`: every parameter is gathered once and the engine's per-layer hooks are off until the block
+  ends, so processes may run different numbers of forward passes. Stages 1 and 2 keep whole weights in every
+  process: nothing to gather.
+- **Checkpoints** hold the whole policy (an ordinary Hugging Face directory) and the whole optimizer state keyed by
+  parameter name, the same form as a sharded FSDP run's: a ZeRO run resumes under any number of processes,
+  under ZeRO, FSDP or none.
+
+The frozen reference (when the algorithm has a KL term) stays whole in every process. Refused, by key, as under
+FSDP: a critic, LoRA adapters, PPO-ptx and the vLLM sampler; and a ``model.dtype`` other than float32 (the engine
+keeps float32 weights; ``model.autocast=bfloat16`` runs the passes in bfloat16 on a GPU).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+import torch
+from torch import nn
+
+_TRUE = ("true", "1", "yes")
+# keys of a DeepSpeed JSON config that rlft sets itself, accepted with the value "auto" only
+_OWN_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "gradient_clipping")
+
+
+@dataclass(frozen=True)
+class ZeroPlan:
+    """What DeepSpeed shards, read from ``accelerate launch``'s DeepSpeed settings."""
+
+    stage: int = 2
+    """1: optimizer state split over the processes; 2: and gradients; 3: and parameters."""
+    zero_optimization: dict = field(default_factory=dict)
+    """The ``zero_optimization`` section handed to DeepSpeed (``stage`` and any offload included)."""
+
+    @property
+    def offload(self) -> bool:
+        z = self.zero_optimization
+        return any((z.get(k) or {}).get("device", "none") != "none" for k in ("offload_optimizer", "offload_param"))
+
+
+def plan_from_env(env: dict[str, str] | None = None) -> ZeroPlan | None:
+    """The plan of a DeepSpeed launch (``ACCELERATE_USE_DEEPSPEED``), None otherwise.
+
+    >>> plan_from_env({"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "3"}).stage
+    3
+    >>> plan_from_env({}) is None
+    True
+    """
+    env = os.environ if env is None else env
+    if env.get("ACCELERATE_USE_DEEPSPEED", "").lower() not in _TRUE:
+        return None
+    precision = env.get("ACCELERATE_MIXED_PRECISION", "no").lower()
+    if precision not in ("no", "none", ""):
+        raise RuntimeError(f"mixed_precision: {precision} under DeepSpeed: rlft keeps float32 weights in the engine; "
+                           "set mixed_precision: 'no' and model.autocast=bfloat16 for bfloat16 passes on a GPU")
+    path = env.get("ACCELERATE_DEEPSPEED_CONFIG_FILE", "")
+    if path:
+        zero = _zero_section_of_file(Path(path))
+    else:
+        stage = env.get("ACCELERATE_DEEPSPEED_ZERO_STAGE", "2")
+        if not stage.isdigit():
+            raise RuntimeError(f"zero_stage: {stage!r} is not a number (1, 2 or 3)")
+        zero = {"stage": int(stage)}
+        for key, name in (("offload_optimizer", "OFFLOAD_OPTIMIZER_DEVICE"), ("offload_param", "OFFLOAD_PARAM_DEVICE")):
+            device = env.get(f"ACCELERATE_DEEPSPEED_{name}", "none").lower()
+            if device not in ("none", "cpu"):
+                raise RuntimeError(f"{name.lower()}: {device!r}; rlft offloads to 'cpu' or not at all ('none')")
+            if device != "none":
+                zero[key] = {"device": device}
+    stage = zero.get("stage", 0)
+    if stage not in (1, 2, 3):
+        raise RuntimeError(f"zero_stage: {stage!r}; rlft runs ZeRO stages 1, 2 and 3 (for plain data parallelism "
+                           "launch with recipes/accelerate/ddp.yaml)")
+    if zero.get("offload_param") and stage != 3:
+        raise RuntimeError(f"offload_param_device: parameters are offloaded at ZeRO stage 3 only "
+                           f"(zero_stage is {stage})")
+    return ZeroPlan(stage=stage, zero_optimization=zero)
+
+
+def _zero_section_of_file(path: Path) -> dict:
+    """The ``zero_optimization`` section of a DeepSpeed JSON config; refuses the sections rlft would ignore."""
+    try:
+        conf = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise RuntimeError(f"deepspeed_config_file {path}: cannot read it as JSON: {e}") from None
+    if not isinstance(conf, dict) or not isinstance(conf.get("zero_optimization"), dict):
+        raise RuntimeError(f"deepspeed_config_file {path}: no 'zero_optimization' object")
+    for key, value in conf.items():
+        if key == "zero_optimization" or (key in _OWN_KEYS and value == "auto"):
+            continue
+        if key in _OWN_KEYS:
+            raise RuntimeError(f"deepspeed_config_file {path}: {key!r} must be \"auto\": rlft sets it "
+                               "(optim.grad_clip, train.micro_batch_size, train.micro_batch_tokens)")
+        if key in ("fp16", "bf16") and not (isinstance(value, dict) and value.get("enabled") in (False, "false")):
+            raise RuntimeError(f"deepspeed_config_file {path}: {key!r}: rlft keeps float32 weights in the engine; "
+                               "use model.autocast=bfloat16 for bfloat16 passes on a GPU")
+        if key not in ("fp16", "bf16"):
+            raise RuntimeError(f"deepspeed_config_file {path}: {key!r}: rlft reads only 'zero_optimization' (and "
+                               f"{', '.join(_OWN_KEYS)} as \"auto\"); the optimizer and schedule are rlft's (optim.*)")
+    return dict(conf["zero_optimization"])
+
+
+def check_supported(cfg, plan: ZeroPlan) -> None:
+    """Refuse, naming the key, what the ZeRO path does not run (before anything is written)."""
+    from rlft.config import ConfigError
+    from rlft.fsdp import refuse_unsharded_parts
+    from rlft.models.loading import resolve_device
+
+    if plan.offload and resolve_device(cfg.model.device).type == "cpu":
+        raise ConfigError("offload_optimizer_device / offload_param_device: offloading moves DeepSpeed's state from "
+                          "GPU to CPU memory, but this run is on the CPU: set both to none")
+    if cfg.model.dtype != "float32":
+        raise ConfigError(f"model.dtype: {cfg.model.dtype} under DeepSpeed: the engine keeps float32 weights; "
+                          "use model.dtype=float32 with model.autocast=bfloat16")
+    refuse_unsharded_parts(cfg, "a DeepSpeed launch (ACCELERATE_USE_DEEPSPEED)")
+
+
+def ds_config(plan: ZeroPlan, grad_clip: float) -> dict:
+    """The DeepSpeed configuration of the policy's engine."""
+    return {
+        "train_micro_batch_size_per_gpu": 1,  # rlft forms its micro-batches; DeepSpeed only counts them
+        "gradient_accumulation_steps": 1,
+        "managed_gradient_accumulation": False,  # backward accumulates, step() reduces and updates
+        "gradient_clipping": float(grad_clip) if grad_clip > 0 else 0.0,
+        "zero_optimization": dict(plan.zero_optimization),
+        "zero_allow_untested_optimizer": True,  # rlft's torch AdamW
+        "zero_force_ds_cpu_optimizer": False,  # offloaded, it runs as torch's AdamW on the CPU
+        "steps_per_print": 2**62,
+        "wall_clock_breakdown": False,
+    }
+
+
+def wrap(model: nn.Module, optimizer: torch.optim.Optimizer, plan: ZeroPlan, grad_clip: float):
+    """The DeepSpeed engine of ``model`` and ``optimizer`` (``model`` keeps answering rlft's calls; its engine is
+    :func:`engine_of` it). Every process calls it."""
+    import deepspeed
+
+    engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config(plan, grad_clip),
+                                      dist_init_required=False)
+    object.__setattr__(model, "_rlft_zero_engine", engine)  # not a submodule: the engine holds the model
+    object.__setattr__(model, "_rlft_zero_plan", plan)
+    return engine
+
+
+def engine_of(model) -> object | None:
+    """The DeepSpeed engine wrapping ``model`` (:func:`wrap`), None for any other model."""
+    return getattr(model, "__dict__", {}).get("_rlft_zero_engine")
+
+
+def stage_of(model) -> int:
+    plan = getattr(model, "__dict__", {}).get("_rlft_zero_plan")
+    return plan.stage if plan is not None else 0
+
+
+def backward(engine, loss: torch.Tensor, world: int) -> None:
+    """Back-propagate ``loss`` through the engine, summed over the processes (DeepSpeed averages: times ``world``)."""
+    engine.backward(loss * world, scale_wrt_gas=False)
+
+
+def step(engine) -> float:
+    """Reduce the accumulated gradients, clip and update (DeepSpeed skips a non-finite gradient); the global
+    gradient norm before clipping (NaN when DeepSpeed reports none)."""
+    engine.step()
+    norm = engine.get_global_grad_norm()
+    if norm is None:
+        return float("nan")
+    return float(norm.item() if isinstance(norm, torch.Tensor) else norm)
+
+
+@contextmanager
+def gathered(model) -> Iterator[None]:
+    """Under stage 3: every process holds the whole weights and the engine's hooks are off (so processes may run
+    different numbers of forward passes) until the block ends; at stages 1 and 2 the weights are whole anyway."""
+    engine = engine_of(model)
+    if engine is None or stage_of(model) < 3:
+        yield
+        return
+    import deepspeed
+
+    # DeepSpeed's own unwrap_model_for_generation leaves the root's start-of-forward hook, whose trace check is a
+    # collective: a process evaluating alone would wait for the others. Every hook is taken off here, and put back
+    # in the order DeepSpeed registers them (the start-of-forward hook first).
+    offload = engine.optimizer.parameter_offload
+    start_hook = offload.fwd_pre_hook.hooks_dict_ref()[offload.fwd_pre_hook.id]
+    with deepspeed.zero.GatheredParameters(list(model.parameters()), modifier_rank=None):
+        offload._remove_module_hooks()
+        offload.forward_hooks, offload.backward_hooks = [], []
+        try:
+            yield
+        finally:
+            offload.fwd_pre_hook = offload.module.register_forward_pre_hook(start_hook)
+            offload._register_deepspeed_module(offload.module)
+
+
+def full_model_state(model: nn.Module, *, tied_once: bool = True) -> dict[str, torch.Tensor] | None:
+    """The whole state dict on the CPU, in the main process (None in the others; every process must call it);
+    ``tied_once``: a tied weight under its first name only, as save_pretrained writes it."""
+    if stage_of(model) == 3:
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters(list(model.parameters()), modifier_rank=None):
+            sd = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()} \
+                if torch.distributed.get_rank() == 0 else None
+    else:
+        sd = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()} \
+            if torch.distributed.get_rank() == 0 else None
+    if sd is None or not tied_once:
+        return sd
+    seen: dict[int, str] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if seen.setdefault(id(p), name) != name:
+            sd.pop(name, None)
+    return sd
+
+
+_MOMENTS = ("exp_avg", "exp_avg_sq")
+
+
+def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict | None:
+    """AdamW's whole state keyed by parameter name (torch.distributed.checkpoint's full form, as a sharded FSDP
+    run writes it), in the main process (None in the others); every process must call it."""
+    from deepspeed.utils import safe_get_full_optimizer_state
+
+    steps = [s["step"] for s in optimizer.state.values() if "step" in s]
+    step = torch.as_tensor(steps[0], dtype=torch.float32).detach().cpu().clone() if steps else None
+    state: dict[str, dict] = {}
+    names = []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        names.append(name)
+        moments = {k: safe_get_full_optimizer_state(p, k) for k in _MOMENTS} if step is not None else {}
+        if step is not None:
+            state[name] = {"step": step.clone(), **{k: v.detach().float().cpu().clone() for k, v in moments.items()}}
+    if torch.distributed.get_rank() != 0:
+        return None
+    group = {k: v for k, v in optimizer.param_groups[0].items() if k != "params"}
+    return {"state": state, "param_groups": [{**group, "params": names}]}
+
+
+def load_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, saved: dict) -> None:
+    """Load a whole optimizer state into the engine's partitions, in every process: keyed by parameter name
+    (:func:`full_optimizer_state`, a sharded FSDP run's) or by position (a plain run's ``optimizer.state_dict()``)."""
+    from deepspeed.utils import safe_set_full_optimizer_state
+
+    from rlft.fsdp import is_name_keyed
+
+    names = [n for n, p in model.named_parameters() if p.requires_grad]  # the optimizer's order (make_optimizer)
+    if saved.get("state") and not is_name_keyed(saved):  # a plain run's optimizer.state_dict(): keyed by position
+        saved = {"state": {names[i]: v for i, v in saved["state"].items()},
+                 "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in saved["param_groups"]]}
+    own = {k: v for k, v in saved["param_groups"][0].items() if k != "params"}
+    for group in optimizer.param_groups:
+        group.update({k: v for k, v in own.items() if k in group})
+    if not saved.get("state"):
+        return
+    step = next(iter(saved["state"].values()))["step"]
+    group = optimizer.param_groups[0]
+    # AdamW's state of each flat partition, created as its first step would create it (DeepSpeed's setters fill
+    # existing state only); stage 3 hands its partitions to the optimizer only while it steps
+    zopt = engine_of(model).optimizer
+    partitions = getattr(zopt, "fp32_partitioned_groups_flat", None) or \
+        [p for g in optimizer.param_groups for p in g["params"]]
+    for p in partitions:
+        where = p.device if group.get("fused") or group.get("capturable") else torch.device("cpu")
+        optimizer.state[p] = {"step": torch.as_tensor(step, dtype=torch.float32, device=where).clone(),
+                              **{k: torch.zeros_like(p, memory_format=torch.preserve_format) for k in _MOMENTS}}
+    if stage_of(model) < 3:  # stages 1 and 2 map each parameter to its fragment of that state when it first steps
+        zopt._hp_optimizer_states_linked = False
+        zopt._lazy_init_hp_params_optimizer_state()
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            for k in _MOMENTS:
+                value = saved["state"][name][k].to(p.device)
+                if stage_of(model) == 3:
+                    _set_stage3_partition(engine_of(model).optimizer, p, value, k)
+                else:
+                    safe_set_full_optimizer_state(p, value, k)
+
+
+def _set_stage3_partition(z3, p: nn.Parameter, value: torch.Tensor, key: str) -> None:
+    """Write this process's partition of ``value`` into ``key`` of ``p``'s stage-3 optimizer state: the slice the
+    public setter (``safe_set_full_optimizer_state``) would write, with the zero padding of the last partition when
+    the size does not divide by the number of processes (which that setter cannot cut, DeepSpeed 0.19)."""
+    part, _ = z3._get_fp32_opt_state_partition(p, release_swap_buffers=False, optim_state_key=key)
+    start = part.numel() * z3._get_param_partition_rank(p)
+    flat = value.flatten()
+    flat = torch.nn.functional.pad(flat, (0, max(0, start + part.numel() - flat.numel())))
+    part.data.copy_(flat.narrow(0, start, part.numel()))
