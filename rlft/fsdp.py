@@ -35,8 +35,7 @@ per process:
 
 The frozen reference (when the algorithm has a KL term) is sharded the same way
 and gathered with the policy for the reference log-probs. The sharded path
-refuses a critic, LoRA adapters, PPO-ptx and the vLLM sampler
-(:func:`check_supported`).
+refuses a critic, LoRA adapters and the vLLM sampler (:func:`check_supported`).
 
 A policy sharded by DeepSpeed ZeRO instead (``rlft.zero``) answers the same calls:
 :func:`is_sharded`, :func:`gathered`, the whole state dicts and the optimizer-state
@@ -114,7 +113,6 @@ def refuse_unsharded_parts(cfg, launch: str) -> None:
     refused = [(cfg.lora.rank > 0, "lora.rank", "LoRA adapters are small: train them data-parallel (ddp.yaml)"),
                (cfg.algo.needs_critic, "algo.advantage",
                 f"{cfg.algo.advantage!r} trains a critic, which is not sharded; launch with ddp.yaml"),
-               (cfg.algo.ptx_coef > 0, "algo.ptx_coef", "PPO-ptx's pretraining loss runs in one process"),
                (cfg.rollout.sampler == "vllm", "rollout.sampler", "vLLM reads whole weights from one process")]
     for bad, key, why in refused:
         if bad:

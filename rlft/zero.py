@@ -27,7 +27,7 @@ hands the RL policy and its AdamW to ``deepspeed.initialize`` (the optional extr
   under ZeRO, FSDP or none.
 
 The frozen reference (when the algorithm has a KL term) stays whole in every process. Refused, by key, as under
-FSDP: a critic, LoRA adapters, PPO-ptx and the vLLM sampler; and a ``model.dtype`` other than float32 (the engine
+FSDP: a critic, LoRA adapters and the vLLM sampler; and a ``model.dtype`` other than float32 (the engine
 keeps float32 weights; ``model.autocast=bfloat16`` runs the passes in bfloat16 on a GPU).
 """
 

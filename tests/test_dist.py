@@ -37,7 +37,9 @@ STEP = ["model.device=cpu", "model.dtype=float32", "data.source=synthetic:max", 
         "algo.epochs=1", "algo.minibatches=1", "log.progress=false", "log.tensorboard=false",
         f"reward.fns=[{{name: custom, fn: {WORKER}:char_codes}}]", "reward.weights=[1.0]"]  # varies on random text
 PRESETS = {"grpo": ["algo.preset=grpo", "algo.kl_coef=0.05"],  # group baseline, KL in the loss (a reference)
-           "ppo": ["algo.preset=ppo"]}  # critic, GAE with batch whitening, old log-probs, KL in the reward
+           "ppo": ["algo.preset=ppo"],  # critic, GAE with batch whitening, old log-probs, KL in the reward
+           # PPO-ptx's pretraining loss on 3 task texts: rows 2/1 over two processes, 1/1/1 over three
+           "grpo_ptx": ["algo.preset=grpo", "algo.ptx_coef=0.5", "data.ptx_source=task", "train.ptx_batch_size=3"]}
 
 
 # --------------------------------------------------------------------------- shares and the one-process Dist
@@ -191,6 +193,8 @@ def test_two_processes_report_the_one_process_loss_metrics(step_runs, preset):
     rows = 16
     ent = one["actor/entropy"]
     assert abs(two["actor/entropy"] - ent) <= rounding_tol(rows, ent, dtype=torch.float64)
+    if "actor/ptx_loss" in one:  # each process's share of the texts over the whole count, summed
+        assert abs(two["actor/ptx_loss"] - one["actor/ptx_loss"]) <= 1e-5 * one["actor/ptx_loss"]
     assert math.isfinite(two["actor/pg_loss"]) and two["actor/grad_norm"] > 0
 
 
@@ -204,10 +208,11 @@ def test_gradients_not_summed_over_processes_break_the_bound(step_runs, preset):
 
 # --------------------------------------------------------------------------- sharded (FSDP2, rlft.fsdp)
 
-FSDP_RUNS = {  # label: processes, environment
-    "zero3_three": (3, {"ACCELERATE_USE_FSDP": "true"}),  # 16 rows as 6/5/5: two processes add an idle pass
-    "zero2_two": (2, {"ACCELERATE_USE_FSDP": "true", "FSDP_RESHARD_AFTER_FORWARD": "false"}),
-    "planted_mean": (2, {"ACCELERATE_USE_FSDP": "true", "RLFT_PLANT": "fsdp_mean"}),  # FSDP's default average
+FSDP_RUNS = {  # label: processes, environment, preset
+    "zero3_three": (3, {"ACCELERATE_USE_FSDP": "true"}, "grpo"),  # 16 rows as 6/5/5: two processes add an idle pass
+    "zero2_two": (2, {"ACCELERATE_USE_FSDP": "true", "FSDP_RESHARD_AFTER_FORWARD": "false"}, "grpo"),
+    "ptx_three": (3, {"ACCELERATE_USE_FSDP": "true"}, "grpo_ptx"),  # and one ptx text per process
+    "planted_mean": (2, {"ACCELERATE_USE_FSDP": "true", "RLFT_PLANT": "fsdp_mean"}, "grpo"),  # FSDP's average
 }
 
 
@@ -216,16 +221,16 @@ def fsdp_runs(step_runs, tiny_model_dir, tmp_path_factory):
     """The GRPO step (a reference model, KL in the loss) with the policy sharded, per FSDP_RUNS entry."""
     out = tmp_path_factory.mktemp("fsdp")
     runs = {}
-    for label, (procs, env) in FSDP_RUNS.items():
+    for label, (procs, env, preset) in FSDP_RUNS.items():
         path = out / f"{label}.pt"
-        launch(procs, [str(WORKER), str(path), str(tiny_model_dir), *STEP, *PRESETS["grpo"]], **env)
+        launch(procs, [str(WORKER), str(path), str(tiny_model_dir), *STEP, *PRESETS[preset]], **env)
         runs[label] = torch.load(path, weights_only=False)
     return runs
 
 
-@pytest.mark.parametrize("label", ["zero3_three", "zero2_two"])
+@pytest.mark.parametrize("label", ["zero3_three", "zero2_two", "ptx_three"])
 def test_sharded_processes_apply_the_one_process_gradient(step_runs, fsdp_runs, label):
-    one, sharded = step_runs["grpo"]["one"], fsdp_runs[label]
+    one, sharded = step_runs[FSDP_RUNS[label][2]]["one"], fsdp_runs[label]
     assert sharded["world"] == FSDP_RUNS[label][0]
     assert torch.equal(sharded["response_ids"], one["response_ids"]) and torch.equal(sharded["adv"], one["adv"])
     g1, g2 = one["grads"]["policy"][0], sharded["grads"]["policy"][0]
@@ -235,6 +240,9 @@ def test_sharded_processes_apply_the_one_process_gradient(step_runs, fsdp_runs, 
                               depth=MODEL_DEPTH, what=f"{label} {name}")
     norm = one["metrics"]["actor/grad_norm"]
     assert abs(sharded["metrics"]["actor/grad_norm"] - norm) <= 1e-5 * norm
+    if "actor/ptx_loss" in one["metrics"]:
+        ptx = one["metrics"]["actor/ptx_loss"]
+        assert ptx > 0 and abs(sharded["metrics"]["actor/ptx_loss"] - ptx) <= 1e-5 * ptx
 
 
 def test_sharded_gradients_averaged_as_fsdp_does_by_default_break_the_bound(step_runs, fsdp_runs):
@@ -257,11 +265,12 @@ def _needs_deepspeed() -> None:
 
 _ZERO3_JSON = {"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},  # every tensor split
                "train_micro_batch_size_per_gpu": "auto", "gradient_clipping": "auto"}
-ZERO_RUNS = {  # label: processes, environment (the JSON file's path is filled in by the fixture)
-    "stage3_three": (3, {"ACCELERATE_DEEPSPEED_CONFIG_FILE": "zero3.json"}),  # rows 6/5/5: idle passes
-    "stage2_two": (2, {"ACCELERATE_DEEPSPEED_ZERO_STAGE": "2"}),
-    "stage1_two": (2, {"ACCELERATE_DEEPSPEED_ZERO_STAGE": "1"}),
-    "planted_mean": (2, {"ACCELERATE_DEEPSPEED_ZERO_STAGE": "2", "RLFT_PLANT": "zero_mean"}),  # DeepSpeed's average
+ZERO_RUNS = {  # label: processes, environment (the JSON file's path is filled in by the fixture), preset
+    "stage3_three": (3, {"ACCELERATE_DEEPSPEED_CONFIG_FILE": "zero3.json"}, "grpo"),  # rows 6/5/5: idle passes
+    "stage2_two": (2, {"ACCELERATE_DEEPSPEED_ZERO_STAGE": "2"}, "grpo"),
+    "stage1_two": (2, {"ACCELERATE_DEEPSPEED_ZERO_STAGE": "1"}, "grpo"),
+    "ptx_stage3_three": (3, {"ACCELERATE_DEEPSPEED_CONFIG_FILE": "zero3.json"}, "grpo_ptx"),
+    "planted_mean": (2, {"ACCELERATE_DEEPSPEED_ZERO_STAGE": "2", "RLFT_PLANT": "zero_mean"}, "grpo"),  # its average
 }
 
 
@@ -273,19 +282,19 @@ def zero_runs(step_runs, tiny_model_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("zero")
     (out / "zero3.json").write_text(json.dumps(_ZERO3_JSON))
     runs = {}
-    for label, (procs, env) in ZERO_RUNS.items():
+    for label, (procs, env, preset) in ZERO_RUNS.items():
         env = {"ACCELERATE_USE_DEEPSPEED": "true", **env}
         if "ACCELERATE_DEEPSPEED_CONFIG_FILE" in env:
             env["ACCELERATE_DEEPSPEED_CONFIG_FILE"] = str(out / env["ACCELERATE_DEEPSPEED_CONFIG_FILE"])
         path = out / f"{label}.pt"
-        launch(procs, [str(WORKER), str(path), str(tiny_model_dir), *STEP, *PRESETS["grpo"]], **env)
+        launch(procs, [str(WORKER), str(path), str(tiny_model_dir), *STEP, *PRESETS[preset]], **env)
         runs[label] = torch.load(path, weights_only=False)
     return runs
 
 
-@pytest.mark.parametrize("label", ["stage3_three", "stage2_two", "stage1_two"])
+@pytest.mark.parametrize("label", ["stage3_three", "stage2_two", "stage1_two", "ptx_stage3_three"])
 def test_zero_processes_apply_the_one_process_gradient(step_runs, zero_runs, label):
-    one, zero = step_runs["grpo"]["one"], zero_runs[label]
+    one, zero = step_runs[ZERO_RUNS[label][2]]["one"], zero_runs[label]
     assert zero["world"] == ZERO_RUNS[label][0]
     assert torch.equal(zero["response_ids"], one["response_ids"]) and torch.equal(zero["adv"], one["adv"])
     g1, g2 = one["grads"]["policy"][0], zero["grads"]["policy"][0]
@@ -295,6 +304,9 @@ def test_zero_processes_apply_the_one_process_gradient(step_runs, zero_runs, lab
                               depth=MODEL_DEPTH, what=f"{label} {name}")
     norm = one["metrics"]["actor/grad_norm"]
     assert abs(zero["metrics"]["actor/grad_norm"] - norm) <= 1e-5 * norm
+    if "actor/ptx_loss" in one["metrics"]:
+        ptx = one["metrics"]["actor/ptx_loss"]
+        assert ptx > 0 and abs(zero["metrics"]["actor/ptx_loss"] - ptx) <= 1e-5 * ptx
     assert zero["metrics"]["actor/skipped_steps"] == 0.0
 
 

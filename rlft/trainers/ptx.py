@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from rlft.core.losses import sft_loss
-from rlft.core.ops import logprobs_from_logits
+from rlft.core.ops import logprobs_from_logits, masked_sum
 from rlft.data.loaders import load_rows
 from rlft.data.schema import DataError
 from rlft.rollout.batch import right_pad
@@ -98,9 +98,26 @@ class PtxData:
 def lm_loss(model, ids: Tensor, mask: Tensor, weights: Tensor | None = None) -> Tensor:
     """Token-mean next-token NLL of ``ids`` under ``model`` over the tokens after the first whose ``weights`` are 1
     (default: every non-padding token)."""
+    logp, keep = _lm_logprobs(model, ids, mask, weights)
+    return sft_loss(logp, keep)
+
+
+def lm_loss_sum(model, ids: Tensor, mask: Tensor, weights: Tensor | None = None) -> Tensor:
+    """The numerator of ``lm_loss``: the summed NLL over the same tokens (``lm_loss`` = this / ``lm_tokens``)."""
+    logp, keep = _lm_logprobs(model, ids, mask, weights)
+    return masked_sum(-logp, keep)
+
+
+def lm_tokens(mask: Tensor, weights: Tensor | None = None) -> float:
+    """The number of tokens ``lm_loss`` averages over (at least 1)."""
+    weights = mask if weights is None else weights
+    return max(float((weights[:, 1:] * mask[:, 1:]).sum()), 1.0)
+
+
+def _lm_logprobs(model, ids: Tensor, mask: Tensor, weights: Tensor | None) -> tuple[Tensor, Tensor]:
+    """(log-prob of each next token (b, L-1), its 0/1 loss weight (b, L-1))."""
     device = next(model.parameters()).device
     ids, mask = ids.to(device), mask.to(device)
     weights = mask if weights is None else weights.to(device)
     logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits[:, :-1]  # (b, L-1, V)
-    logp = logprobs_from_logits(logits, ids[:, 1:])  # (b, L-1)
-    return sft_loss(logp, (weights[:, 1:] * mask[:, 1:]).float())
+    return logprobs_from_logits(logits, ids[:, 1:]), (weights[:, 1:] * mask[:, 1:]).float()

@@ -27,7 +27,7 @@ from rlft.fsdp import idle_loss, is_sharded, lockstep_extra
 from rlft.zero import engine_of
 from rlft.models.forward import autocast, response_logprobs
 from rlft.rollout.batch import Batch
-from rlft.trainers.ptx import lm_loss
+from rlft.trainers.ptx import lm_loss_sum, lm_tokens
 
 if TYPE_CHECKING:
     from rlft.trainers.rl import RLState
@@ -173,10 +173,15 @@ def _policy_step(state: "RLState", mb: Batch, cfg: Config) -> dict[str, float]:
             totals["actor/entropy"] = totals.get("actor/entropy", 0.0) + masked_mean(ent.detach(), mask).item() * share
             for k, v in pg_metrics.items():
                 totals[f"actor/{k}"] = totals.get(f"actor/{k}", 0.0) + float(v) * share
-    if a.ptx_coef > 0 and dist.is_main:  # PPO-ptx (InstructGPT eq. 2): gamma * pretraining NLL, in one process
-        ptx = lm_loss(policy, *state.ptx.sample())
-        (a.ptx_coef * ptx).backward()
-        totals["actor/ptx_loss"] = ptx.item()
+    if a.ptx_coef > 0:  # PPO-ptx (InstructGPT eq. 2): gamma * pretraining NLL
+        ids, mask, weights = state.ptx.sample()  # the same batch in every process (the same seeded generator)
+        rows = dist.share(len(ids))  # each process its rows, over the whole batch's token count
+        if len(ids[rows]):
+            ptx = lm_loss_sum(model, ids[rows], mask[rows], weights[rows]) / lm_tokens(mask, weights)
+            _backward(engine, dist, a.ptx_coef * ptx)
+            totals["actor/ptx_loss"] = ptx.item()
+        elif is_sharded(policy):  # no rows here: the sharded model still runs the pass the others run
+            _backward(engine, dist, idle_loss(lm_loss_sum(model, ids[:1], mask[:1], weights[:1])))
     totals = dist.sum_floats(totals)  # each process's share of the mini-batch's loss terms
     if a.needs_ref and a.kl_in == "loss":
         totals["actor/kl_coef"] = kl_coef
