@@ -1,5 +1,6 @@
 """Peak memory per process of data-parallel RL with the policy whole in every process (DDP-style) and sharded
-(FSDP2, ``recipes/accelerate/fsdp.yaml``), on the same model, batch and steps.
+(FSDP2, ``recipes/accelerate/fsdp.yaml``; DeepSpeed ZeRO stage 2 or 3, ``recipes/accelerate/deepspeed_zero*.yaml``),
+on the same model, batch and steps.
 
 Launches ``rlft train`` through ``accelerate launch`` W times per mode, alternating modes, and polls the
 peak resident set (``VmHWM`` in ``/proc/<pid>/status``) of every training process the launcher starts; per
@@ -7,6 +8,7 @@ run it reports the largest of them (the process a machine must have room for). C
 gloo); Linux (``/proc``).
 
     python benchmarks/fsdp_memory.py --model /tmp/m34 --processes 2 --repeats 3 --out runs/fsdp_memory.json
+    python benchmarks/fsdp_memory.py --model /tmp/m34 --modes whole zero2 zero3 --out runs/zero_memory.json
 
 Trailing ``key=value`` arguments are passed to every run.
 """
@@ -69,8 +71,11 @@ def _hwm_mb(pid: int) -> float | None:
     return None
 
 
+CONFIGS = {"fsdp": "fsdp.yaml", "zero2": "deepspeed_zero2.yaml", "zero3": "deepspeed_zero3.yaml"}  # whole: none
+
+
 def run_once(mode: str, model: str, processes: int, steps: int, overrides: list[str], work: Path) -> dict:
-    config = ["--config_file", str(ROOT / "recipes" / "accelerate" / "fsdp.yaml")] if mode == "fsdp" else \
+    config = ["--config_file", str(ROOT / "recipes" / "accelerate" / CONFIGS[mode])] if mode in CONFIGS else \
         ["--multi_gpu", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
     cmd = [sys.executable, "-m", "accelerate.commands.launch", *config, "--num_processes", str(processes),
            "--main_process_port", str(_free_port()), "-m", "rlft", "train", f"model.path={model}",
@@ -105,23 +110,26 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--modes", nargs="+", choices=["whole", *CONFIGS], default=["whole", "fsdp"],
+                    help="the first is the baseline of the ratios")
     ap.add_argument("overrides", nargs="*")
     a = ap.parse_args()
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(a.repeats):
-            for mode in ("whole", "fsdp"):
+            for mode in a.modes:
                 rec = run_once(mode, a.model, a.processes, a.steps, a.overrides, Path(tmp))
                 runs.append(rec)
                 print(f"{mode} repeat {r}: peak RSS per process {rec['peak_rss_mb_per_process']} MB "
                       f"({rec['seconds']:.0f} s)", flush=True)
-    med = {m: statistics.median(r["max_peak_rss_mb"] for r in runs if r["mode"] == m) for m in ("whole", "fsdp")}
+    med = {m: statistics.median(r["max_peak_rss_mb"] for r in runs if r["mode"] == m) for m in a.modes}
     summary = {"model": a.model, "processes": a.processes, "steps": a.steps, "overrides": a.overrides,
                "median_max_peak_rss_mb": med, "runs": runs}
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(summary, indent=2))
-    print(f"median of the largest process's peak RSS: whole {med['whole']:.1f} MB, sharded {med['fsdp']:.1f} MB "
-          f"({med['fsdp'] / med['whole']:.2f}x)")
+    base = a.modes[0]
+    print("median of the largest process's peak RSS: " + ", ".join(
+        f"{m} {med[m]:.1f} MB" + (f" ({med[m] / med[base]:.2f}x {base})" if m != base else "") for m in a.modes))
 
 
 if __name__ == "__main__":

@@ -35,7 +35,8 @@ per process:
 
 The frozen reference (when the algorithm has a KL term) is sharded the same way
 and gathered with the policy for the reference log-probs. The sharded path
-refuses a critic, LoRA adapters and the vLLM sampler (:func:`check_supported`).
+refuses LoRA adapters and the vLLM sampler (:func:`check_supported`). A critic (PPO, VAPO) is
+sharded like the policy: gathered for the values of the batch, sharded in its update, saved whole.
 
 A policy sharded by DeepSpeed ZeRO instead (``rlft.zero``) answers the same calls:
 :func:`is_sharded`, :func:`gathered`, the whole state dicts and the optimizer-state
@@ -103,16 +104,17 @@ def check_supported(cfg, plan: ShardPlan) -> None:
     if plan.offload and resolve_device(cfg.model.device).type == "cpu":
         raise ConfigError("FSDP_OFFLOAD_PARAMS=true (fsdp_offload_params) moves the sharded state from GPU to CPU "
                           "memory, but this run is on the CPU: set fsdp_offload_params: false")
-    refuse_unsharded_parts(cfg, "an FSDP launch (ACCELERATE_USE_FSDP)")
+    refuse_unsharded_parts(cfg, "an FSDP launch (ACCELERATE_USE_FSDP)", critic=True)
 
 
-def refuse_unsharded_parts(cfg, launch: str) -> None:
-    """Refuse, naming the key, what a sharded launch (FSDP or DeepSpeed ZeRO) does not run."""
+def refuse_unsharded_parts(cfg, launch: str, *, critic: bool) -> None:
+    """Refuse, naming the key, what a sharded launch (FSDP or DeepSpeed ZeRO) does not run; ``critic``: whether
+    it shards a critic."""
     from rlft.config import ConfigError
 
     refused = [(cfg.lora.rank > 0, "lora.rank", "LoRA adapters are small: train them data-parallel (ddp.yaml)"),
-               (cfg.algo.needs_critic, "algo.advantage",
-                f"{cfg.algo.advantage!r} trains a critic, which is not sharded; launch with ddp.yaml"),
+               (cfg.algo.needs_critic and not critic, "algo.advantage",
+                f"{cfg.algo.advantage!r} trains a critic, which rlft shards with FSDP only; launch with fsdp.yaml"),
                (cfg.rollout.sampler == "vllm", "rollout.sampler", "vLLM reads whole weights from one process")]
     for bad, key, why in refused:
         if bad:
@@ -120,8 +122,9 @@ def refuse_unsharded_parts(cfg, launch: str) -> None:
 
 
 def layer_classes(model: nn.Module) -> set[str]:
-    """Class names of the model's repeated blocks: the Hugging Face model's ``_no_split_modules``."""
-    names = set(getattr(model, "_no_split_modules", None) or ())
+    """Class names of the model's repeated blocks: the ``_no_split_modules`` of the Hugging Face model in it (the
+    model itself, or a critic's backbone)."""
+    names = {n for m in model.modules() for n in (getattr(m, "_no_split_modules", None) or ())}
     if not names:
         raise RuntimeError(f"{type(model).__name__} lists no _no_split_modules: rlft cannot tell its layers to shard")
     return names

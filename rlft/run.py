@@ -385,8 +385,10 @@ def _run_rl(policy, tokenizer, train_ex, train_prompts, cfg: Config, run_dir: Pa
         if log is not None:
             log.close()
     _write_json(run_dir / "health.json", state.health.report())
-    if dist.is_main and state.critic is not None:
-        checkpoint.write_dir(run_dir / "critic", state.critic.save_pretrained)
+    if state.critic is not None:
+        critic = full_model_state(state.critic, tied_once=False) if is_sharded(state.critic) else None  # all take part
+        if dist.is_main:
+            checkpoint.write_dir(run_dir / "critic", lambda tmp: state.critic.save_pretrained(tmp, state_dict=critic))
     if dist.is_main and state.rm_refresh is not None:
         checkpoint.write_dir(run_dir / RUN_RM, state.rm_refresh.save)
 
@@ -453,11 +455,15 @@ def _save_checkpoint(state: RLState, cfg: Config, run_dir: Path) -> None:
         optimizer_state = full_optimizer_state(state.policy, state.optimizer)
     if is_sharded(state.ref):
         ref_state = full_model_state(state.ref, tied_once=False)
+    critic_states = None
+    if is_sharded(state.critic):
+        critic_states = (full_model_state(state.critic, tied_once=False),
+                         full_optimizer_state(state.critic, state.critic_optimizer))
     if state.dist.is_main:
         checkpoint.save(run_dir, state.step, model=state.policy, tokenizer=state.tokenizer,
                         optimizer=state.optimizer, scheduler=state.scheduler, keep=cfg.train.keep_checkpoints,
-                        trainer_state=state.trainer_state(ref_state), process_rngs=rngs, model_state=model_state,
-                        optimizer_state=optimizer_state)
+                        trainer_state=state.trainer_state(ref_state, critic_states), process_rngs=rngs,
+                        model_state=model_state, optimizer_state=optimizer_state)
 
 
 def _rl_state(policy, tokenizer, train_ex, train_prompts, cfg: Config) -> RLState:
@@ -466,11 +472,12 @@ def _rl_state(policy, tokenizer, train_ex, train_prompts, cfg: Config) -> RLStat
     ref = None
     if a.needs_ref:  # the frozen policy as it enters RL; under LoRA the base, i.e. the policy without its adapters
         ref = AdaptersOff(policy) if is_peft(policy) else copy.deepcopy(policy).eval().requires_grad_(False)
+    critic = _build_critic(policy, cfg) if a.needs_critic else None  # from the policy's weights before sharding
     plan = current().shard
     if plan is not None:  # an FSDP launch: the policy's parameters, gradients and AdamW state split over processes
-        shard_(policy, plan)
-        if ref is not None:
-            shard_(ref, plan)
+        for model in (policy, ref, critic):  # the reference and the critic the same way
+            if model is not None:
+                shard_(model, plan)
     optimizer = make_optimizer(policy.parameters(), lr=o.lr, weight_decay=o.weight_decay, betas=(o.beta1, o.beta2),
                                eps=o.eps)
     total_opt_steps = cfg.train.steps * a.epochs * a.minibatches
@@ -486,8 +493,8 @@ def _rl_state(policy, tokenizer, train_ex, train_prompts, cfg: Config) -> RLStat
     if ref is not None:
         state.ref = ref
         state.kl_ctl = make_kl_controller(a.kl_coef, a.kl_target, a.kl_horizon)
-    if a.needs_critic:
-        state.critic = _build_critic(policy, cfg)
+    if critic is not None:
+        state.critic = critic
         c = cfg.critic
         state.critic_optimizer = make_optimizer(state.critic.parameters(), lr=c.lr, weight_decay=o.weight_decay,
                                                 betas=(o.beta1, o.beta2), eps=o.eps)

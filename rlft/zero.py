@@ -26,9 +26,9 @@ hands the RL policy and its AdamW to ``deepspeed.initialize`` (the optional extr
   parameter name, the same form as a sharded FSDP run's: a ZeRO run resumes under any number of processes,
   under ZeRO, FSDP or none.
 
-The frozen reference (when the algorithm has a KL term) stays whole in every process. Refused, by key, as under
-FSDP: a critic, LoRA adapters and the vLLM sampler; and a ``model.dtype`` other than float32 (the engine
-keeps float32 weights; ``model.autocast=bfloat16`` runs the passes in bfloat16 on a GPU).
+The frozen reference (when the algorithm has a KL term) stays whole in every process. Refused, by key: a critic
+(FSDP shards one), LoRA adapters and the vLLM sampler (as under FSDP); and a ``model.dtype`` other than float32
+(the engine keeps float32 weights; ``model.autocast=bfloat16`` runs the passes in bfloat16 on a GPU).
 """
 
 from __future__ import annotations
@@ -137,7 +137,7 @@ def check_supported(cfg, plan: ZeroPlan) -> None:
     if cfg.model.dtype != "float32":
         raise ConfigError(f"model.dtype: {cfg.model.dtype} under DeepSpeed: the engine keeps float32 weights; "
                           "use model.dtype=float32 with model.autocast=bfloat16")
-    refuse_unsharded_parts(cfg, "a DeepSpeed launch (ACCELERATE_USE_DEEPSPEED)")
+    refuse_unsharded_parts(cfg, "a DeepSpeed launch (ACCELERATE_USE_DEEPSPEED)", critic=False)
 
 
 def ds_config(plan: ZeroPlan, grad_clip: float) -> dict:

@@ -212,6 +212,7 @@ FSDP_RUNS = {  # label: processes, environment, preset
     "zero3_three": (3, {"ACCELERATE_USE_FSDP": "true"}, "grpo"),  # 16 rows as 6/5/5: two processes add an idle pass
     "zero2_two": (2, {"ACCELERATE_USE_FSDP": "true", "FSDP_RESHARD_AFTER_FORWARD": "false"}, "grpo"),
     "ptx_three": (3, {"ACCELERATE_USE_FSDP": "true"}, "grpo_ptx"),  # and one ptx text per process
+    "ppo_three": (3, {"ACCELERATE_USE_FSDP": "true"}, "ppo"),  # the critic sharded too
     "planted_mean": (2, {"ACCELERATE_USE_FSDP": "true", "RLFT_PLANT": "fsdp_mean"}, "grpo"),  # FSDP's average
 }
 
@@ -228,16 +229,24 @@ def fsdp_runs(step_runs, tiny_model_dir, tmp_path_factory):
     return runs
 
 
-@pytest.mark.parametrize("label", ["zero3_three", "zero2_two", "ptx_three"])
+@pytest.mark.parametrize("label", ["zero3_three", "zero2_two", "ptx_three", "ppo_three"])
 def test_sharded_processes_apply_the_one_process_gradient(step_runs, fsdp_runs, label):
     one, sharded = step_runs[FSDP_RUNS[label][2]]["one"], fsdp_runs[label]
     assert sharded["world"] == FSDP_RUNS[label][0]
-    assert torch.equal(sharded["response_ids"], one["response_ids"]) and torch.equal(sharded["adv"], one["adv"])
-    g1, g2 = one["grads"]["policy"][0], sharded["grads"]["policy"][0]
-    assert g1.keys() == g2.keys() and any(v.abs().sum() > 0 for v in g1.values())
-    for name in g1:
-        assert_rounding_close(g2[name], g1[name], n_terms=one["n_tokens"], scale=one["scale"]["policy"][name],
-                              depth=MODEL_DEPTH, what=f"{label} {name}")
+    assert torch.equal(sharded["response_ids"], one["response_ids"])
+    if "ppo" in label:  # GAE reads the critic's values, computed from the gathered (re-laid-out) weights: rounding
+        assert_rounding_close(sharded["adv"], one["adv"], n_terms=one["n_tokens"], scale=1 + one["adv"].abs().max(),
+                              depth=MODEL_DEPTH, what="advantages")
+    else:  # from the rewards alone: the same numbers
+        assert torch.equal(sharded["adv"], one["adv"])
+    for model in ("policy", "critic"):  # a PPO step: the critic's update too
+        assert len(sharded["grads"][model]) == len(one["grads"][model]) == (1 if model == "policy" or "ppo" in label
+                                                                             else 0)
+        for g1, g2 in zip(one["grads"][model], sharded["grads"][model]):
+            assert g1.keys() == g2.keys() and any(v.abs().sum() > 0 for v in g1.values())
+            for name in g1:
+                assert_rounding_close(g2[name], g1[name], n_terms=one["n_tokens"], scale=one["scale"][model][name],
+                                      depth=MODEL_DEPTH, what=f"{label} {model} {name}")
     norm = one["metrics"]["actor/grad_norm"]
     assert abs(sharded["metrics"]["actor/grad_norm"] - norm) <= 1e-5 * norm
     if "actor/ptx_loss" in one["metrics"]:
@@ -427,6 +436,38 @@ def test_accelerate_launch_fsdp_config_trains_saves_whole_models_and_resumes(tmp
     assert "resumed from" in plain.stdout
     steps = [json.loads(line)["step"] for line in (tmp_path / "plain" / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3, 4]
+
+
+def test_accelerate_launch_fsdp_ppo_shards_the_critic_saves_it_whole_and_resumes(tmp_path, tiny_overrides,
+                                                                                tiny_model_dir):
+    """PPO under `accelerate launch --config_file recipes/accelerate/fsdp.yaml`: the critic is sharded too; its
+    checkpointed weights and AdamW state are whole (keyed by name), the final critic directory loads, and the run
+    resumes under FSDP."""
+    from rlft.models.critic import load_critic
+
+    base = [x for x in tiny_overrides(tmp_path) if not x.startswith("algo.")]  # the demo's GRPO settings out
+    base += ["train.save_every=1", "train.prompts_per_step=2", "sft.steps=0", "train.threads=1", "algo.preset=ppo",
+             f"model.path={tiny_model_dir}", "eval.before_rl=false", "reward.weights=[1.0]", "log.name=ppo",
+             f"reward.fns=[{{name: custom, fn: {WORKER}:char_codes}}]"]
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+           str(ROOT / "recipes" / "accelerate" / "fsdp.yaml"), "--main_process_port", str(_free_port()),
+           "-m", "rlft", "train", *base]
+    done = subprocess.run([*cmd, "train.steps=2"], capture_output=True, text=True, env=_env(), timeout=600, cwd=ROOT)
+    assert done.returncode == 0, f"{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
+    run_dir = tmp_path / "ppo"
+    critic = load_critic(str(run_dir / "critic"))
+    names = {n for n, _ in critic.named_parameters()}
+    saved = torch.load(run_dir / "checkpoints" / "step_000001" / "state.pt", weights_only=False)["trainer"]["critic"]
+    assert set(saved["model"]) == set(critic.state_dict()) and set(saved["optimizer"]["state"]) == names
+    assert all(v.shape == critic.state_dict()[k].shape for k, v in saved["model"].items())
+    final = critic.state_dict()  # trained: the saved step-1 critic differs from the final one
+    assert any(not torch.equal(saved["model"][k], final[k]) for k in final)
+    again = subprocess.run([*cmd, "train.steps=3", "train.resume=true"], capture_output=True, text=True,
+                           env=_env(), timeout=600, cwd=ROOT)
+    assert again.returncode == 0, again.stderr[-4000:]
+    assert "resumed from" in again.stdout
+    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3]
 
 
 def test_accelerate_launch_deepspeed_zero3_config_trains_saves_whole_models_and_resumes(tmp_path, tiny_overrides,

@@ -31,7 +31,12 @@ class Critic(nn.Module):
             nn.init.zeros_(self.head.bias)
 
     def values(self, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor, response_mask: Tensor) -> Tensor:
-        """V(s_t) (B, T) in float32, one per response token."""
+        """V(s_t) (B, T) in float32, one per response token: a call of the module, so that the hooks of a
+        sharding wrapper (FSDP) run."""
+        return self(prompt_ids, prompt_mask, response_ids, response_mask)
+
+    def forward(self, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor, response_mask: Tensor) -> Tensor:
+        """See ``values``."""
         device = next(self.parameters()).device
         input_ids = torch.cat([prompt_ids, response_ids], dim=1).to(device)  # (B, Tp + T)
         attn = torch.cat([prompt_mask, response_mask], dim=1).to(device)  # (B, Tp + T)
@@ -42,10 +47,18 @@ class Critic(nn.Module):
         h = hidden[:, -(T + 1):-1]  # (B, T, H): the state before response token t
         return self.head(h).squeeze(-1).float()  # (B, T)
 
-    def save_pretrained(self, path: str | Path) -> None:
+    def save_pretrained(self, path: str | Path, state_dict: dict[str, Tensor] | None = None) -> None:
+        """The backbone's ``save_pretrained`` and the head's weights; ``state_dict``: the whole critic's weights to
+        write instead of its own (a sharded critic's, gathered)."""
         path = Path(path)
-        self.backbone.save_pretrained(path)
-        torch.save(self.head.state_dict(), path / VALUE_HEAD)
+        if state_dict is None:
+            self.backbone.save_pretrained(path)
+            torch.save(self.head.state_dict(), path / VALUE_HEAD)
+            return
+        part = {name: {k[len(name) + 1:]: v for k, v in state_dict.items() if k.startswith(name + ".")}
+                for name in ("backbone", "head")}
+        self.backbone.save_pretrained(path, state_dict=part["backbone"])
+        torch.save(part["head"], path / VALUE_HEAD)
 
 
 def load_critic(path: str, *, dtype: str = "float32", device: torch.device | str = "cpu",

@@ -27,7 +27,7 @@ from rlft.core.shaping import informative_groups, overlong_filter, soft_overlong
 from rlft.core.value import explained_variance
 from rlft.data.schema import Example
 from rlft.dist import Dist
-from rlft.fsdp import gathered, load_model_state
+from rlft.fsdp import gathered, load_model_state, load_optimizer_state
 from rlft.models.forward import autocast
 from rlft.rewards import score_batch
 from rlft.rewards.scoring import ScoreResult
@@ -96,9 +96,10 @@ class RLState:
     consecutive_skips: int = 0  # ... and in a row, up to the last step
     step: int = 0
 
-    def trainer_state(self, ref_state: dict | None = None) -> dict:
+    def trainer_state(self, ref_state: dict | None = None, critic_states: tuple[dict, dict] | None = None) -> dict:
         """What a checkpoint needs besides the policy, its optimizer and scheduler; ``ref_state``: the reference's
-        whole state when it is sharded (rlft.fsdp.full_model_state)."""
+        whole state when it is sharded (rlft.fsdp.full_model_state); ``critic_states``: the critic's and its
+        optimizer's when it is sharded (full_model_state, full_optimizer_state)."""
         if ref_state is None and self.ref is not None:
             ref_state = self.ref.state_dict()
         out = {"step": self.step, "sampler": self.sampler.state_dict(), "baseline": self.baseline,
@@ -111,8 +112,8 @@ class RLState:
                "health": self.health.state_dict() if self.health is not None else None,
                "rm_refresh": self.rm_refresh.state_dict() if self.rm_refresh is not None else None}
         if self.critic is not None:
-            out["critic"] = {"model": self.critic.state_dict(), "optimizer": self.critic_optimizer.state_dict(),
-                             "scheduler": self.critic_scheduler.state_dict()}
+            model, optim = critic_states or (self.critic.state_dict(), self.critic_optimizer.state_dict())
+            out["critic"] = {"model": model, "optimizer": optim, "scheduler": self.critic_scheduler.state_dict()}
         return out
 
     def load_trainer_state(self, saved: dict) -> None:
@@ -126,8 +127,8 @@ class RLState:
             if obj is not None and saved.get(name) is not None:
                 obj.load_state_dict(saved[name])
         if self.critic is not None and saved.get("critic") is not None:
-            self.critic.load_state_dict(saved["critic"]["model"])
-            self.critic_optimizer.load_state_dict(saved["critic"]["optimizer"])
+            load_model_state(self.critic, saved["critic"]["model"])  # sharded or not
+            load_optimizer_state(self.critic, self.critic_optimizer, saved["critic"]["optimizer"])
             self.critic_scheduler.load_state_dict(saved["critic"]["scheduler"])
 
 
@@ -148,7 +149,7 @@ def rl_step(state: RLState, cfg: Config, *, train_policy: bool = True) -> dict[s
     t_start = time.perf_counter()
     with gathered(state.policy):  # a sharded policy (rlft.fsdp): whole weights for sampling and the no-grad passes
         batch, metrics = collect(state, cfg, t)
-        with _timed(t, "logprob"), gathered(state.ref):  # the reference whole only for its log-probs
+        with _timed(t, "logprob"), gathered(state.ref), gathered(state.critic):  # whole only for these passes
             fill_logprobs(state, batch, cfg)
     with _timed(t, "advantage"):
         metrics.update(compute_advantages(state, batch, cfg))

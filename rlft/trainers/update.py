@@ -208,12 +208,18 @@ def _positive(mb: Batch, threshold: float) -> torch.Tensor:
 
 def _critic_step(state: "RLState", mb: Batch, cfg: Config) -> dict[str, float]:
     """One critic optimizer step: clipped value loss, token mean over the mini-batch."""
-    critic = state.critic
+    critic, dist = state.critic, state.dist
     device = next(critic.parameters()).device
     total = _loss_mask(mb).sum().clamp(min=1.0)
     totals = {"critic/vf_loss": 0.0, "critic/vf_clipfrac": 0.0}
-    for _, micro in micro_batches(mb.index(state.dist.share(len(mb))), cfg.train.micro_batch_size,
-                                  cfg.train.micro_batch_tokens):
+    micros = [m for _, m in micro_batches(mb.index(dist.share(len(mb))), cfg.train.micro_batch_size,
+                                          cfg.train.micro_batch_tokens)]
+    if is_sharded(critic):  # every process runs as many forward+backward passes as the busiest
+        for _ in range(lockstep_extra(dist, len(micros))):
+            one = mb.index(slice(0, 1))
+            idle_loss(critic.values(one.prompt_ids, one.prompt_mask, one.response_ids, one.response_mask).sum()) \
+                .backward()
+    for micro in micros:
         mask = _loss_mask(micro).to(device)
         with autocast(critic, cfg.model.autocast):
             values = critic.values(micro.prompt_ids, micro.prompt_mask, micro.response_ids, micro.response_mask)
