@@ -104,17 +104,14 @@ def check_supported(cfg, plan: ShardPlan) -> None:
     if plan.offload and resolve_device(cfg.model.device).type == "cpu":
         raise ConfigError("FSDP_OFFLOAD_PARAMS=true (fsdp_offload_params) moves the sharded state from GPU to CPU "
                           "memory, but this run is on the CPU: set fsdp_offload_params: false")
-    refuse_unsharded_parts(cfg, "an FSDP launch (ACCELERATE_USE_FSDP)", critic=True)
+    refuse_unsharded_parts(cfg, "an FSDP launch (ACCELERATE_USE_FSDP)")
 
 
-def refuse_unsharded_parts(cfg, launch: str, *, critic: bool) -> None:
-    """Refuse, naming the key, what a sharded launch (FSDP or DeepSpeed ZeRO) does not run; ``critic``: whether
-    it shards a critic."""
+def refuse_unsharded_parts(cfg, launch: str) -> None:
+    """Refuse, naming the key, what a sharded launch (FSDP or DeepSpeed ZeRO) does not run."""
     from rlft.config import ConfigError
 
     refused = [(cfg.lora.rank > 0, "lora.rank", "LoRA adapters are small: train them data-parallel (ddp.yaml)"),
-               (cfg.algo.needs_critic and not critic, "algo.advantage",
-                f"{cfg.algo.advantage!r} trains a critic, which rlft shards with FSDP only; launch with fsdp.yaml"),
                (cfg.rollout.sampler == "vllm", "rollout.sampler", "vLLM reads whole weights from one process")]
     for bad, key, why in refused:
         if bad:
@@ -224,6 +221,9 @@ def full_model_state(model: nn.Module, *, tied_once: bool = True) -> dict[str, t
 
 def load_model_state(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
     """Load a whole state dict into ``model``, sharded (each process keeps its part) or not."""
+    if engine_of(model) is not None:
+        zero.load_model_state(model, state)
+        return
     if not is_sharded(model):
         model.load_state_dict(state)
         return

@@ -501,6 +501,8 @@ def _rl_state(policy, tokenizer, train_ex, train_prompts, cfg: Config) -> RLStat
         critic_steps = (cfg.train.steps + c.pretrain_steps) * a.epochs * a.minibatches
         state.critic_scheduler = make_scheduler(state.critic_optimizer, warmup=c.warmup_steps, total=critic_steps,
                                                 schedule=o.schedule)
+        if current().zero is not None:  # a DeepSpeed launch: the critic in an engine of its own
+            zero.wrap(critic, state.critic_optimizer, current().zero, c.grad_clip)
     if a.ptx_coef > 0:
         from rlft.trainers.ptx import PtxData
 

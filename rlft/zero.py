@@ -26,9 +26,10 @@ hands the RL policy and its AdamW to ``deepspeed.initialize`` (the optional extr
   parameter name, the same form as a sharded FSDP run's: a ZeRO run resumes under any number of processes,
   under ZeRO, FSDP or none.
 
-The frozen reference (when the algorithm has a KL term) stays whole in every process. Refused, by key: a critic
-(FSDP shards one), LoRA adapters and the vLLM sampler (as under FSDP); and a ``model.dtype`` other than float32
-(the engine keeps float32 weights; ``model.autocast=bfloat16`` runs the passes in bfloat16 on a GPU).
+A critic (PPO, VAPO) gets an engine of its own, with the same settings. The frozen reference (when the algorithm
+has a KL term) stays whole in every process. Refused, by key: LoRA adapters and the vLLM sampler (as under
+FSDP), and a ``model.dtype`` other than float32 (the engine keeps float32 weights; ``model.autocast=bfloat16``
+runs the passes in bfloat16 on a GPU).
 """
 
 from __future__ import annotations
@@ -137,7 +138,7 @@ def check_supported(cfg, plan: ZeroPlan) -> None:
     if cfg.model.dtype != "float32":
         raise ConfigError(f"model.dtype: {cfg.model.dtype} under DeepSpeed: the engine keeps float32 weights; "
                           "use model.dtype=float32 with model.autocast=bfloat16")
-    refuse_unsharded_parts(cfg, "a DeepSpeed launch (ACCELERATE_USE_DEEPSPEED)", critic=False)
+    refuse_unsharded_parts(cfg, "a DeepSpeed launch (ACCELERATE_USE_DEEPSPEED)")
 
 
 def ds_config(plan: ZeroPlan, grad_clip: float) -> dict:
@@ -236,6 +237,20 @@ def full_model_state(model: nn.Module, *, tied_once: bool = True) -> dict[str, t
         if seen.setdefault(id(p), name) != name:
             sd.pop(name, None)
     return sd
+
+
+def load_model_state(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Load a whole state dict into the engine's model, in every process (stage 3: the main process's copy,
+    broadcast into the partitions), then into DeepSpeed's float32 master copies of the weights."""
+    if stage_of(model) == 3:
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters(list(model.parameters()), modifier_rank=0):
+            if torch.distributed.get_rank() == 0:
+                model.load_state_dict(state)
+    else:
+        model.load_state_dict(state)
+    engine_of(model).optimizer.refresh_fp32_params()
 
 
 _MOMENTS = ("exp_avg", "exp_avg_sq")

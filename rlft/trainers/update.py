@@ -214,19 +214,21 @@ def _critic_step(state: "RLState", mb: Batch, cfg: Config) -> dict[str, float]:
     totals = {"critic/vf_loss": 0.0, "critic/vf_clipfrac": 0.0}
     micros = [m for _, m in micro_batches(mb.index(dist.share(len(mb))), cfg.train.micro_batch_size,
                                           cfg.train.micro_batch_tokens)]
+    engine = engine_of(critic)
+    model = critic if engine is None else engine  # under DeepSpeed the update's passes go through its engine
     if is_sharded(critic):  # every process runs as many forward+backward passes as the busiest
         for _ in range(lockstep_extra(dist, len(micros))):
             one = mb.index(slice(0, 1))
-            idle_loss(critic.values(one.prompt_ids, one.prompt_mask, one.response_ids, one.response_mask).sum()) \
-                .backward()
+            _backward(engine, dist, idle_loss(model(one.prompt_ids, one.prompt_mask, one.response_ids,
+                                                    one.response_mask).sum()))
     for micro in micros:
         mask = _loss_mask(micro).to(device)
-        with autocast(critic, cfg.model.autocast):
-            values = critic.values(micro.prompt_ids, micro.prompt_mask, micro.response_ids, micro.response_mask)
+        with autocast(critic, cfg.model.autocast):  # V(s_t) (critic.values)
+            values = model(micro.prompt_ids, micro.prompt_mask, micro.response_ids, micro.response_mask)
         values = values.float()
         loss_mat, m = value_loss(values, micro.values.to(device), micro.ret.to(device), mask, cfg.algo.vf_clip)
         loss = masked_sum(loss_mat, mask) / total
-        loss.backward()
+        _backward(engine, dist, loss)
         totals["critic/vf_loss"] += loss.item()
         totals["critic/vf_clipfrac"] += float(m["vf_clipfrac"]) * mask.sum().item() / total.item()
     totals = state.dist.sum_floats(totals)
