@@ -35,7 +35,8 @@ per process:
 
 The frozen reference (when the algorithm has a KL term) is sharded the same way
 and gathered with the policy for the reference log-probs. The sharded path
-refuses LoRA adapters and the vLLM sampler (:func:`check_supported`). A critic (PPO, VAPO) is
+refuses the vLLM sampler (:func:`check_supported`). Under LoRA the frozen base and the adapters
+are sharded together (the reference is the policy with its adapters off). A critic (PPO, VAPO) is
 sharded like the policy: gathered for the values of the batch, sharded in its update, saved whole.
 
 A policy sharded by DeepSpeed ZeRO instead (``rlft.zero``) answers the same calls:
@@ -111,8 +112,7 @@ def refuse_unsharded_parts(cfg, launch: str) -> None:
     """Refuse, naming the key, what a sharded launch (FSDP or DeepSpeed ZeRO) does not run."""
     from rlft.config import ConfigError
 
-    refused = [(cfg.lora.rank > 0, "lora.rank", "LoRA adapters are small: train them data-parallel (ddp.yaml)"),
-               (cfg.rollout.sampler == "vllm", "rollout.sampler", "vLLM reads whole weights from one process")]
+    refused = [(cfg.rollout.sampler == "vllm", "rollout.sampler", "vLLM reads whole weights from one process")]
     for bad, key, why in refused:
         if bad:
             raise ConfigError(f"{key}: not supported with {launch}: {why}")

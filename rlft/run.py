@@ -475,8 +475,8 @@ def _rl_state(policy, tokenizer, train_ex, train_prompts, cfg: Config) -> RLStat
     critic = _build_critic(policy, cfg) if a.needs_critic else None  # from the policy's weights before sharding
     plan = current().shard
     if plan is not None:  # an FSDP launch: the policy's parameters, gradients and AdamW state split over processes
-        for model in (policy, ref, critic):  # the reference and the critic the same way
-            if model is not None:
+        for model in (policy, ref, critic):  # the reference (unless LoRA's view of the policy) and the critic too
+            if isinstance(model, torch.nn.Module):
                 shard_(model, plan)
     optimizer = make_optimizer(policy.parameters(), lr=o.lr, weight_decay=o.weight_decay, betas=(o.beta1, o.beta2),
                                eps=o.eps)

@@ -27,9 +27,9 @@ hands the RL policy and its AdamW to ``deepspeed.initialize`` (the optional extr
   under ZeRO, FSDP or none.
 
 A critic (PPO, VAPO) gets an engine of its own, with the same settings. The frozen reference (when the algorithm
-has a KL term) stays whole in every process. Refused, by key: LoRA adapters and the vLLM sampler (as under
-FSDP), and a ``model.dtype`` other than float32 (the engine keeps float32 weights; ``model.autocast=bfloat16``
-runs the passes in bfloat16 on a GPU).
+has a KL term) stays whole in every process; under LoRA it is the policy with its adapters off. Refused, by key:
+the vLLM sampler (as under FSDP) and a ``model.dtype`` other than float32 (the engine keeps float32 weights;
+``model.autocast=bfloat16`` runs the passes in bfloat16 on a GPU).
 """
 
 from __future__ import annotations

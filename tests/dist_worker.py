@@ -15,8 +15,9 @@ after loading it back into the shards. With ``RLFT_CHECK=fresh_load`` it runs no
 whole optimizer state into the fresh (sharded) optimizer, as a resume does, and writes it with what gathers back
 (``fresh_load_by_position``: the same state keyed by position, as a plain run's checkpoint holds it).
 With ``RLFT_PLANT=no_grad_sum`` the gradients are not summed over processes, with ``RLFT_PLANT=fsdp_mean`` a
-sharded run (rlft.fsdp) averages them as FSDP does by default, with ``RLFT_PLANT=zero_mean`` a DeepSpeed run (rlft.zero) as DeepSpeed does (planted
-bugs the tests must see).
+sharded run (rlft.fsdp) averages them as FSDP does by default, with ``RLFT_PLANT=zero_mean`` a DeepSpeed run
+(rlft.zero) as DeepSpeed does (planted bugs the tests must see). With ``lora.rank`` the policy gets its adapters
+as ``rlft train`` adds them.
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ def zero_grads(model, optimizer) -> dict:
     engine = engine_of(model)
     if stage_of(model) == 3:
         from deepspeed.utils import safe_get_full_grad
-        return {n: safe_get_full_grad(p).detach().clone() for n, p in model.named_parameters()}
+        return {n: safe_get_full_grad(p).detach().clone() for n, p in model.named_parameters() if p.requires_grad}
     names = {id(p): n for n, p in model.named_parameters()}
     out = {}
     for group, params in zip(optimizer.param_groups, engine.optimizer.bit16_groups):
@@ -121,7 +122,10 @@ def main(out: str, model_dir: str, overrides: list[str]) -> None:
         FSDPModule.set_force_sum_reduction_for_comms = lambda self, enable: None
     cfg = load_config(None, [f"model.path={model_dir}", *overrides])
     run.seed_everything(cfg.train.seed)
-    policy, tok = load_policy(model_dir, cfg.model)
+    if cfg.lora.rank:  # adapters on the model, as rlft train adds them
+        policy, tok = run.training_policy(cfg, model_dir, None, Path(out).parent)
+    else:
+        policy, tok = load_policy(model_dir, cfg.model)
     train_ex, _ = run.load_task(cfg)
     prompts = encode_prompts(train_ex, cfg.data.template, tok, cfg.data.max_prompt_tokens, "train data")
     state = run._rl_state(policy, tok, train_ex, prompts, cfg)

@@ -94,9 +94,10 @@ class AbsGradSum:
     """Per parameter, the sum over backward passes of |gradient added|: the scale of the accumulated gradient."""
 
     def __init__(self, model: torch.nn.Module):
-        self.last = {n: torch.zeros_like(p) for n, p in model.named_parameters()}
-        self.total = {n: torch.zeros_like(p) for n, p in model.named_parameters()}
-        self.handles = [p.register_post_accumulate_grad_hook(self._hook(n)) for n, p in model.named_parameters()]
+        params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]  # frozen ones (LoRA's base) get none
+        self.last = {n: torch.zeros_like(p) for n, p in params}
+        self.total = {n: torch.zeros_like(p) for n, p in params}
+        self.handles = [p.register_post_accumulate_grad_hook(self._hook(n)) for n, p in params]
 
     def _hook(self, name: str):
         def hook(p):

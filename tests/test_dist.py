@@ -372,6 +372,77 @@ def test_zero_optimizer_state_loaded_into_a_fresh_engine_gathers_back_unchanged(
         assert all(torch.equal(back[name][k], loaded[name][k]) for k in ("exp_avg", "exp_avg_sq")), name
 
 
+LORA = ["algo.preset=grpo", "algo.kl_coef=0.05", "lora.rank=4", "lora.alpha=8"]  # the reference: adapters off
+
+
+@pytest.fixture(scope="module")
+def lora_runs(tiny_model_dir, tmp_path_factory):
+    """The GRPO step with LoRA adapters and a KL reference: in one process, sharded by FSDP over three and by
+    DeepSpeed ZeRO-3 over three (every tensor split)."""
+    _needs_deepspeed()
+    out = tmp_path_factory.mktemp("lora")
+    (out / "zero3.json").write_text(json.dumps(_ZERO3_JSON))
+    runs = {}
+    for label, procs, env in (("one", 1, {}), ("fsdp_three", 3, {"ACCELERATE_USE_FSDP": "true"}),
+                              ("zero3_three", 3, {"ACCELERATE_USE_DEEPSPEED": "true",
+                                                  "ACCELERATE_DEEPSPEED_CONFIG_FILE": str(out / "zero3.json")})):
+        path = out / f"{label}.pt"
+        launch(procs, [str(WORKER), str(path), str(tiny_model_dir), *STEP, *LORA], **env)
+        runs[label] = torch.load(path, weights_only=False)
+    return runs
+
+
+@pytest.mark.parametrize("label", ["fsdp_three", "zero3_three"])
+def test_lora_sharded_applies_the_one_process_adapter_gradient(lora_runs, label):
+    one, sharded = lora_runs["one"], lora_runs[label]
+    assert torch.equal(sharded["response_ids"], one["response_ids"]) and torch.equal(sharded["adv"], one["adv"])
+    g1, g2 = one["grads"]["policy"][0], sharded["grads"]["policy"][0]
+    assert g1.keys() == g2.keys() and all("lora_" in k for k in g1) and any(v.abs().sum() > 0 for v in g1.values())
+    for name in g1:
+        assert_rounding_close(g2[name], g1[name], n_terms=one["n_tokens"], scale=one["scale"]["policy"][name],
+                              depth=MODEL_DEPTH, what=f"{label} {name}")
+
+
+def test_accelerate_launch_fsdp_lora_saves_adapters_merges_whole_and_resumes(tmp_path, tiny_overrides,
+                                                                             tiny_model_dir):
+    """LoRA under `accelerate launch --config_file recipes/accelerate/fsdp.yaml` (base and adapters sharded, the
+    reference with adapters off): checkpoints hold the adapters; with lora.save=merged the final policy is a whole
+    model, and after a resume that runs no step it is exactly PEFT's merge of the checkpoint's adapters into the
+    base; a resume continues."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    base = tiny_overrides(tmp_path, "train.save_every=1", "train.prompts_per_step=2", "sft.steps=0",
+                          "train.threads=1", f"model.path={tiny_model_dir}", "eval.before_rl=false",
+                          "algo.kl_coef=0.05", "lora.rank=4", "lora.alpha=8", "lora.save=merged",
+                          f"reward.fns=[{{name: custom, fn: {WORKER}:char_codes}}]", "reward.weights=[1.0]")
+
+    def accelerate(*args: str) -> subprocess.CompletedProcess:
+        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+               str(ROOT / "recipes" / "accelerate" / "fsdp.yaml"), "--main_process_port", str(_free_port()),
+               "-m", "rlft", "train", *base, *args]
+        done = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=600, cwd=ROOT)
+        assert done.returncode == 0, f"{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
+        return done
+
+    accelerate("log.name=lora", "train.steps=3")
+    run_dir = tmp_path / "lora"
+    ckpt = run_dir / "checkpoints" / "step_000002" / "policy"
+    assert (ckpt / "adapter_config.json").is_file() and not (ckpt / "model.safetensors").exists()
+    shutil.copytree(run_dir, tmp_path / "back")
+    shutil.rmtree(tmp_path / "back" / "policy")
+    accelerate("log.name=back", "train.steps=2", "train.resume=true")  # resumes at step 2, runs no step
+    got = AutoModelForCausalLM.from_pretrained(tmp_path / "back" / "policy").state_dict()
+    want = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), str(ckpt))
+    want = want.merge_and_unload().state_dict()
+    start = AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in got)
+    assert any("proj" in k and not torch.equal(got[k], start[k]) for k in got)  # the adapters are in
+    assert torch.equal(got["model.embed_tokens.weight"], start["model.embed_tokens.weight"])  # no adapter there
+    again = accelerate("log.name=lora", "train.steps=4", "train.resume=true")
+    assert "resumed from" in again.stdout
+
+
 def test_zero_gradients_averaged_as_deepspeed_does_break_the_bound(step_runs, zero_runs):
     one, planted = step_runs["grpo"]["one"], zero_runs["planted_mean"]
     g1, g2 = one["grads"]["policy"][0], planted["grads"]["policy"][0]

@@ -74,10 +74,29 @@ def save_policy(model, tokenizer, path: str | Path, save: str = "adapter", state
     Merging changes ``model`` in place (its adapters are folded into the base weights), so it is done last."""
     path = Path(path)
     if is_peft(model) and save == "merged":
+        if state_dict is not None:  # a sharded policy: merged in a whole copy built from its gathered weights
+            model, state_dict = _whole_copy(model, state_dict), None
         model = model.merge_and_unload()
     model.save_pretrained(path, state_dict=state_dict)  # None: the model's own
     tokenizer.save_pretrained(path)
     return path
+
+
+def _whole_copy(model, state_dict: dict):
+    """A CPU copy of the PEFT model ``model`` holding ``state_dict`` (its whole weights, a tied weight possibly under
+    its first name only): the same architecture and adapter configuration, built afresh."""
+    from peft import get_peft_model
+
+    core = core_model(model)
+    dtype = next(iter(state_dict.values())).dtype
+    fresh = get_peft_model(type(core)(core.config).to(dtype), model.peft_config[model.active_adapter])
+    missing, unexpected = fresh.load_state_dict(state_dict, strict=False)
+    tied = {name for name, p in fresh.named_parameters(remove_duplicate=False)} - \
+        {name for name, p in fresh.named_parameters()}  # the second names of tied weights
+    if unexpected or set(missing) - tied:
+        raise RuntimeError(f"the gathered policy does not fit its own architecture: missing {sorted(missing)[:3]}, "
+                           f"unexpected {sorted(unexpected)[:3]}")
+    return fresh
 
 
 def merged_copy(adapter_dir: str | Path, m, dest: Path) -> str:
