@@ -520,7 +520,7 @@ def _build_critic(policy, cfg: Config):
                            trust_remote_code=cfg.model.trust_remote_code).train()
     whole = copy.deepcopy(policy).merge_and_unload() if is_peft(policy) else policy  # LoRA: base + adapters, merged
     backbone = copy.deepcopy(whole.base_model)  # the decoder without its LM head
-    return Critic(backbone).train()
+    return Critic(backbone.requires_grad_(True)).train()  # trained whole, as from critic.path (LoRA froze the base)
 
 
 def _pretrain_critic(state: RLState, cfg: Config, run_dir: Path) -> None:

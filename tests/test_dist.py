@@ -233,37 +233,46 @@ def fsdp_runs(step_runs, tiny_model_dir, tmp_path_factory):
     return runs
 
 
-@pytest.mark.parametrize("label", ["zero3_three", "zero2_two", "ptx_three", "ppo_three"])
-def test_sharded_processes_apply_the_one_process_gradient(step_runs, fsdp_runs, label):
-    one, sharded = step_runs[FSDP_RUNS[label][2]]["one"], fsdp_runs[label]
-    assert sharded["world"] == FSDP_RUNS[label][0]
-    assert torch.equal(sharded["response_ids"], one["response_ids"])
+def assert_applies_the_one_process_step(one: dict, other: dict, label: str) -> None:
+    """``other`` (a multi-process run of the step) trained on ``one``'s batch and applied its gradients (policy,
+    and critic in a PPO step) within the rounding bound, with the same gradient norm and PPO-ptx loss."""
+    assert torch.equal(other["response_ids"], one["response_ids"])
     if "ppo" in label:  # GAE reads the critic's values, computed from the gathered (re-laid-out) weights: rounding
-        assert_rounding_close(sharded["adv"], one["adv"], n_terms=one["n_tokens"], scale=1 + one["adv"].abs().max(),
+        assert_rounding_close(other["adv"], one["adv"], n_terms=one["n_tokens"], scale=1 + one["adv"].abs().max(),
                               depth=MODEL_DEPTH, what="advantages")
     else:  # from the rewards alone: the same numbers
-        assert torch.equal(sharded["adv"], one["adv"])
-    for model in ("policy", "critic"):  # a PPO step: the critic's update too
-        assert len(sharded["grads"][model]) == len(one["grads"][model]) == (1 if model == "policy" or "ppo" in label
-                                                                             else 0)
-        for g1, g2 in zip(one["grads"][model], sharded["grads"][model]):
+        assert torch.equal(other["adv"], one["adv"])
+    for model in ("policy", "critic"):
+        assert len(other["grads"][model]) == len(one["grads"][model]) == (1 if model == "policy" or "ppo" in label
+                                                                          else 0)
+        for g1, g2 in zip(one["grads"][model], other["grads"][model]):
             assert g1.keys() == g2.keys() and any(v.abs().sum() > 0 for v in g1.values())
             for name in g1:
                 assert_rounding_close(g2[name], g1[name], n_terms=one["n_tokens"], scale=one["scale"][model][name],
                                       depth=MODEL_DEPTH, what=f"{label} {model} {name}")
     norm = one["metrics"]["actor/grad_norm"]
-    assert abs(sharded["metrics"]["actor/grad_norm"] - norm) <= 1e-5 * norm
+    assert abs(other["metrics"]["actor/grad_norm"] - norm) <= 1e-5 * norm
     if "actor/ptx_loss" in one["metrics"]:
         ptx = one["metrics"]["actor/ptx_loss"]
-        assert ptx > 0 and abs(sharded["metrics"]["actor/ptx_loss"] - ptx) <= 1e-5 * ptx
+        assert ptx > 0 and abs(other["metrics"]["actor/ptx_loss"] - ptx) <= 1e-5 * ptx
 
 
-def test_sharded_gradients_averaged_as_fsdp_does_by_default_break_the_bound(step_runs, fsdp_runs):
-    one, planted = step_runs["grpo"]["one"], fsdp_runs["planted_mean"]
+@pytest.mark.parametrize("label", ["zero3_three", "zero2_two", "ptx_three", "ppo_three"])
+def test_sharded_processes_apply_the_one_process_gradient(step_runs, fsdp_runs, label):
+    assert fsdp_runs[label]["world"] == FSDP_RUNS[label][0]
+    assert_applies_the_one_process_step(step_runs[FSDP_RUNS[label][2]]["one"], fsdp_runs[label], label)
+
+
+def assert_every_gradient_breaks_the_bound(one: dict, planted: dict) -> None:
+    """Every nonzero policy gradient of ``planted`` is outside the rounding bound around ``one``'s."""
     g1, g2 = one["grads"]["policy"][0], planted["grads"]["policy"][0]
     nonzero = [k for k in g1 if g1[k].abs().max() > 0]
     assert nonzero and all(rounding_differs(g2[k], g1[k], n_terms=one["n_tokens"], scale=one["scale"]["policy"][k],
                                             depth=MODEL_DEPTH) for k in nonzero)
+
+
+def test_sharded_gradients_averaged_as_fsdp_does_by_default_break_the_bound(step_runs, fsdp_runs):
+    assert_every_gradient_breaks_the_bound(step_runs["grpo"]["one"], fsdp_runs["planted_mean"])
 
 
 # --------------------------------------------------------------------------- DeepSpeed ZeRO (rlft.zero)
@@ -309,28 +318,9 @@ def zero_runs(step_runs, tiny_model_dir, tmp_path_factory):
 @pytest.mark.parametrize("label", ["stage3_three", "stage2_two", "stage1_two", "ptx_stage3_three",
                                    "ppo_stage3_three"])
 def test_zero_processes_apply_the_one_process_gradient(step_runs, zero_runs, label):
-    one, zero = step_runs[ZERO_RUNS[label][2]]["one"], zero_runs[label]
-    assert zero["world"] == ZERO_RUNS[label][0]
-    assert torch.equal(zero["response_ids"], one["response_ids"])
-    if "ppo" in label:  # GAE reads the critic's values, computed from the gathered weights: rounding
-        assert_rounding_close(zero["adv"], one["adv"], n_terms=one["n_tokens"], scale=1 + one["adv"].abs().max(),
-                              depth=MODEL_DEPTH, what="advantages")
-    else:
-        assert torch.equal(zero["adv"], one["adv"])
-    for model in ("policy", "critic"):  # a PPO step: the critic's engine too
-        assert len(zero["grads"][model]) == len(one["grads"][model]) == (1 if model == "policy" or "ppo" in label
-                                                                         else 0)
-        for g1, g2 in zip(one["grads"][model], zero["grads"][model]):
-            assert g1.keys() == g2.keys() and any(v.abs().sum() > 0 for v in g1.values())
-            for name in g1:
-                assert_rounding_close(g2[name], g1[name], n_terms=one["n_tokens"], scale=one["scale"][model][name],
-                                      depth=MODEL_DEPTH, what=f"{label} {model} {name}")
-    norm = one["metrics"]["actor/grad_norm"]
-    assert abs(zero["metrics"]["actor/grad_norm"] - norm) <= 1e-5 * norm
-    if "actor/ptx_loss" in one["metrics"]:
-        ptx = one["metrics"]["actor/ptx_loss"]
-        assert ptx > 0 and abs(zero["metrics"]["actor/ptx_loss"] - ptx) <= 1e-5 * ptx
-    assert zero["metrics"]["actor/skipped_steps"] == 0.0
+    zero = zero_runs[label]
+    assert zero["world"] == ZERO_RUNS[label][0] and zero["metrics"]["actor/skipped_steps"] == 0.0
+    assert_applies_the_one_process_step(step_runs[ZERO_RUNS[label][2]]["one"], zero, label)
 
 
 @pytest.mark.parametrize("label", ["stage3_three", "stage2_two"])
@@ -355,12 +345,11 @@ def test_zero_whole_states_are_the_one_process_ones(step_runs, zero_runs, label)
     assert all(torch.equal(back["state"][n][k], s2[n][k]) for n in s2 for k in ("step", "exp_avg", "exp_avg_sq"))
 
 
-@pytest.mark.parametrize("stage, procs, check", [(3, 3, "fresh_load"), (2, 2, "fresh_load"), (1, 2, "fresh_load"),
-                                                 (2, 2, "fresh_load_by_position")])
+@pytest.mark.parametrize("stage, procs, check", [(3, 3, "fresh_load"), (2, 2, "fresh_load_by_position")])
 def test_zero_optimizer_state_loaded_into_a_fresh_engine_gathers_back_unchanged(tiny_model_dir, tmp_path, stage,
                                                                                procs, check):
-    """A resume's load: a whole AdamW state keyed by name (or by position, as a plain run saves it) into a ZeRO
-    engine that has not stepped (stage 3 with every tensor split, sizes that do not divide by 3 processes), then
+    """A resume's load: a whole AdamW state keyed by name (stage 3 with every tensor split, sizes that do not divide
+    by 3 processes) or by position (as a plain run saves it; stage 2) into a ZeRO engine that has not stepped, then
     gathered whole again."""
     _needs_deepspeed()
     conf = tmp_path / "zero.json"
@@ -398,61 +387,13 @@ def lora_runs(tiny_model_dir, tmp_path_factory):
 
 @pytest.mark.parametrize("label", ["fsdp_three", "zero3_three"])
 def test_lora_sharded_applies_the_one_process_adapter_gradient(lora_runs, label):
-    one, sharded = lora_runs["one"], lora_runs[label]
-    assert torch.equal(sharded["response_ids"], one["response_ids"]) and torch.equal(sharded["adv"], one["adv"])
-    g1, g2 = one["grads"]["policy"][0], sharded["grads"]["policy"][0]
-    assert g1.keys() == g2.keys() and all("lora_" in k for k in g1) and any(v.abs().sum() > 0 for v in g1.values())
-    for name in g1:
-        assert_rounding_close(g2[name], g1[name], n_terms=one["n_tokens"], scale=one["scale"]["policy"][name],
-                              depth=MODEL_DEPTH, what=f"{label} {name}")
-
-
-def test_accelerate_launch_fsdp_lora_saves_adapters_merges_whole_and_resumes(tmp_path, tiny_overrides,
-                                                                             tiny_model_dir):
-    """LoRA under `accelerate launch --config_file recipes/accelerate/fsdp.yaml` (base and adapters sharded, the
-    reference with adapters off): checkpoints hold the adapters; with lora.save=merged the final policy is a whole
-    model, and after a resume that runs no step it is exactly PEFT's merge of the checkpoint's adapters into the
-    base; a resume continues."""
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM
-
-    base = tiny_overrides(tmp_path, "train.save_every=1", "train.prompts_per_step=2", "sft.steps=0",
-                          "train.threads=1", f"model.path={tiny_model_dir}", "eval.before_rl=false",
-                          "algo.kl_coef=0.05", "lora.rank=4", "lora.alpha=8", "lora.save=merged",
-                          f"reward.fns=[{{name: custom, fn: {WORKER}:char_codes}}]", "reward.weights=[1.0]")
-
-    def accelerate(*args: str) -> subprocess.CompletedProcess:
-        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-               str(ROOT / "recipes" / "accelerate" / "fsdp.yaml"), "--main_process_port", str(_free_port()),
-               "-m", "rlft", "train", *base, *args]
-        done = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=600, cwd=ROOT)
-        assert done.returncode == 0, f"{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
-        return done
-
-    accelerate("log.name=lora", "train.steps=3")
-    run_dir = tmp_path / "lora"
-    ckpt = run_dir / "checkpoints" / "step_000002" / "policy"
-    assert (ckpt / "adapter_config.json").is_file() and not (ckpt / "model.safetensors").exists()
-    shutil.copytree(run_dir, tmp_path / "back")
-    shutil.rmtree(tmp_path / "back" / "policy")
-    accelerate("log.name=back", "train.steps=2", "train.resume=true")  # resumes at step 2, runs no step
-    got = AutoModelForCausalLM.from_pretrained(tmp_path / "back" / "policy").state_dict()
-    want = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), str(ckpt))
-    want = want.merge_and_unload().state_dict()
-    start = AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()
-    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in got)
-    assert any("proj" in k and not torch.equal(got[k], start[k]) for k in got)  # the adapters are in
-    assert torch.equal(got["model.embed_tokens.weight"], start["model.embed_tokens.weight"])  # no adapter there
-    again = accelerate("log.name=lora", "train.steps=4", "train.resume=true")
-    assert "resumed from" in again.stdout
+    one = lora_runs["one"]
+    assert all("lora_" in k for k in one["grads"]["policy"][0])  # the adapters alone train
+    assert_applies_the_one_process_step(one, lora_runs[label], label)
 
 
 def test_zero_gradients_averaged_as_deepspeed_does_break_the_bound(step_runs, zero_runs):
-    one, planted = step_runs["grpo"]["one"], zero_runs["planted_mean"]
-    g1, g2 = one["grads"]["policy"][0], planted["grads"]["policy"][0]
-    nonzero = [k for k in g1 if g1[k].abs().max() > 0]
-    assert nonzero and all(rounding_differs(g2[k], g1[k], n_terms=one["n_tokens"], scale=one["scale"]["policy"][k],
-                                            depth=MODEL_DEPTH) for k in nonzero)
+    assert_every_gradient_breaks_the_bound(step_runs["grpo"]["one"], zero_runs["planted_mean"])
 
 
 @pytest.mark.gpu
@@ -477,94 +418,110 @@ def test_sharded_with_offload_on_one_gpu_applies_the_plain_gradient(tiny_model_d
                               scale=plain["scale"]["policy"][name], depth=MODEL_DEPTH, what=name)
 
 
+def accelerate_train(config: str, base: list[str], *args: str) -> subprocess.CompletedProcess:
+    """`accelerate launch --config_file recipes/accelerate/<config> -m rlft train <base> <args>`, which must pass."""
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+           str(ROOT / "recipes" / "accelerate" / config), "--main_process_port", str(_free_port()),
+           "-m", "rlft", "train", *base, *args]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=600, cwd=ROOT)
+    assert done.returncode == 0, f"{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
+    return done
+
+
+def assert_whole_trained_policies(run_dir: Path, model_dir: Path) -> tuple[dict, dict]:
+    """The final policy and the step-2 checkpoint's are whole Hugging Face models, every tensor trained (unlike the
+    start and each other), the tied LM head written once; the checkpoint's optimizer state is keyed by name and
+    holds both processes' random states. Returns the starting state dict and the checkpoint's state.pt."""
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+
+    start = AutoModelForCausalLM.from_pretrained(model_dir).state_dict()
+    final = AutoModelForCausalLM.from_pretrained(run_dir / "policy").state_dict()
+    step2 = AutoModelForCausalLM.from_pretrained(run_dir / "checkpoints" / "step_000002" / "policy").state_dict()
+    assert final.keys() == start.keys()
+    assert all(not torch.equal(final[k], start[k]) and not torch.equal(final[k], step2[k]) for k in start)
+    with safe_open(run_dir / "policy" / "model.safetensors", "pt") as f:
+        assert "lm_head.weight" not in f.keys()  # tied to the embeddings, as save_pretrained writes it
+    saved = torch.load(run_dir / "checkpoints" / "step_000002" / "state.pt", weights_only=False)
+    assert set(saved["optimizer"]["state"]) == {n for n in start if n != "lm_head.weight"}
+    assert len(saved["process_rngs"]) == 2
+    return start, saved
+
+
+def metric_steps(run_dir: Path) -> list[int]:
+    return [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
 def test_accelerate_launch_fsdp_config_trains_saves_whole_models_and_resumes(tmp_path, tiny_overrides,
                                                                             tiny_model_dir):
     """`accelerate launch --config_file recipes/accelerate/fsdp.yaml -m rlft train` with a KL reference: whole
     Hugging Face checkpoints and final policy (trained weights, tied weights written once), an optimizer state
     keyed by parameter name, the reference's whole state; a resume under FSDP, and a one-process resume from the
     sharded run's checkpoint."""
-    from transformers import AutoModelForCausalLM
-
     base = tiny_overrides(tmp_path, "train.save_every=1", "train.prompts_per_step=2", "sft.steps=0",
                           "train.threads=1", f"model.path={tiny_model_dir}", "eval.before_rl=false",
                           "algo.kl_coef=0.05",  # a reference model, sharded too
                           f"reward.fns=[{{name: custom, fn: {WORKER}:char_codes}}]", "reward.weights=[1.0]")
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-           str(ROOT / "recipes" / "accelerate" / "fsdp.yaml"), "--main_process_port", str(_free_port()),
-           "-m", "rlft", "train", *base, "log.name=fsdp"]
-    done = subprocess.run([*cmd, "train.steps=3"], capture_output=True, text=True, env=_env(), timeout=600, cwd=ROOT)
-    assert done.returncode == 0, f"{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
+    done = accelerate_train("fsdp.yaml", base, "log.name=fsdp", "train.steps=3")
     assert done.stdout.count("rlft summary") == 1 and "2 processes" in done.stdout
     run_dir = tmp_path / "fsdp"
-    start = AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()
-    final = AutoModelForCausalLM.from_pretrained(run_dir / "policy").state_dict()
-    step2 = AutoModelForCausalLM.from_pretrained(run_dir / "checkpoints" / "step_000002" / "policy").state_dict()
-    assert final.keys() == start.keys()
-    assert all(not torch.equal(final[k], start[k]) and not torch.equal(final[k], step2[k]) for k in start)
-    from safetensors import safe_open
-    with safe_open(run_dir / "policy" / "model.safetensors", "pt") as f:
-        assert "lm_head.weight" not in f.keys()  # tied to the embeddings, as save_pretrained writes it
-    saved = torch.load(run_dir / "checkpoints" / "step_000002" / "state.pt", weights_only=False)
-    assert set(saved["optimizer"]["state"]) == {n for n in start if n != "lm_head.weight"}
-    assert len(saved["process_rngs"]) == 2
+    start, saved = assert_whole_trained_policies(run_dir, tiny_model_dir)
     ref = saved["trainer"]["ref"]  # the sharded reference, gathered whole: the starting model, every name
     assert ref.keys() == start.keys() and all(torch.equal(ref[k], start[k]) for k in start)
 
     shutil.copytree(run_dir, tmp_path / "plain")
-    again = subprocess.run([*cmd, "train.steps=4", "train.resume=true"], capture_output=True, text=True, env=_env(),
-                           timeout=600, cwd=ROOT)
-    assert again.returncode == 0, again.stderr[-4000:]
+    again = accelerate_train("fsdp.yaml", base, "log.name=fsdp", "train.steps=4", "train.resume=true")
     assert "resumed from" in again.stdout and "step_000002" in again.stdout
-    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert steps == [1, 2, 3, 4]
+    assert metric_steps(run_dir) == [1, 2, 3, 4]
     plain = launch(1, ["rlft", "train", *base, "log.name=plain", "train.steps=4", "train.resume=true"], module=True)
     assert "resumed from" in plain.stdout
-    steps = [json.loads(line)["step"] for line in (tmp_path / "plain" / "metrics.jsonl").read_text().splitlines()]
-    assert steps == [1, 2, 3, 4]
+    assert metric_steps(tmp_path / "plain") == [1, 2, 3, 4]
 
 
 @pytest.mark.parametrize("config", ["fsdp.yaml", "deepspeed_zero3.yaml"])
-def test_accelerate_launch_ppo_shards_the_critic_saves_it_whole_and_resumes(tmp_path, tiny_overrides, tiny_model_dir,
-                                                                            config):
-    """PPO under `accelerate launch` with FSDP or DeepSpeed ZeRO-3: the critic is sharded too; its checkpointed
-    weights and AdamW state are whole (keyed by name), the final critic directory loads, a resume that runs no
-    step writes back exactly the checkpoint's critic (loaded into the shards and gathered again), and a resume
-    continues."""
+def test_accelerate_launch_ppo_with_lora_shards_critic_and_base_saves_them_whole_and_resumes(tmp_path, tiny_overrides,
+                                                                                           tiny_model_dir, config):
+    """PPO with LoRA adapters (lora.save=merged) under `accelerate launch` with FSDP or DeepSpeed ZeRO-3: the
+    critic and the frozen base are sharded too. The critic's checkpointed weights and AdamW state are whole (keyed
+    by name) and the final critic directory loads; checkpoints hold the adapters. After a resume that runs no step,
+    the critic written is exactly the checkpoint's (loaded into the shards, gathered again) and the merged policy is
+    exactly PEFT's merge of the checkpoint's adapters into the base. A resume continues."""
     if "deepspeed" in config:
         _needs_deepspeed()
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
     from rlft.models.critic import load_critic
 
     base = [x for x in tiny_overrides(tmp_path) if not x.startswith("algo.")]  # the demo's GRPO settings out
     base += ["train.save_every=1", "train.prompts_per_step=2", "sft.steps=0", "train.threads=1", "algo.preset=ppo",
-             f"model.path={tiny_model_dir}", "eval.before_rl=false", "reward.weights=[1.0]",
-             f"reward.fns=[{{name: custom, fn: {WORKER}:char_codes}}]"]
-
-    def accelerate(*args: str) -> subprocess.CompletedProcess:
-        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-               str(ROOT / "recipes" / "accelerate" / config), "--main_process_port", str(_free_port()),
-               "-m", "rlft", "train", *base, *args]
-        done = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=600, cwd=ROOT)
-        assert done.returncode == 0, f"{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
-        return done
-
-    accelerate("log.name=ppo", "train.steps=2")
+             "lora.rank=4", "lora.alpha=8", "lora.save=merged", f"model.path={tiny_model_dir}",
+             "eval.before_rl=false", "reward.weights=[1.0]", f"reward.fns=[{{name: custom, fn: {WORKER}:char_codes}}]"]
+    accelerate_train(config, base, "log.name=ppo", "train.steps=3")
     run_dir = tmp_path / "ppo"
     critic = load_critic(str(run_dir / "critic"))
     names = {n for n, _ in critic.named_parameters()}
-    saved = torch.load(run_dir / "checkpoints" / "step_000001" / "state.pt", weights_only=False)["trainer"]["critic"]
+    ckpt = run_dir / "checkpoints" / "step_000002"
+    saved = torch.load(ckpt / "state.pt", weights_only=False)["trainer"]["critic"]
     assert set(saved["model"]) == set(critic.state_dict()) and set(saved["optimizer"]["state"]) == names
-    final = critic.state_dict()  # trained: the saved step-1 critic differs from the final one
+    final = critic.state_dict()  # trained: the saved step-2 critic differs from the final one
     assert any(not torch.equal(saved["model"][k], final[k]) for k in final)
+    assert (ckpt / "policy" / "adapter_config.json").is_file() and not (ckpt / "policy" / "model.safetensors").exists()
 
     shutil.copytree(run_dir, tmp_path / "back")
-    accelerate("log.name=back", "train.steps=1", "train.resume=true")  # resumes at step 1 and runs no step
+    accelerate_train(config, base, "log.name=back", "train.steps=2", "train.resume=true")  # runs no step
     back = load_critic(str(tmp_path / "back" / "critic")).state_dict()
     assert all(torch.equal(back[k], saved["model"][k]) for k in back)
+    got = AutoModelForCausalLM.from_pretrained(tmp_path / "back" / "policy").state_dict()
+    start = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    want = PeftModel.from_pretrained(start, str(ckpt / "policy")).merge_and_unload().state_dict()
+    start = AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in got)
+    assert any("proj" in k and not torch.equal(got[k], start[k]) for k in got)  # the adapters are in
+    assert torch.equal(got["model.embed_tokens.weight"], start["model.embed_tokens.weight"])  # no adapter there
 
-    again = accelerate("log.name=ppo", "train.steps=3", "train.resume=true")
-    assert "resumed from" in again.stdout
-    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert steps == [1, 2, 3]
+    again = accelerate_train(config, base, "log.name=ppo", "train.steps=4", "train.resume=true")
+    assert "resumed from" in again.stdout and metric_steps(run_dir) == [1, 2, 3, 4]
 
 
 def test_accelerate_launch_deepspeed_zero3_config_trains_saves_whole_models_and_resumes(tmp_path, tiny_overrides,
@@ -574,59 +531,33 @@ def test_accelerate_launch_deepspeed_zero3_config_trains_saves_whole_models_and_
     by parameter name; a resume under DeepSpeed, a one-process resume from its checkpoint, and DeepSpeed resumes
     from that one-process run's checkpoint and from a sharded FSDP run's (the same whole form)."""
     _needs_deepspeed()
-    from transformers import AutoModelForCausalLM
-
     base = tiny_overrides(tmp_path, "train.save_every=1", "train.prompts_per_step=2", "sft.steps=0",
                           "train.threads=1", f"model.path={tiny_model_dir}", "eval.before_rl=false",
                           "algo.kl_coef=0.05", f"reward.fns=[{{name: custom, fn: {WORKER}:char_codes}}]",
                           "reward.weights=[1.0]")
-
-    def accelerate(config: str, *args: str) -> subprocess.CompletedProcess:
-        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-               str(ROOT / "recipes" / "accelerate" / config), "--main_process_port", str(_free_port()),
-               "-m", "rlft", "train", *base, *args]
-        done = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=600, cwd=ROOT)
-        assert done.returncode == 0, f"{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
-        return done
-
-    done = accelerate("deepspeed_zero3.yaml", "log.name=zero", "train.steps=3")
+    done = accelerate_train("deepspeed_zero3.yaml", base, "log.name=zero", "train.steps=3")
     assert done.stdout.count("rlft summary") == 1 and "2 processes" in done.stdout
     run_dir = tmp_path / "zero"
-    start = AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()
-    final = AutoModelForCausalLM.from_pretrained(run_dir / "policy").state_dict()
-    step2 = AutoModelForCausalLM.from_pretrained(run_dir / "checkpoints" / "step_000002" / "policy").state_dict()
-    assert final.keys() == start.keys()
-    assert all(not torch.equal(final[k], start[k]) and not torch.equal(final[k], step2[k]) for k in start)
-    from safetensors import safe_open
-    with safe_open(run_dir / "policy" / "model.safetensors", "pt") as f:
-        assert "lm_head.weight" not in f.keys()
-    saved = torch.load(run_dir / "checkpoints" / "step_000002" / "state.pt", weights_only=False)
-    names = {n for n in start if n != "lm_head.weight"}
-    assert set(saved["optimizer"]["state"]) == names
+    start, saved = assert_whole_trained_policies(run_dir, tiny_model_dir)
     assert all(float(v["step"]) == 2.0 and v["exp_avg"].shape == start[k].shape
                for k, v in saved["optimizer"]["state"].items())
-    assert len(saved["process_rngs"]) == 2
 
     shutil.copytree(run_dir, tmp_path / "plain")
-    again = accelerate("deepspeed_zero3.yaml", "log.name=zero", "train.steps=4", "train.resume=true")
+    again = accelerate_train("deepspeed_zero3.yaml", base, "log.name=zero", "train.steps=4", "train.resume=true")
     assert "resumed from" in again.stdout and "step_000002" in again.stdout
-    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert steps == [1, 2, 3, 4]
+    assert metric_steps(run_dir) == [1, 2, 3, 4]
     plain = launch(1, ["rlft", "train", *base, "log.name=plain", "train.steps=5", "train.resume=true"], module=True)
     assert "resumed from" in plain.stdout
-    steps = [json.loads(line)["step"] for line in (tmp_path / "plain" / "metrics.jsonl").read_text().splitlines()]
-    assert steps == [1, 2, 3, 4, 5]
+    assert metric_steps(tmp_path / "plain") == [1, 2, 3, 4, 5]
 
-    from_plain = accelerate("deepspeed_zero3.yaml", "log.name=plain", "train.steps=6", "train.resume=true")
+    from_plain = accelerate_train("deepspeed_zero3.yaml", base, "log.name=plain", "train.steps=6",
+                                  "train.resume=true")
     assert "step_000004" in from_plain.stdout  # the one-process run wrote it: its optimizer state keyed by position
-    steps = [json.loads(line)["step"] for line in (tmp_path / "plain" / "metrics.jsonl").read_text().splitlines()]
-    assert steps == [1, 2, 3, 4, 5, 6]
+    assert metric_steps(tmp_path / "plain") == [1, 2, 3, 4, 5, 6]
 
-    accelerate("fsdp.yaml", "log.name=fsdp", "train.steps=2")
-    from_fsdp = accelerate("deepspeed_zero2.yaml", "log.name=fsdp", "train.steps=3", "train.resume=true")
-    assert "resumed from" in from_fsdp.stdout
-    steps = [json.loads(line)["step"] for line in (tmp_path / "fsdp" / "metrics.jsonl").read_text().splitlines()]
-    assert steps == [1, 2, 3]
+    accelerate_train("fsdp.yaml", base, "log.name=fsdp", "train.steps=2")
+    from_fsdp = accelerate_train("deepspeed_zero2.yaml", base, "log.name=fsdp", "train.steps=3", "train.resume=true")
+    assert "resumed from" in from_fsdp.stdout and metric_steps(tmp_path / "fsdp") == [1, 2, 3]
 
 
 def test_accelerate_launch_rlft_train_two_processes_writes_once_and_resumes(tmp_path, tiny_overrides):

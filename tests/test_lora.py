@@ -146,3 +146,16 @@ def test_bad_lora_settings_name_the_key(override, key):
 def test_unknown_target_modules_name_the_key(tiny_model_dir):
     with pytest.raises(ValueError, match=r"lora\.target_modules"):
         add_lora(load_model(str(tiny_model_dir)), lora_section(target_modules="[no_such_proj]"))
+
+
+def test_the_critic_of_a_lora_policy_trains_whole_from_the_merged_weights(tiny_model_dir):
+    """PPO under LoRA: the critic starts from the policy's merged weights and trains every one of them, as a
+    critic loaded from critic.path does (PEFT froze the base it is copied from)."""
+    from rlft.run import _build_critic
+
+    cfg = load_config(None, ["algo.preset=ppo", "lora.rank=4", "lora.alpha=8"])
+    policy = add_lora(load_model(str(tiny_model_dir)), cfg.lora)
+    critic = _build_critic(policy, cfg)
+    assert all(p.requires_grad for p in critic.parameters())
+    merged = policy.merge_and_unload().model.state_dict()
+    assert all(torch.equal(v, merged[k]) for k, v in critic.backbone.state_dict().items())
