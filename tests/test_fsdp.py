@@ -8,7 +8,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlft import dist as rdist
 from rlft import fsdp
 from rlft.config import ConfigError, load_config
 from rlft.dist import Dist
