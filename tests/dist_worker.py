@@ -9,9 +9,9 @@ step applied (after the sum over processes), the global batch the step trained
 on and, in a one-process run, the per-parameter sum of |gradient terms| (the
 scale of the rounding bound). Rollouts are generated one prompt at a time with
 a seed drawn from the prompt's tokens, so the global batch does not depend on
-how the prompts are shared between processes. It also writes the policy's weights and its
-optimizer state (keyed by parameter name) after the step, whole, and for a sharded policy that state once more
-after loading it back into the shards. With ``RLFT_CHECK=fresh_load`` it runs no step: it loads a synthetic
+how the prompts are shared between processes. Unsharded and under DeepSpeed (rlft.zero) it also writes the
+policy's weights and its optimizer state (keyed by parameter name) after the step, whole, and under DeepSpeed that
+state once more after loading it back into the partitions. With ``RLFT_CHECK=fresh_load`` it runs no step: it loads a synthetic
 whole optimizer state into the fresh (sharded) optimizer, as a resume does, and writes it with what gathers back
 (``fresh_load_by_position``: the same state keyed by position, as a plain run's checkpoint holds it).
 With ``RLFT_PLANT=no_grad_sum`` the gradients are not summed over processes, with ``RLFT_PLANT=fsdp_mean`` a
@@ -156,13 +156,13 @@ def main(out: str, model_dir: str, overrides: list[str]) -> None:
             if dist.shard is None and dist.zero is None:  # the bound's scale comes from the one-process run
                 scales[name] = AbsGradSum(models[name])
     metrics = rl.rl_step(state, cfg)
-    reloaded = None
-    if is_sharded(policy):  # whole states, gathered by every process into the main one
+    weights = optimizer = reloaded = None
+    if dist.zero is not None:  # whole states, gathered by every process into the main one (FSDP's: the e2e test)
         weights, optimizer = full_model_state(policy), full_optimizer_state(policy, state.optimizer)
         # loaded back as a resume loads it (every process reads the whole state), then gathered again
         load_optimizer_state(policy, state.optimizer, dist.broadcast(optimizer))
         reloaded = full_optimizer_state(policy, state.optimizer)
-    else:
+    elif not is_sharded(policy):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
         weights = {k: v.detach().clone() for k, v in policy.state_dict().items()}
         optimizer = get_optimizer_state_dict(policy, state.optimizer, options=StateDictOptions(full_state_dict=True))
