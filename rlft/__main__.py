@@ -1,5 +1,3 @@
-import sys
+from rlft.cli import entry
 
-from rlft.cli import main
-
-sys.exit(main())
+entry()

@@ -214,5 +214,15 @@ def main(argv: list[str] | None = None) -> int:
         return e.exit_code
 
 
+def entry() -> None:
+    """The ``rlft`` command and ``python -m rlft``: ``main``, then end the process (through ``rlft.dist.leave`` when
+    the command loaded it: it may have closed a process group)."""
+    code = main()
+    dist = sys.modules.get("rlft.dist")
+    if dist is not None:
+        dist.leave(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

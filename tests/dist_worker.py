@@ -178,3 +178,4 @@ def main(out: str, model_dir: str, overrides: list[str]) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1], sys.argv[2], sys.argv[3:])
+    rdist.leave(0)

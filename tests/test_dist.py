@@ -82,6 +82,20 @@ def test_merge_scores_concatenates_in_order_and_adds_errors():
     assert m.errors == {"f": 1} and m.steps == {"s": [[(1, 1.0)], [], [(2, 0.0)]]}
 
 
+@pytest.mark.parametrize("closed", [False, True])
+def test_leave_skips_the_teardown_only_after_a_closed_process_group(closed):
+    """After ``shutdown`` closed a process group the process ends with its code and its output written, without
+    the interpreter's teardown (an atexit handler does not run); otherwise it exits as usual."""
+    script = ("import atexit, sys\nfrom rlft import dist\n"
+              "atexit.register(lambda: print('teardown ran'))\n"
+              f"dist._CLOSED = {closed}\n"
+              "print('done', end='')\nsys.stderr.write('errors written')\ndist.leave(3)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 3
+    assert done.stdout.startswith("done") and done.stderr.endswith("errors written")
+    assert ("teardown ran" in done.stdout) is not closed
+
+
 def test_accelerate_cpu_simple_launcher_is_refused_where_the_processes_cannot_be_read(monkeypatch):
     """`accelerate launch --cpu --num_processes 2` starts one process with MASTER_ADDR and no WORLD_SIZE; when
     neither N nor rlft's own command can be read (here: pytest's process), rlft stops instead of training alone."""

@@ -444,6 +444,37 @@ def test_prompt_groups_are_runs_of_identical_prompts():
     assert first.tolist() == [0, 2, 3, 4] and group.tolist() == [0, 0, 1, 2, 3, 3]
 
 
+def test_length_buckets_hand_case():
+    # longest first: 10 (row 0), 9 (row 2), 3 (row 4), 2 (row 1); row 3 needs no forward. At 4 tokens a call,
+    # {10, 9} + {3, 2} costs 2 x 10 + 2 x 3 + 2 x 4 = 34, one run 4 x 10 + 4 = 44, three runs at least 37
+    lengths = torch.tensor([10, 2, 9, 0, 3])
+    assert [r.tolist() for r in fwd.length_buckets(lengths, 4)] == [[0, 2], [4, 1]]
+    assert [r.tolist() for r in fwd.length_buckets(lengths, 100)] == [[0, 2, 4, 1]]  # padding is cheaper
+    assert fwd.length_buckets(torch.zeros(3, dtype=torch.long), 0) == []
+
+
+def test_length_buckets_find_the_cheapest_split_of_the_sorted_rows():
+    """Against every way to cut the rows, sorted longest first, into consecutive runs."""
+    import itertools
+
+    g = torch.Generator().manual_seed(0)
+    for trial in range(60):
+        n, call = int(torch.randint(1, 8, (1,), generator=g)), int(torch.randint(0, 12, (1,), generator=g))
+        lengths = torch.randint(0, 20, (n,), generator=g)
+        runs = fwd.length_buckets(lengths, call)
+        covered = torch.cat(runs).tolist() if runs else []
+        assert sorted(covered) == [i for i in range(n) if lengths[i] > 0]  # each row that needs a forward, once
+        ls = sorted((x for x in lengths.tolist() if x > 0), reverse=True)
+        assert [lengths[r].tolist() for r in runs] == [sorted(lengths[r].tolist(), reverse=True) for r in runs]
+
+        def cost(parts):
+            return sum(len(p) * max(p) + call for p in parts)
+
+        best = min((cost([ls[a:b] for a, b in zip((0, *cuts), (*cuts, len(ls)))])
+                    for k in range(len(ls)) for cuts in itertools.combinations(range(1, len(ls)), k)), default=0)
+        assert cost([lengths[r].tolist() for r in runs]) == best, (trial, lengths.tolist(), call)
+
+
 def test_trimmed_drops_only_columns_no_row_uses(tok):
     batch = with_advantages(varied_batch(tok))
     part = batch.index(torch.tensor([0, 1])).trimmed()  # the shortest prompt; responses "#### 3$" and "12$"
@@ -459,14 +490,19 @@ def test_trimmed_drops_only_columns_no_row_uses(tok):
 
 @pytest.mark.parametrize("budget", [1, 20, 40, 60, 10_000])
 @pytest.mark.parametrize("size", [1, 3, 256])
-def test_token_budget_micro_batches_cover_every_row_once_within_the_budget(tok, budget, size):
+@pytest.mark.parametrize("shared", [False, True])
+def test_token_budget_micro_batches_cover_every_row_once_within_the_budget(tok, budget, size, shared):
     batch = with_advantages(varied_batch(tok))
-    chunks = list(upd.micro_batches(batch, size, budget))
+    chunks = list(upd.micro_batches(batch, size, budget, shared))
     rows = torch.cat([r for r, _ in chunks])
     assert sorted(rows.tolist()) == list(range(len(batch)))
     for r, mb in chunks:
         assert len(r) <= size and torch.equal(mb.response_ids, batch.index(r).trimmed().response_ids)
-        tokens = len(r) * (mb.prompt_ids.shape[1] + mb.response_ids.shape[1])
+        if shared:  # each group's prompt once, each response its own length (at least 1)
+            groups = len(prompt_groups(mb.prompt_ids, mb.prompt_mask)[0])
+            tokens = groups * mb.prompt_ids.shape[1] + int(mb.response_mask.sum(1).clamp(min=1).sum())
+        else:
+            tokens = len(r) * (mb.prompt_ids.shape[1] + mb.response_ids.shape[1])
         assert tokens <= budget or len(r) == 1  # a row over the budget alone is its own micro-batch
         runs = prompt_groups(mb.prompt_ids, mb.prompt_mask)[0]
         if len(r) > 1:  # whole groups of G = 2, packed side by side
@@ -485,16 +521,21 @@ def test_micro_batches_without_a_budget_are_consecutive_rows(tok):
     assert [r.tolist() for r, _ in upd.micro_batches(batch, 256, 10_000)] == [list(range(6))]  # it all fits
 
 
-@pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_shared_prefix_forward_gives_the_plain_forwards_logprobs_and_gradients(model, tok, temperature, monkeypatch):
+@pytest.mark.parametrize("temperature,call_tokens", [(1.0, fwd.CALL_TOKENS), (0.7, fwd.CALL_TOKENS), (1.0, 0)])
+def test_shared_prefix_forward_gives_the_plain_forwards_logprobs_and_gradients(model, tok, temperature, call_tokens,
+                                                                                monkeypatch):
     """Each prompt computed once for its group (keys and values repeated, gradients summed back) is the same
     function of the weights as the plain forward of every full row: log-probs, entropies and the gradient of a
-    loss over them agree within the rounding bound."""
+    loss over them agree within the rounding bound. With no cost per call the responses go through in runs of
+    their own lengths (``length_buckets``), and still agree."""
     batch = with_advantages(varied_batch(tok))  # 3 prompts x G=2, responses of every kind
     mask = batch.response_mask.bool()
-    shared_calls = []
+    shared_calls, runs = [], []
     real = fwd._shared_prefix_logits
     monkeypatch.setattr(fwd, "_shared_prefix_logits", lambda *a: (shared_calls.append(1), real(*a))[1])
+    monkeypatch.setattr(fwd, "CALL_TOKENS", call_tokens)
+    buckets = fwd.length_buckets
+    monkeypatch.setattr(fwd, "length_buckets", lambda *a: runs.append(buckets(*a)) or runs[-1])
     model.train()
 
     def forward_and_backward(rows, shared: bool):
@@ -508,6 +549,7 @@ def test_shared_prefix_forward_gives_the_plain_forwards_logprobs_and_gradients(m
 
     logp, ent, grads = forward_and_backward(slice(None), shared=True)
     assert shared_calls == [1]
+    assert len(runs[0]) == (1 if call_tokens else len(set((batch.response_mask.sum(1) - 1).clamp(min=0).tolist()) - {0}))
     ref_logp, ref_ent, ref_grads = forward_and_backward(slice(None), shared=False)
     assert shared_calls == [1]
     scale = {n: torch.zeros_like(g) for n, g in ref_grads.items()}  # sum over rows of |that row's gradient|

@@ -295,9 +295,9 @@ class TrainConfig:
     micro_batch_size: int = 256
     """Sequences per forward/backward (gradient accumulation above it; the loss is unchanged)."""
     micro_batch_tokens: int = 4096
-    """Token budget of a forward/backward, padding included (rows x (prompt width + response width)): a batch over it is split, its groups ordered by length and packed whole while they fit, each micro-batch padded only to its own longest row (0: no budget, micro-batches of micro_batch_size rows in batch order). The loss is unchanged. On GSM8K prompts with 128 new tokens (a 33.6M model, CPU) 4096 halved the update's time and cut peak memory from 8.7 to 2.9 GB against no budget."""
+    """Token budget of a forward/backward, counted as the forward computes them (with train.shared_prefix: each group's prompt once plus each response's own length; otherwise rows x (prompt width + response width)): a batch over it is split, its groups ordered by length and packed whole while they fit, each micro-batch padded only to its own longest row (0: no budget, micro-batches of micro_batch_size rows in batch order). The loss is unchanged. On GSM8K prompts with 128 new tokens (a 33.6M model, CPU) 4096 halved the update's time and cut peak memory from 8.7 to 2.9 GB against no budget."""
     shared_prefix: bool = True
-    """Log-prob forwards compute each group's prompt once and share its keys and values with the group's G responses (the same function of the weights; off: every row computes its own prompt). Needs a model with a KV cache; off by itself under gradient checkpointing."""
+    """Log-prob forwards compute each group's prompt once and share its keys and values with the group's G responses, which go through in runs of similar length, each padded only to its own longest (the same function of the weights; off: every row computes its own prompt). Needs a model with a KV cache; off by itself under gradient checkpointing."""
     seed: int = 0
     save_every: int = 0
     """Checkpoint every N RL steps (0: only the final policy is saved)."""

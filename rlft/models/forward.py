@@ -4,9 +4,10 @@ Rows that share a prompt (a GRPO group: G consecutive rows with identical prompt
 ids) compute it once: the distinct prompts go through the model first, their keys
 and values are repeated to every row of their group (gradients sum back through
 the repeat), and then only the responses go through the model, attending to that
-cache. This is the same function of the weights as the plain forward over each
-full row, with the prompt's cost divided by G; a test checks log-probs and
-gradients against the plain path within the rounding bound.
+cache, in runs of similar length so that a short response is not padded to the
+longest (``length_buckets``). This is the same function of the weights as the
+plain forward over each full row, with the prompt's cost divided by G; a test
+checks log-probs and gradients against the plain path within the rounding bound.
 """
 
 from __future__ import annotations
@@ -98,10 +99,43 @@ def response_logits(model, prompt_ids: Tensor, prompt_mask: Tensor, response_ids
     return logits / temperature if temperature != 1.0 else logits
 
 
+#: A forward call's fixed cost counted in tokens of work, for ``length_buckets``: a run of responses is split off
+#: into a call of its own only when that saves more padded tokens than this.
+CALL_TOKENS = 512
+
+
+def length_buckets(lengths: Tensor, call_tokens: int = CALL_TOKENS) -> list[Tensor]:
+    """Rows of ``lengths`` (B,) grouped into forwards that each pad only to their own longest row: of the partitions
+    of the rows sorted longest first into consecutive runs, the one with the least ``sum(rows x longest) +
+    call_tokens x runs``. Rows of length 0 need no forward and are
+    in no run."""
+    order = torch.argsort(lengths.cpu(), descending=True, stable=True)
+    ls = lengths.cpu()[order].tolist()
+    n = sum(1 for x in ls if x > 0)
+    if not n:
+        return []
+    if n * ls[0] - sum(ls[:n]) <= call_tokens:  # all the padding costs less than one more call
+        return [order[:n]]
+    best, cut = [0] + [float("inf")] * n, [0] * (n + 1)  # best[i]: least cost of the i longest rows
+    for i in range(1, n + 1):
+        for j in range(i):  # a run of rows j..i-1, padded to ls[j]
+            cost = best[j] + (i - j) * ls[j] + call_tokens
+            if cost < best[i]:
+                best[i], cut[i] = cost, j
+    runs, i = [], n
+    while i:
+        runs.append(order[cut[i]:i])
+        i = cut[i]
+    return runs[::-1]
+
+
 def _shared_prefix_logits(model, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor, response_mask: Tensor,
                           first: Tensor, group: Tensor) -> Tensor:
-    """``response_logits`` with each distinct prompt computed once: prompts (U rows), then responses (B rows)."""
+    """``response_logits`` with each distinct prompt computed once: prompts (U rows), then the responses (B rows),
+    in runs of similar length (``length_buckets``) when the prompts' cache is plain per-layer keys and values; the
+    positions past a run's longest row (padding of the whole batch) get zero logits."""
     from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
 
     device = next(model.parameters()).device
     first, group = first.to(device), group.to(device)
@@ -109,17 +143,39 @@ def _shared_prefix_logits(model, prompt_ids: Tensor, prompt_mask: Tensor, respon
     out = model(input_ids=p_ids, attention_mask=p_mask, position_ids=(p_mask.cumsum(-1) - 1).clamp(min=0),
                 **with_cache(model, DynamicCache()), use_cache=True, logits_to_keep=1)
     head = out.logits[:, -1:][group]  # (B, 1, V): the last prompt position predicts response token 0
-    T = response_ids.shape[1]
+    B, T = response_ids.shape
     if T == 1:
         return head
     cache = returned_cache(out)
-    cache.batch_select_indices(group)  # row b reads the keys and values of its prompt; gradients sum back
-    attn = torch.cat([p_mask[group], response_mask.to(device)[:, :-1]], dim=1)  # (B, Tp + T - 1)
-    start = p_mask.sum(1)[group]  # (B,) position id of response token 0
-    position_ids = start[:, None] + torch.arange(T - 1, device=device)  # (B, T - 1)
-    rest = model(input_ids=response_ids.to(device)[:, :-1], attention_mask=attn, position_ids=position_ids,
-                 **with_cache(model, cache), use_cache=True).logits  # (B, T - 1, V): token t predicts token t + 1
-    return torch.cat([head, rest], dim=1)  # (B, T, V)
+    response_ids, response_mask = response_ids.to(device), response_mask.to(device)
+    start = p_mask.sum(1)  # (U,) position id of each prompt's response token 0
+
+    def rest(rows: Tensor, width: int, run_cache) -> Tensor:  # (b, width, V): token t predicts token t + 1
+        attn = torch.cat([p_mask[group[rows]], response_mask[rows, :width]], dim=1)  # (b, Tp + width)
+        position_ids = start[group[rows], None] + torch.arange(width, device=device)  # (b, width)
+        return model(input_ids=response_ids[rows, :width], attention_mask=attn, position_ids=position_ids,
+                     **with_cache(model, run_cache), use_cache=True).logits
+
+    if not all(type(layer) is DynamicLayer for layer in getattr(cache, "layers", [None])):
+        cache.batch_select_indices(group)  # row b reads the keys and values of its prompt; gradients sum back
+        return torch.cat([head, rest(torch.arange(B, device=device), T - 1, cache)], dim=1)  # (B, T, V)
+    ends = (response_mask * torch.arange(1, T + 1, device=device)).amax(1)  # (B,) one past each row's last token
+    runs = length_buckets((ends - 1).clamp(min=0), CALL_TOKENS)
+    kv = [(layer.keys, layer.values) for layer in cache.layers]
+    parts = []
+    for rows in runs:
+        rows = rows.to(device)
+        sel = group[rows]
+        width = int(ends[rows[0]]) - 1  # the run's longest row comes first
+        part = rest(rows, width, DynamicCache(ddp_cache_data=[(k[sel], v[sel]) for k, v in kv]))
+        parts.append(torch.nn.functional.pad(part, (0, 0, 0, T - 1 - width)))  # (b, T - 1, V)
+    if len(runs) == 1 and len(runs[0]) == B:
+        tail = parts[0][torch.argsort(runs[0].to(device))]
+    else:
+        tail = head.new_zeros(B, T - 1, head.shape[-1])
+        if runs:
+            tail = tail.index_copy(0, torch.cat(runs).to(device), torch.cat(parts))
+    return torch.cat([head, tail], dim=1)  # (B, T, V)
 
 
 def response_logprobs(model, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor, response_mask: Tensor,

@@ -35,7 +35,7 @@ from rlft.rewards.steps import step_metrics, step_tensors
 from rlft.rollout.batch import Batch, cat_batches
 from rlft.rollout.hf import generate, sampling_args
 from rlft.trainers import hacking
-from rlft.trainers.update import batch_logprobs, micro_batches, update
+from rlft.trainers.update import batch_logprobs, micro_batches, shares_prefix, update
 
 
 class PromptSampler:
@@ -230,7 +230,7 @@ def penalty_kl(state: RLState, batch: Batch, cfg: Config) -> float:
     """
     num, den = 0.0, 0.0
     for _, mb in micro_batches(batch.index(state.dist.share(len(batch))), cfg.train.micro_batch_size,
-                               cfg.train.micro_batch_tokens):
+                               cfg.train.micro_batch_tokens, shares_prefix(state.policy, cfg)):
         logp = batch_logprobs(state.policy, mb, cfg)[0].cpu()  # (b, T)
         kl = k3(mb.old_logp, logp)  # (b, T)  r = pi / pi_old, samples of pi_old: (r - 1) - log r
         num += masked_sum(kl, mb.loss_mask).item()
@@ -372,23 +372,23 @@ def fill_logprobs(state: RLState, batch: Batch, cfg: Config) -> None:
     The old log-probs are those the sampler computed while sampling, when it did (the rlft sampler): the same
     policy and temperature, so a forward pass over the batch is saved."""
     a = cfg.algo
-    models = {}
+    models = {}  # name: (the forward of a micro-batch, whether it computes each group's prompt once)
     if not a.single_pass and batch.rollout_logp is not None:
         batch.old_logp = batch.rollout_logp * batch.response_mask
     elif not a.single_pass:
-        models["old_logp"] = lambda mb: batch_logprobs(state.policy, mb, cfg)[0]
+        models["old_logp"] = (lambda mb: batch_logprobs(state.policy, mb, cfg)[0]), shares_prefix(state.policy, cfg)
     if a.needs_ref:
-        models["ref_logp"] = lambda mb: batch_logprobs(state.ref, mb, cfg)[0]
+        models["ref_logp"] = (lambda mb: batch_logprobs(state.ref, mb, cfg)[0]), shares_prefix(state.ref, cfg)
     if state.critic is not None:
         def values(mb: Batch) -> torch.Tensor:
             with autocast(state.critic, cfg.model.autocast):
                 return state.critic.values(mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask).float()
 
-        models["values"] = values
+        models["values"] = values, False
     own = batch.index(state.dist.share(len(batch)))  # this process's rows; the others compute theirs
-    for name, fn in models.items():
+    for name, (fn, shared) in models.items():
         out = torch.zeros(own.response_ids.shape)  # (b, T)
-        for rows, mb in micro_batches(own, cfg.train.micro_batch_size, cfg.train.micro_batch_tokens):
+        for rows, mb in micro_batches(own, cfg.train.micro_batch_size, cfg.train.micro_batch_tokens, shared):
             out[rows, :mb.response_ids.shape[1]] = fn(mb).cpu()  # (rows, t <= T): trimmed columns stay 0
         setattr(batch, name, torch.cat(state.dist.gather(out)))
 

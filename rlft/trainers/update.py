@@ -33,56 +33,71 @@ if TYPE_CHECKING:
     from rlft.trainers.rl import RLState
 
 
-def micro_batches(batch: Batch, size: int, max_tokens: int = 0) -> Iterator[tuple[Tensor, Batch]]:
+def micro_batches(batch: Batch, size: int, max_tokens: int = 0, shared: bool = False
+                  ) -> Iterator[tuple[Tensor, Batch]]:
     """``(rows, micro-batch)`` pairs that cover ``batch`` once: at most ``size`` rows each and, with ``max_tokens``
-    > 0, at most that many tokens counted with padding (rows x (prompt width + response width)). Each micro-batch is
-    trimmed to its own widths (``Batch.trimmed``).
+    > 0, at most that many tokens. Each micro-batch is trimmed to its own widths (``Batch.trimmed``).
 
     Without a budget the micro-batches are consecutive rows. With one, runs of rows that share a prompt (groups)
     are ordered by their padded length and packed whole while they fit, so that short responses are not padded to
     the longest and the shared-prefix forward still sees whole groups; a group over the budget alone is cut into
-    rows."""
+    rows. The tokens counted are those the forward computes: rows x (prompt width + response width), or with
+    ``shared`` (a forward that computes each group's prompt once and each response in runs of similar length,
+    ``rlft.models.forward``) groups x prompt width + the responses' own lengths."""
     n = len(batch)
     if not max_tokens:
         chunks = [torch.arange(s, min(s + size, n)) for s in range(0, n, size)]
     else:
-        chunks = _packed(batch, size, max_tokens)
+        chunks = _packed(batch, size, max_tokens, shared)
     for rows in chunks:
         yield rows, batch.index(rows).trimmed()
 
 
-def _packed(batch: Batch, size: int, max_tokens: int) -> list[Tensor]:
+def _packed(batch: Batch, size: int, max_tokens: int, shared: bool) -> list[Tensor]:
     """Row indices of the token-budget micro-batches of ``batch`` (see ``micro_batches``)."""
     from rlft.models.forward import prompt_groups
 
     if not len(batch):
         return []
-    whole = batch.trimmed()
-    if len(batch) <= size and len(batch) * (whole.prompt_ids.shape[1] + whole.response_ids.shape[1]) <= max_tokens:
-        return [torch.arange(len(batch))]  # it all fits: one micro-batch, rows in batch order
     p_len, r_len = batch.prompt_mask.sum(1), batch.response_mask.sum(1).clamp(min=1)  # (B,) each
     _, run = prompt_groups(batch.prompt_ids, batch.prompt_mask)  # (B,) index of each row's run of one prompt
     units = [(run == u).nonzero().squeeze(1) for u in range(int(run.max()) + 1)]
+
+    def tokens(n_units: int, rows: int, tp: int, t: int, responses: int) -> int:  # what a micro-batch computes
+        return n_units * tp + responses if shared else rows * (tp + t)
+
+    whole = batch.trimmed()
+    if len(batch) <= size and tokens(len(units), len(batch), whole.prompt_ids.shape[1], whole.response_ids.shape[1],
+                                     int(r_len.sum())) <= max_tokens:
+        return [torch.arange(len(batch))]  # it all fits: one micro-batch, rows in batch order
     units.sort(key=lambda r: (int(p_len[r].max() + r_len[r].max()), int(r[0])))
     chunks: list[Tensor] = []
     cur: list[Tensor] = []
-    tp = t = rows = 0
+    tp = t = rows = resp = 0
     for unit in units:
-        u_tp, u_t = int(p_len[unit].max()), int(r_len[unit].max())
+        u_tp, u_t, u_resp = int(p_len[unit].max()), int(r_len[unit].max()), int(r_len[unit].sum())
         w_tp, w_t = max(tp, u_tp), max(t, u_t)
-        if cur and (rows + len(unit) > size or (rows + len(unit)) * (w_tp + w_t) > max_tokens):
+        if cur and (rows + len(unit) > size or tokens(len(cur) + 1, rows + len(unit), w_tp, w_t,
+                                                       resp + u_resp) > max_tokens):
             chunks.append(torch.cat(cur))
-            cur, tp, t, rows = [], 0, 0, 0
+            cur, tp, t, rows, resp = [], 0, 0, 0, 0
             w_tp, w_t = u_tp, u_t
-        if len(unit) > size or len(unit) * (w_tp + w_t) > max_tokens:  # alone over the budget: cut into rows
-            per = max(1, min(size, max_tokens // (w_tp + w_t)))
+        if len(unit) > size or tokens(1, len(unit), w_tp, w_t, u_resp) > max_tokens:  # alone over: cut into rows
+            per = max(1, min(size, (max_tokens - w_tp) // w_t if shared else max_tokens // (w_tp + w_t)))
             chunks += list(unit.split(per))
             continue
         cur.append(unit)
-        tp, t, rows = w_tp, w_t, rows + len(unit)
+        tp, t, rows, resp = w_tp, w_t, rows + len(unit), resp + u_resp
     if cur:
         chunks.append(torch.cat(cur))
     return chunks
+
+
+def shares_prefix(model, cfg: Config) -> bool:
+    """Whether ``batch_logprobs`` of ``model`` computes each group's prompt once (``micro_batches``' ``shared``)."""
+    from rlft.models.forward import can_share_prefix
+
+    return cfg.train.shared_prefix and can_share_prefix(model)
 
 
 def batch_logprobs(model, mb: Batch, cfg: Config, **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -138,7 +153,7 @@ def _policy_step(state: "RLState", mb: Batch, cfg: Config) -> dict[str, float]:
     engine = engine_of(policy)
     model = policy if engine is None else engine  # under DeepSpeed the update's passes go through its engine
     micros = [m for _, m in micro_batches(mb.index(dist.share(len(mb))), cfg.train.micro_batch_size,
-                                          cfg.train.micro_batch_tokens)]
+                                          cfg.train.micro_batch_tokens, shares_prefix(policy, cfg))]
     if is_sharded(policy):  # every process runs as many forward+backward passes as the busiest
         for _ in range(lockstep_extra(dist, len(micros))):
             _backward(engine, dist, idle_loss(batch_logprobs(model, mb.index(slice(0, 1)), cfg)[0].sum()))
