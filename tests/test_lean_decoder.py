@@ -10,7 +10,7 @@ import torch
 
 from rlft.models.loading import load_model
 from rlft.rollout import decode
-from rlft.rollout.lean import LeanDecoder
+from rlft.rollout.lean import LeanDecoder, SharedPrefix
 from numerics import FORWARD_DEPTH, assert_rounding_close, rounding_differs
 
 SIZES = dict(vocab_size=50, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
@@ -91,6 +91,62 @@ def test_lean_step_is_the_models_forward(tmp_path, kind):
     # the bound catches the bug it guards against: rotary positions off by one
     _, shifted = lockstep(model, lean, shift=1)
     assert any(rounding_differs(mine, theirs, **tol) for mine, theirs in shifted)
+
+
+def lockstep_shared(model, lean, *, wrong_rows: bool = False):
+    """As ``lockstep``, with each prompt's keys and values kept once (``SharedPrefix``) and the decode steps' in a
+    cache of their own; ``wrong_rows`` hands the lean step the rows of the next prompt (the bug the bound must
+    catch)."""
+    from transformers import DynamicCache
+
+    g = torch.Generator().manual_seed(1)
+    V, device, G = model.config.vocab_size, model.device, 2
+    prompts = [torch.randint(3, V, (n,), generator=g).tolist() for n in (5, 2, 4)]
+    ids, mask = (t.to(device) for t in decode.left_pad(prompts, 0))
+    with torch.no_grad():
+        out = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+                    **decode.with_cache(model, DynamicCache()), use_cache=True)
+    prompt_cache = decode.returned_cache(out)
+    prefix = SharedPrefix.from_cache(prompt_cache, mask, G)
+    cache = copy.deepcopy(prompt_cache)
+    cache.batch_repeat_interleave(G)  # the model's forward reads the prompts repeated to their rows
+    responses = decode.reserved_cache(model, 6)
+    attn, pos = mask.repeat_interleave(G, 0), mask.sum(1).repeat_interleave(G, 0)
+    rows = torch.arange(len(attn), device=device)
+    pairs = []
+    for t in range(6):
+        if t == 3:
+            keep = torch.tensor([0, 2, 3, 5], device=device)
+            cache.batch_select_indices(keep)
+            responses.batch_select_indices(keep)
+            attn, pos, rows = attn[keep], pos[keep], rows[keep]
+        tokens = torch.randint(3, V, (len(attn),), generator=g).to(device)
+        attn = torch.cat([attn, torch.ones_like(attn[:, :1])], 1)
+        given = (rows // G + 1) % len(prompts) * G + rows % G if wrong_rows else rows  # wrong: the next prompt's
+        mine = lean.step(responses, tokens, pos, None, prefix, given).float()
+        with torch.no_grad():
+            out = model(input_ids=tokens[:, None], attention_mask=attn, position_ids=pos[:, None],
+                        **decode.with_cache(model, cache), use_cache=True)
+        pairs.append((mine, out.logits[:, -1].float()))
+        pos = pos + 1
+    return max(theirs.abs().max().item() for _, theirs in pairs), pairs
+
+
+@pytest.mark.parametrize("kind", ["llama", "mistral", "qwen2", "qwen3"])
+def test_lean_step_with_the_prompts_kept_once_is_the_models_forward(tmp_path, kind):
+    """Decode steps whose G rows read one copy of their prompt's keys and values (grouped-query heads: 4 query
+    heads on 2 key heads) give the logits of the model's forward over the prompt repeated to every row."""
+    model = saved_model(tmp_path, make_config(kind))
+    lean = LeanDecoder.build(model, capacity=16)
+    z_max, pairs = lockstep_shared(model, lean)
+    c = model.config
+    tol = dict(n_terms=max(c.vocab_size, c.intermediate_size, c.hidden_size, 16), scale=1 + z_max,
+               depth=FORWARD_DEPTH)
+    for t, (mine, theirs) in enumerate(pairs):
+        assert mine.shape == theirs.shape
+        assert_rounding_close(mine, theirs, **tol, what=f"{kind} decode step {t} with shared prompts")
+    _, wrong = lockstep_shared(model, lean, wrong_rows=True)  # rows reading another prompt's keys and values
+    assert all(rounding_differs(mine, theirs, **tol) for mine, theirs in wrong)
 
 
 @pytest.mark.gpu

@@ -270,23 +270,26 @@ def test_rollouts_ignore_the_checkpoints_generation_defaults(tiny_model_dir, tok
         assert torch.equal(a.response_ids, b.response_ids) and a.texts == b.texts
 
 
-@pytest.mark.parametrize("lean", [True, False], ids=["lean-step", "model-forward"])
+@pytest.mark.parametrize("lean", ["lean-step", "lean-step-prompts-once", "model-forward"])
 def test_rlft_sampler_prefills_each_prompt_once_and_its_logprobs_are_the_forward_ones(model, tok, eos_boost,
                                                                                     monkeypatch, lean):
     """The shared prompt cache, the growing decode cache and the dropping of finished rows give the same
     log-probs as one unpadded forward of each finished sequence, with decode steps through the lean decoder
-    (rlft.rollout.lean) and through the model's own forward."""
+    (rlft.rollout.lean), through it with each prompt's keys and values kept once (``SharedPrefix``, which the
+    sampler uses from ``SHARED_PROMPT_TOKENS`` on), and through the model's own forward."""
     from transformers.cache_utils import Cache
 
     boost = eos_boost(model, bonus=1.5)
-    rows_seen, compactions = [], []
+    rows_seen, compactions, prefixes = [], [], []
     forward = type(model).forward
     monkeypatch.setattr(type(model), "forward",
                         lambda self, *a, **kw: (rows_seen.append(kw["input_ids"].shape), forward(self, *a, **kw))[1])
-    if lean:
+    monkeypatch.setattr(decode, "SHARED_PROMPT_TOKENS", 0 if lean == "lean-step-prompts-once" else 10 ** 6)
+    if lean != "model-forward":
         step = decode.LeanDecoder.step
         monkeypatch.setattr(decode.LeanDecoder, "step", lambda self, cache, tokens, *a: (
-            rows_seen.append((len(tokens), 1)), step(self, cache, tokens, *a))[1])
+            rows_seen.append((len(tokens), 1)), prefixes.append(a[2] if len(a) > 2 else None),
+            step(self, cache, tokens, *a))[-1])
     else:
         monkeypatch.setattr(decode.LeanDecoder, "build", classmethod(lambda cls, *a: None))
     real_select = Cache.batch_select_indices
@@ -302,6 +305,7 @@ def test_rlft_sampler_prefills_each_prompt_once_and_its_logprobs_are_the_forward
     assert all(shape[1] == 1 for shape in rows_seen[1:])  # then one token per live row and step
     assert compactions and s.truncated.any() and not s.truncated.all()  # finished rows were dropped mid-way
     assert sorted(shape[0] for shape in rows_seen[1:])[0] < len(prompts) * G
+    assert all((p is not None) == (lean == "lean-step-prompts-once") for p in prefixes)
     batch = Batch(prompt_ids=s.prompt_ids, prompt_mask=s.prompt_mask, response_ids=s.response_ids,
                   response_mask=s.response_mask, truncated=s.truncated, group_size=G)
     boost = eos_boost(model, bonus=1.5)

@@ -4,7 +4,9 @@
 computing rows that have already emitted eos. This loop
 
 * prefills the P distinct prompts once and repeats their KV cache G times
-  (``DynamicCache.batch_repeat_interleave``), so prompt compute does not grow with G;
+  (``DynamicCache.batch_repeat_interleave``), so prompt compute does not grow with G; in the
+  lean decode step a prompt of ``SHARED_PROMPT_TOKENS`` or more is not repeated at all: the G rows
+  read its one copy (``rlft.rollout.lean.SharedPrefix``);
 * drops finished rows from the batch and the cache, so a decode step costs the rows
   still generating, not the longest one's batch;
 * runs each decode step of a Llama, Mistral or Qwen2/3 model through ``rlft.rollout.lean``
@@ -32,11 +34,14 @@ from torch import Tensor
 from rlft.models.forward import cache_kwarg, returned_cache, with_cache
 from rlft.models.lora import core_model
 from rlft.rollout.batch import left_pad
-from rlft.rollout.lean import LeanDecoder
+from rlft.rollout.lean import LeanDecoder, SharedPrefix
 
 # Compact the batch (drop finished rows from it and from the cache) once this share of its rows has finished:
 # dropping rows copies the whole cache, so doing it for every single finished row would cost more than it saves.
 COMPACT_SHARE = 0.25
+# Prompts at least this long (padded width) are kept once per prompt in the lean decode step (``SharedPrefix``)
+# instead of repeated to their G rows.
+SHARED_PROMPT_TOKENS = 64
 
 
 @dataclass
@@ -162,13 +167,20 @@ def sample(model, prompts: list[list[int]], *, group_size: int, max_new_tokens: 
     ids, mask = left_pad(prompts, pad_id)  # (P, Tp)
     ids, mask = ids.to(device), mask.to(device)
     capacity = ids.shape[1] + max_new_tokens
-    cache = reserved_cache(core_model(model), capacity) or DynamicCache()
+    cache = reserved_cache(core_model(model), capacity)
+    lean = LeanDecoder.build(model, capacity) if cache is not None else None  # None: decode steps through the model
+    shared = lean is not None and G > 1 and ids.shape[1] >= SHARED_PROMPT_TOKENS
     out = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
-                **with_cache(model, cache), use_cache=True, logits_to_keep=1)
+                **with_cache(model, DynamicCache() if shared or cache is None else cache), use_cache=True,
+                logits_to_keep=1)
     logits = out.logits[:, -1].float()  # (P, V)
-    cache = returned_cache(out)
-    if G > 1:
+    cache, prefix = returned_cache(out), None
+    if shared:  # the prompts' cache once per prompt; the decode steps' keys and values in a cache of their own
+        prefix = SharedPrefix.from_cache(cache, mask, G)
+        cache = reserved_cache(core_model(model), max_new_tokens)
+    elif G > 1:
         cache.batch_repeat_interleave(G)
+    if G > 1:
         logits = logits.repeat_interleave(G, 0)  # (B, V)
     attn = mask.repeat_interleave(G, 0)  # (B, Tp): grows by one column per decode step
     pos = attn.sum(1)  # (B,) position id of the next token
@@ -180,8 +192,6 @@ def sample(model, prompts: list[list[int]], *, group_size: int, max_new_tokens: 
     rows = torch.arange(B, device=device)  # original row of each row still in the batch
     live = torch.ones(B, dtype=torch.bool, device=device)  # rows in the batch that have not stopped
     stop_ids = torch.tensor(stops, dtype=torch.long, device=device)
-    reserved = bool(cache.layers) and isinstance(cache.layers[0], _reserved_layer_class())
-    lean = LeanDecoder.build(model, capacity) if reserved else None  # None: decode steps through the model
     for t in range(max_new_tokens):
         if greedy:
             nxt = logits.argmax(-1)
@@ -203,7 +213,9 @@ def sample(model, prompts: list[list[int]], *, group_size: int, max_new_tokens: 
             cache.batch_select_indices(keep)
             rows, nxt, attn, pos, live = rows[keep], nxt[keep], attn[keep], pos[keep], live[keep]
         attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)
-        if lean is not None:
+        if prefix is not None:
+            logits = lean.step(cache, nxt, pos, None, prefix, rows).float()
+        elif lean is not None:
             logits = lean.step(cache, nxt, pos, attn.bool()).float()
         else:
             out = model(input_ids=nxt[:, None], attention_mask=attn, position_ids=pos[:, None],

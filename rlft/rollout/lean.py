@@ -115,15 +115,18 @@ class LeanDecoder:
         return x * cos + torch.cat([x[..., half:], x[..., :half]], -1) * sin
 
     @torch.no_grad()
-    def step(self, cache, tokens: Tensor, positions: Tensor, attend: Tensor) -> Tensor:
+    def step(self, cache, tokens: Tensor, positions: Tensor, attend: Tensor | None,
+             prefix: SharedPrefix | None = None, rows: Tensor | None = None) -> Tensor:
         """Logits (b, V) of the next token after ``tokens`` (b,) at ``positions`` (b,), whose keys and values
         are appended to ``cache`` (rlft's reserved cache, one layer per decoder layer); ``attend`` (b, L + 1)
-        is True where the rows attend, over the L cached positions and the new one."""
+        is True where the rows attend, over the L cached positions and the new one. With ``prefix`` the cache
+        holds the responses only (every position attended) and row i continues prompt ``rows[i] // G`` of
+        ``prefix``, whose keys and values are read once per prompt (``SharedPrefix.attend``)."""
         b, H, Hk, D = tokens.shape[0], self.heads, self.kv_heads, self.head_dim
         x = F.embedding(tokens, self.core.embed_tokens.weight)  # (b, hidden)
         cos, sin = self.cos[positions][:, None], self.sin[positions][:, None]  # (b, 1, D)
-        mask = attend[:, None, None, :]  # (b, 1, 1, L + 1)
-        for layer, kv in zip(self.core.layers, cache.layers):
+        mask = attend[:, None, None, :] if prefix is None else None  # (b, 1, 1, L + 1)
+        for i, (layer, kv) in enumerate(zip(self.core.layers, cache.layers)):
             a, mlp = layer.self_attn, layer.mlp
             ln = layer.input_layernorm
             h = _rms(x, ln.weight, ln.variance_epsilon)
@@ -134,8 +137,11 @@ class LeanDecoder:
                 q = _rms(q, a.q_norm.weight, a.q_norm.variance_epsilon)
                 k = _rms(k, a.k_norm.weight, a.k_norm.variance_epsilon)
             keys, values = kv.update(self._rope(k, cos, sin)[:, :, None], v)  # (b, Hk, L + 1, D)
-            o = F.scaled_dot_product_attention(self._rope(q, cos, sin)[:, :, None], keys, values, attn_mask=mask,
-                                               scale=a.scaling, enable_gqa=H != Hk)
+            if prefix is None:
+                o = F.scaled_dot_product_attention(self._rope(q, cos, sin)[:, :, None], keys, values,
+                                                   attn_mask=mask, scale=a.scaling, enable_gqa=H != Hk)
+            else:
+                o = prefix.attend(i, self._rope(q, cos, sin), keys, values, rows, a.scaling)
             x = x + F.linear(o.view(b, H * D), a.o_proj.weight, a.o_proj.bias)
             ln = layer.post_attention_layernorm
             h = _rms(x, ln.weight, ln.variance_epsilon)
@@ -144,3 +150,46 @@ class LeanDecoder:
             x = x + F.linear(gated, mlp.down_proj.weight, mlp.down_proj.bias)
         x = _rms(x, self.core.norm.weight, self.core.norm.variance_epsilon)
         return F.linear(x, self.head.weight, self.head.bias)
+
+
+@dataclass
+class SharedPrefix:
+    """The prompts' keys and values, one copy per prompt, for decode steps of G rows per prompt.
+
+    Repeating a long prompt's cache to its G rows makes every decode step read it G times, and on a CPU that
+    reading, not arithmetic, is what an attention over a few hundred positions costs. Here the G queries of a
+    prompt meet its keys and values in one product, and the softmax runs over the prompt's scores and the row's
+    own response scores together: the same attention, the prompt read once."""
+
+    keys: list[Tensor]  # per layer (P, Hk, Tp, D)
+    values: list[Tensor]  # per layer (P, Hk, Tp, D)
+    pad: Tensor  # (P, Tp) True on the prompts' left padding
+    group_size: int
+
+    @classmethod
+    def from_cache(cls, cache, mask: Tensor, group_size: int) -> SharedPrefix:
+        """From a prefilled cache of the P prompts (``cache.layers[i].keys``: (P, Hk, Tp, D)) and their mask."""
+        return cls(keys=[layer.keys for layer in cache.layers], values=[layer.values for layer in cache.layers],
+                   pad=mask == 0, group_size=group_size)
+
+    def attend(self, layer: int, q: Tensor, keys: Tensor, values: Tensor, rows: Tensor, scale: float) -> Tensor:
+        """Attention output (b, H, D) of queries ``q`` (b, H, D) over their prompt's keys and values and their own
+        response's ``keys``/``values`` (b, Hk, t, D); row i belongs to prompt ``rows[i] // G``."""
+        pk, pv = self.keys[layer], self.values[layer]  # (P, Hk, Tp, D)
+        (b, H, D), (P, Hk, Tp, _), G = q.shape, pk.shape, self.group_size
+        rep = H // Hk  # query heads per key head (grouped-query attention), head h reads key head h // rep
+
+        def by_prompt(x: Tensor) -> Tensor:  # (b, Hk, rep, n) -> (P, Hk, G * rep, n), rows at their places
+            full = x.new_zeros(P * G, *x.shape[1:]).index_copy_(0, rows, x)
+            return full.view(P, G, Hk, rep, -1).transpose(1, 2).reshape(P, Hk, G * rep, -1)
+
+        def by_row(x: Tensor) -> Tensor:  # the inverse of by_prompt
+            return x.view(P, Hk, G, rep, -1).transpose(1, 2).reshape(P * G, Hk, rep, -1)[rows]
+
+        q = q.view(b, Hk, rep, D)
+        scores = torch.cat([by_row(torch.matmul(by_prompt(q), pk.transpose(-1, -2))).masked_fill(
+                                self.pad[rows // G][:, None, None, :], float("-inf")),  # (b, Hk, rep, Tp)
+                            torch.matmul(q, keys.transpose(-1, -2))], dim=-1)  # (b, Hk, rep, Tp + t)
+        probs = torch.softmax(scores.float() * scale, dim=-1).to(q.dtype)
+        out = by_row(torch.matmul(by_prompt(probs[..., :Tp]), pv)) + torch.matmul(probs[..., Tp:], values)
+        return out.reshape(b, H, D)
