@@ -45,57 +45,11 @@ def saved_model(tmp_path, config, seed: int = 0):
     return load_model(str(tmp_path / config.model_type)).eval()
 
 
-def lockstep(model, lean, *, shift: int = 0):
+def lockstep(model, lean, *, shift: int = 0, shared: bool = False, wrong_rows: bool = False):
     """Max |logit| and, per decode step, (lean logits, model logits) from the same cache: left-padded prompts
-    prefilled by the model, then 6 decode steps with a compaction after the third."""
-    g = torch.Generator().manual_seed(1)
-    V, device = model.config.vocab_size, model.device
-    prompts = [torch.randint(3, V, (n,), generator=g).tolist() for n in (5, 2, 4)]
-    ids, mask = (t.to(device) for t in decode.left_pad(prompts, 0))
-    capacity = ids.shape[1] + 6
-    cache = decode.reserved_cache(model, capacity)
-    with torch.no_grad():
-        model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
-              **decode.with_cache(model, cache), use_cache=True)
-    cache.batch_repeat_interleave(2)
-    attn, pos = mask.repeat_interleave(2, 0), mask.sum(1).repeat_interleave(2, 0)
-    pairs = []
-    for t in range(6):
-        if t == 3:
-            keep = torch.tensor([0, 2, 3, 5], device=device)
-            cache.batch_select_indices(keep)
-            attn, pos = attn[keep], pos[keep]
-        tokens = torch.randint(3, V, (len(attn),), generator=g).to(device)
-        attn = torch.cat([attn, torch.ones_like(attn[:, :1])], 1)
-        mine = lean.step(copy.deepcopy(cache), tokens, pos + shift, attn.bool()).float()
-        with torch.no_grad():
-            out = model(input_ids=tokens[:, None], attention_mask=attn, position_ids=pos[:, None],
-                        **decode.with_cache(model, cache), use_cache=True)
-        pairs.append((mine, out.logits[:, -1].float()))
-        pos = pos + 1
-    return max(theirs.abs().max().item() for _, theirs in pairs), pairs
-
-
-@pytest.mark.parametrize("kind", ["llama", "mistral", "qwen2", "qwen3"])
-def test_lean_step_is_the_models_forward(tmp_path, kind):
-    model = saved_model(tmp_path, make_config(kind))
-    lean = LeanDecoder.build(model, capacity=16)
-    assert lean is not None
-    z_max, pairs = lockstep(model, lean)
-    c = model.config
-    tol = dict(n_terms=max(c.vocab_size, c.intermediate_size, c.hidden_size, 16), scale=1 + z_max,
-               depth=FORWARD_DEPTH)
-    for t, (mine, theirs) in enumerate(pairs):
-        assert mine.shape == theirs.shape
-        assert_rounding_close(mine, theirs, **tol, what=f"{kind} decode step {t}")
-    # the bound catches the bug it guards against: rotary positions off by one
-    _, shifted = lockstep(model, lean, shift=1)
-    assert any(rounding_differs(mine, theirs, **tol) for mine, theirs in shifted)
-
-
-def lockstep_shared(model, lean, *, wrong_rows: bool = False):
-    """As ``lockstep``, with each prompt's keys and values kept once (``SharedPrefix``) and the decode steps' in a
-    cache of their own; ``wrong_rows`` hands the lean step the rows of the next prompt (the bug the bound must
+    prefilled by the model, then 6 decode steps of 2 rows per prompt with a compaction after the third. With
+    ``shared`` the lean step keeps each prompt's keys and values once (``SharedPrefix``) and the decode steps'
+    in a cache of their own; ``wrong_rows`` then hands it the rows of the next prompt (the bug the bound must
     catch)."""
     from transformers import DynamicCache
 
@@ -103,14 +57,13 @@ def lockstep_shared(model, lean, *, wrong_rows: bool = False):
     V, device, G = model.config.vocab_size, model.device, 2
     prompts = [torch.randint(3, V, (n,), generator=g).tolist() for n in (5, 2, 4)]
     ids, mask = (t.to(device) for t in decode.left_pad(prompts, 0))
+    cache = DynamicCache() if shared else decode.reserved_cache(model, ids.shape[1] + 6)
     with torch.no_grad():
-        out = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
-                    **decode.with_cache(model, DynamicCache()), use_cache=True)
-    prompt_cache = decode.returned_cache(out)
-    prefix = SharedPrefix.from_cache(prompt_cache, mask, G)
-    cache = copy.deepcopy(prompt_cache)
-    cache.batch_repeat_interleave(G)  # the model's forward reads the prompts repeated to their rows
+        model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+              **decode.with_cache(model, cache), use_cache=True)
+    prefix = SharedPrefix.from_cache(copy.deepcopy(cache), mask, G) if shared else None
     responses = decode.reserved_cache(model, 6)
+    cache.batch_repeat_interleave(G)  # the model's forward reads the prompts repeated to their rows
     attn, pos = mask.repeat_interleave(G, 0), mask.sum(1).repeat_interleave(G, 0)
     rows = torch.arange(len(attn), device=device)
     pairs = []
@@ -122,8 +75,11 @@ def lockstep_shared(model, lean, *, wrong_rows: bool = False):
             attn, pos, rows = attn[keep], pos[keep], rows[keep]
         tokens = torch.randint(3, V, (len(attn),), generator=g).to(device)
         attn = torch.cat([attn, torch.ones_like(attn[:, :1])], 1)
-        given = (rows // G + 1) % len(prompts) * G + rows % G if wrong_rows else rows  # wrong: the next prompt's
-        mine = lean.step(responses, tokens, pos, None, prefix, given).float()
+        if shared:
+            given = (rows // G + 1) % len(prompts) * G + rows % G if wrong_rows else rows
+            mine = lean.step(responses, tokens, pos + shift, None, prefix, given).float()
+        else:
+            mine = lean.step(copy.deepcopy(cache), tokens, pos + shift, attn.bool()).float()
         with torch.no_grad():
             out = model(input_ids=tokens[:, None], attention_mask=attn, position_ids=pos[:, None],
                         **decode.with_cache(model, cache), use_cache=True)
@@ -132,21 +88,28 @@ def lockstep_shared(model, lean, *, wrong_rows: bool = False):
     return max(theirs.abs().max().item() for _, theirs in pairs), pairs
 
 
+@pytest.mark.parametrize("shared", [False, True], ids=["prompts-repeated", "prompts-kept-once"])
 @pytest.mark.parametrize("kind", ["llama", "mistral", "qwen2", "qwen3"])
-def test_lean_step_with_the_prompts_kept_once_is_the_models_forward(tmp_path, kind):
-    """Decode steps whose G rows read one copy of their prompt's keys and values (grouped-query heads: 4 query
-    heads on 2 key heads) give the logits of the model's forward over the prompt repeated to every row."""
+def test_lean_step_is_the_models_forward(tmp_path, kind, shared):
+    """The lean step's logits are the model's forward's, over a cache of the prompts repeated to their rows, or
+    with each prompt's keys and values kept once and read by its G rows (grouped-query heads: 4 query heads on
+    2 key heads)."""
     model = saved_model(tmp_path, make_config(kind))
     lean = LeanDecoder.build(model, capacity=16)
-    z_max, pairs = lockstep_shared(model, lean)
+    assert lean is not None
+    z_max, pairs = lockstep(model, lean, shared=shared)
     c = model.config
     tol = dict(n_terms=max(c.vocab_size, c.intermediate_size, c.hidden_size, 16), scale=1 + z_max,
                depth=FORWARD_DEPTH)
     for t, (mine, theirs) in enumerate(pairs):
         assert mine.shape == theirs.shape
-        assert_rounding_close(mine, theirs, **tol, what=f"{kind} decode step {t} with shared prompts")
-    _, wrong = lockstep_shared(model, lean, wrong_rows=True)  # rows reading another prompt's keys and values
-    assert all(rounding_differs(mine, theirs, **tol) for mine, theirs in wrong)
+        assert_rounding_close(mine, theirs, **tol, what=f"{kind} decode step {t}")
+    # the bound catches the bugs it guards against: rotary positions off by one; rows reading another prompt
+    _, shifted = lockstep(model, lean, shift=1, shared=shared)
+    assert any(rounding_differs(mine, theirs, **tol) for mine, theirs in shifted)
+    if shared:
+        _, wrong = lockstep(model, lean, shared=True, wrong_rows=True)
+        assert all(rounding_differs(mine, theirs, **tol) for mine, theirs in wrong)
 
 
 @pytest.mark.gpu
