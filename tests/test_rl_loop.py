@@ -519,6 +519,19 @@ def test_token_budget_micro_batches_cover_every_row_once_within_the_budget(tok, 
     assert order == sorted(order)  # groups taken in order of their padded length
 
 
+def test_token_budget_counts_every_row_padded_when_no_prompt_repeats(tok):
+    """A batch of distinct prompts takes the plain forward (no prompt is shared), so its budget counts every row
+    padded to the widest, as without the shared prefix."""
+    batch = with_advantages(varied_batch(tok)).index(torch.tensor([0, 2, 4]))
+    whole = batch.trimmed()
+    once = whole.prompt_ids.shape[1] * 3 + int(batch.response_mask.sum(1).clamp(min=1).sum())
+    assert once < 3 * (whole.prompt_ids.shape[1] + whole.response_ids.shape[1])  # responses of different lengths
+    for budget in (20, 40, once):
+        shared = [r.tolist() for r, _ in upd.micro_batches(batch, 256, budget, True)]
+        assert shared == [r.tolist() for r, _ in upd.micro_batches(batch, 256, budget, False)]
+    assert len(shared) > 1  # the rows padded do not fit in the budget the rows unpadded would
+
+
 def test_micro_batches_without_a_budget_are_consecutive_rows(tok):
     batch = varied_batch(tok)
     assert [r.tolist() for r, _ in upd.micro_batches(batch, 4)] == [[0, 1, 2, 3], [4, 5]]

@@ -62,6 +62,7 @@ def _packed(batch: Batch, size: int, max_tokens: int, shared: bool) -> list[Tens
     p_len, r_len = batch.prompt_mask.sum(1), batch.response_mask.sum(1).clamp(min=1)  # (B,) each
     _, run = prompt_groups(batch.prompt_ids, batch.prompt_mask)  # (B,) index of each row's run of one prompt
     units = [(run == u).nonzero().squeeze(1) for u in range(int(run.max()) + 1)]
+    shared = shared and any(len(u) > 1 for u in units)  # distinct prompts only: the forward is the plain one
 
     def tokens(n_units: int, rows: int, tp: int, t: int, responses: int) -> int:  # what a micro-batch computes
         return n_units * tp + responses if shared else rows * (tp + t)
