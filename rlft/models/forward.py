@@ -156,11 +156,13 @@ def _shared_prefix_logits(model, prompt_ids: Tensor, prompt_mask: Tensor, respon
         return model(input_ids=response_ids[rows, :width], attention_mask=attn, position_ids=position_ids,
                      **with_cache(model, run_cache), use_cache=True).logits
 
-    if not all(type(layer) is DynamicLayer for layer in getattr(cache, "layers", [None])):
+    runs = None
+    if all(type(layer) is DynamicLayer for layer in getattr(cache, "layers", [None])):
+        ends = (response_mask * torch.arange(1, T + 1, device=device)).amax(1)  # (B,) one past each row's last
+        runs = length_buckets((ends - 1).clamp(min=0), CALL_TOKENS)
+    if runs is None or (len(runs) == 1 and len(runs[0]) == B):  # one run of every row: in batch order
         cache.batch_select_indices(group)  # row b reads the keys and values of its prompt; gradients sum back
         return torch.cat([head, rest(torch.arange(B, device=device), T - 1, cache)], dim=1)  # (B, T, V)
-    ends = (response_mask * torch.arange(1, T + 1, device=device)).amax(1)  # (B,) one past each row's last token
-    runs = length_buckets((ends - 1).clamp(min=0), CALL_TOKENS)
     kv = [(layer.keys, layer.values) for layer in cache.layers]
     parts = []
     for rows in runs:
@@ -169,12 +171,9 @@ def _shared_prefix_logits(model, prompt_ids: Tensor, prompt_mask: Tensor, respon
         width = int(ends[rows[0]]) - 1  # the run's longest row comes first
         part = rest(rows, width, DynamicCache(ddp_cache_data=[(k[sel], v[sel]) for k, v in kv]))
         parts.append(torch.nn.functional.pad(part, (0, 0, 0, T - 1 - width)))  # (b, T - 1, V)
-    if len(runs) == 1 and len(runs[0]) == B:
-        tail = parts[0][torch.argsort(runs[0].to(device))]
-    else:
-        tail = head.new_zeros(B, T - 1, head.shape[-1])
-        if runs:
-            tail = tail.index_copy(0, torch.cat(runs).to(device), torch.cat(parts))
+    tail = head.new_zeros(B, T - 1, head.shape[-1])
+    if runs:
+        tail = tail.index_copy(0, torch.cat(runs).to(device), torch.cat(parts))
     return torch.cat([head, tail], dim=1)  # (B, T, V)
 
 
