@@ -107,10 +107,10 @@ CALL_TOKENS = 512
 def length_buckets(lengths: Tensor, call_tokens: int = CALL_TOKENS) -> list[Tensor]:
     """Rows of ``lengths`` (B,) grouped into forwards that each pad only to their own longest row: of the partitions
     of the rows sorted longest first into consecutive runs, the one with the least ``sum(rows x longest) +
-    call_tokens x runs``. Rows of length 0 need no forward and are
-    in no run."""
-    order = torch.argsort(lengths.cpu(), descending=True, stable=True)
-    ls = lengths.cpu()[order].tolist()
+    call_tokens x runs``. Rows of length 0 need no forward and are in no run."""
+    lengths = lengths.cpu()
+    order = torch.argsort(lengths, descending=True, stable=True)
+    ls = lengths[order].tolist()
     n = sum(1 for x in ls if x > 0)
     if not n:
         return []
