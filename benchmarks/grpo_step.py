@@ -11,7 +11,8 @@ pass per batch, and the full update even when every advantage is zero (a random-
 rewards are all equal; the update runs anyway). Prompts are the ``prompt`` field of each row of
 ``--data`` (``question`` when there is no ``prompt``), taken in order; the embedded task when no
 file is given. Trailing ``key=value`` arguments are configuration overrides (for example
-``rollout.sampler=generate`` to measure transformers' ``model.generate`` instead of rlft's sampler).
+``rollout.sampler=generate`` to measure transformers' ``model.generate`` instead of rlft's sampler;
+``train.threads`` and ``train.malloc`` are applied as ``rlft train`` applies them).
 
 Writes (``--json``) and prints: ``sec_per_step`` (median of steps 2..S: step 1 warms up),
 ``generated_tokens_per_s`` (median over those steps of response tokens / rollout seconds),
@@ -47,7 +48,7 @@ from rlft.data.schema import Example
 from rlft.data.templates import encode_prompts
 from rlft.models.loading import quiet_transformers
 from rlft.models.tiny import build_tiny_model
-from rlft.run import _rl_state, load_task, seed_everything, training_policy
+from rlft.run import _rl_state, load_task, process_settings, seed_everything, training_policy
 from rlft.trainers import rl
 from rlft.trainers.rl import rl_step
 
@@ -117,6 +118,7 @@ def run(args: argparse.Namespace, overrides: list[str]) -> dict:
                              "rollout.temperature=1.0", "algo.kl_coef=0", "algo.epochs=1", "algo.minibatches=1",
                              "model.dtype=float32", "model.device=cpu", f"data.template={args.template}",
                              "data.max_prompt_tokens=100000", *overrides])
+    process_settings(cfg)  # train.threads and train.malloc, as rlft train applies them
     seed_everything(cfg.train.seed)
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = args.model or str(build_tiny_model(tmp))

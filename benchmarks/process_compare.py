@@ -77,13 +77,13 @@ def held_out(policy_dir: Path, overrides: list[str]) -> dict[str, float]:
     from rlft.models.forward import response_logprobs
     from rlft.models.loading import load_policy
     from rlft.rollout.batch import left_pad, right_pad
-    from rlft.run import load_task, set_threads
+    from rlft.run import load_task, process_settings
     from rlft.stages.base import task_metrics
 
     # the outcome mode's algo and reward: evaluation reads neither, and a reward override (e.g. a control reward)
     # that the recipe's process advantage would refuse still gives a valid configuration
     cfg = load_config(RECIPE, [*QUIET, *MODES["outcome"], *overrides, "stages=[]"])
-    set_threads(cfg)
+    process_settings(cfg)
     policy, tok = load_policy(str(policy_dir), cfg.model)
     em = task_metrics(policy, tok, cfg)["exact_match"]
     _, eval_ex = load_task(cfg)

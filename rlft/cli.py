@@ -67,7 +67,7 @@ def cmd_eval(ns: argparse.Namespace) -> int:
 def cmd_stage(ns: argparse.Namespace) -> int:
     """``rlft sft`` / ``rlft rm`` / ``rlft prm`` / ``rlft dpo`` / ``rlft rft``: one stage on ``model.path`` (or the embedded tiny model), in its own run directory."""
     from rlft.models.loading import quiet_transformers
-    from rlft.run import base_model_dir, preflight, prepare_run_dir, seed_everything, set_threads
+    from rlft.run import base_model_dir, preflight, prepare_run_dir, seed_everything, process_settings
     from rlft.stages import STAGES
 
     recipe, overrides = _split_recipe(ns.args)
@@ -75,7 +75,7 @@ def cmd_stage(ns: argparse.Namespace) -> int:
     preflight(cfg, [ns.command])  # the model path, the task's and the stage's data, before the run directory is made
     cfg = prepare_run_dir(cfg)
     quiet_transformers()
-    set_threads(cfg)
+    process_settings(cfg)
     seed_everything(cfg.train.seed)
     result = STAGES.get(ns.command)(cfg, base_model_dir(cfg, cfg.log.path), cfg.log.path, echo=print)
     print(f"rlft {result.summary}")

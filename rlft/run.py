@@ -39,7 +39,7 @@ import numpy as np
 import torch
 import yaml
 
-from rlft import checkpoint, zero
+from rlft import checkpoint, malloc, zero
 from rlft.config import Config, ConfigError, with_name
 from rlft.core.kl import make_kl_controller
 from rlft.data.loaders import load_examples
@@ -80,10 +80,11 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def set_threads(cfg: Config) -> None:
-    """``train.threads`` CPU threads for torch (0 leaves torch's default)."""
+def process_settings(cfg: Config) -> None:
+    """``train.threads`` CPU threads for torch (0 leaves torch's default) and the allocator's ``train.malloc``."""
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
+    malloc.apply(cfg.train.malloc)
 
 
 def load_task(cfg: Config) -> tuple[list[Example], list[Example]]:
@@ -161,7 +162,7 @@ def train(cfg: Config, *, echo=print) -> RunResult:
     """Run the whole pipeline described by ``cfg``; returns where it was written and the evaluation."""
     t0 = time.perf_counter()
     quiet_transformers()
-    set_threads(cfg)
+    process_settings(cfg)
     dist = init_dist(cfg.model.device)
     echo = echo if dist.is_main else _silent
     ckpt = None

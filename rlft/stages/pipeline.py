@@ -43,7 +43,7 @@ def run_pipeline(cfg: Config, echo=print) -> list[dict]:
     """Run ``cfg.stages`` in order; returns the summary entries (also in ``summary.json``)."""
     from rlft.models.loading import quiet_transformers
     from rlft.dist import init_dist
-    from rlft.run import base_model_dir, preflight, prepare_run_dir, removed_if_start_fails, set_threads
+    from rlft.run import base_model_dir, preflight, prepare_run_dir, removed_if_start_fails, process_settings
 
     dist = init_dist(cfg.model.device)
     echo = echo if dist.is_main else (lambda *args, **kwargs: None)
@@ -53,7 +53,7 @@ def run_pipeline(cfg: Config, echo=print) -> list[dict]:
     cfg = prepare_run_dir(cfg)
     run_dir, t0 = cfg.log.path, time.perf_counter()
     quiet_transformers()
-    set_threads(cfg)
+    process_settings(cfg)
     with removed_if_start_fails(run_dir, keep=cfg.train.resume):
         model_dir, entries = Path(base_model_dir(cfg, run_dir)), []
     scorers: dict[str, Path] = {}  # rm / prm stage -> the model it trained (not a policy)
