@@ -27,7 +27,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 CONFIGS = {  # name -> extra arguments of benchmarks/grpo_step.py
     "rlft": [],
-    "rlft_plain": ["rollout.sampler=generate", "train.shared_prefix=false"],
+    "rlft_plain": ["rollout.sampler=generate", "train.shared_prefix=false", "train.malloc=default"],
 }
 
 
@@ -101,6 +101,9 @@ def summarize(results: dict[str, list[dict]], a) -> list[dict]:
                     vals = [r[f"timing_s/{phase}"] for r in runs if f"timing_s/{phase}" in r]
                     if vals:
                         row[f"{name}/timing_s/{phase}"] = statistics.median(vals)
+                if "update_matmul_efficiency" in runs[0]:
+                    row[f"{name}/update_matmul_efficiency"] = statistics.median(r["update_matmul_efficiency"]
+                                                                               for r in runs)
                 if "generated_tokens_per_s" in runs[0]:
                     row[f"{name}/generated_tokens_per_s"] = statistics.median(r["generated_tokens_per_s"]
                                                                              for r in runs)
@@ -115,8 +118,8 @@ def summarize(results: dict[str, list[dict]], a) -> list[dict]:
 
 
 def markdown(rows: list[dict], with_trl: bool) -> str:
-    head = "| model | workload | rlft s/step (rollout, update) | levers off s/step | generation x |"
-    rule = "|---|---|---:|---:|---:|"
+    head = "| model | workload | rlft s/step (rollout, update) | update % of matmul | levers off s/step | generation x |"
+    rule = "|---|---|---:|---:|---:|---:|"
     if with_trl:
         head += " TRL s/step | rlft / TRL |"
         rule += "---:|---:|"
@@ -125,7 +128,8 @@ def markdown(rows: list[dict], with_trl: bool) -> str:
         plain = f"{r['rlft_plain/sec_per_step']:.3f}" if "rlft_plain/sec_per_step" in r else "-"
         speedup = f"{r['generation_speedup']:.2f}" if "generation_speedup" in r else "-"
         line = (f"| {r['model']} | {r['workload']} | {r['rlft/sec_per_step']:.3f} ({r['rlft/timing_s/rollout']:.3f}, "
-                f"{r['rlft/timing_s/update']:.3f}) | {plain} | {speedup} |")
+                f"{r['rlft/timing_s/update']:.3f}) | {100 * r.get('rlft/update_matmul_efficiency', float('nan')):.0f}% | "
+                f"{plain} | {speedup} |")
         if with_trl and "trl/sec_per_step" in r:
             line += f" {r['trl/sec_per_step']:.3f} | {r['rlft_over_trl']:.2f} |"
         lines.append(line)
