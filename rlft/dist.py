@@ -27,7 +27,7 @@ import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, NoReturn
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, NoReturn
 
 import torch
 
@@ -198,13 +198,19 @@ def current() -> Dist:
     return _DIST if _DIST is not None and not _SOLO else Dist()
 
 
+def env_flag(name: str, env: Mapping[str, str] | None = None) -> bool:
+    """Whether the launcher's setting ``name`` in ``env`` (default: this process's environment) is on: ``true``,
+    ``1`` or ``yes`` in any case, as ``accelerate launch`` writes its flags."""
+    return (os.environ if env is None else env).get(name, "").lower() in ("true", "1", "yes")
+
+
 def _cpu_simple_launcher() -> None:
     """``accelerate launch --cpu --num_processes N`` (N > 1) starts ONE process: accelerate's CPU launcher spreads
     processes only through MPI, and sets MASTER_ADDR but no WORLD_SIZE. rlft then starts the N processes itself:
     it replaces this process with torch's launcher (``torch.distributed.run``) on the same command, before anything
     is written. Where N cannot be read from the launcher's command line, or this is not rlft's command, it stops
     instead of training alone while N processes were asked for."""
-    from_accelerate = os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("true", "1")
+    from_accelerate = env_flag("ACCELERATE_USE_CPU")
     if not (from_accelerate and os.environ.get("MASTER_ADDR") and "WORLD_SIZE" not in os.environ):
         return
     n, entry = _launcher_processes(), _rlft_entry()

@@ -55,9 +55,8 @@ import torch
 from torch import nn
 
 from rlft import zero
+from rlft.dist import env_flag
 from rlft.zero import engine_of
-
-_TRUE = ("true", "1", "yes")
 
 
 @dataclass(frozen=True)
@@ -82,19 +81,19 @@ def plan_from_env(env: dict[str, str] | None = None) -> ShardPlan | None:
     True
     """
     env = os.environ if env is None else env
-    if env.get("ACCELERATE_USE_FSDP", "").lower() not in _TRUE:
+    if not env_flag("ACCELERATE_USE_FSDP", env):
         return None
     strategy = env.get("FSDP_SHARDING_STRATEGY", "").upper()  # FSDP1's name; FSDP2 configs set reshard directly
     if strategy in ("3", "NO_SHARD", "4", "HYBRID_SHARD", "5", "HYBRID_SHARD_ZERO2"):
         raise RuntimeError(f"FSDP_SHARDING_STRATEGY={strategy}: rlft shards over all processes (FULL_SHARD or "
                            "SHARD_GRAD_OP); for no sharding launch without FSDP (recipes/accelerate/ddp.yaml)")
     if "FSDP_RESHARD_AFTER_FORWARD" in env:
-        reshard = env["FSDP_RESHARD_AFTER_FORWARD"].lower() in _TRUE
+        reshard = env_flag("FSDP_RESHARD_AFTER_FORWARD", env)
     else:
         reshard = strategy not in ("2", "SHARD_GRAD_OP")
     return ShardPlan(reshard_after_forward=reshard,
-                     offload=env.get("FSDP_OFFLOAD_PARAMS", "").lower() in _TRUE,
-                     activation_checkpointing=env.get("FSDP_ACTIVATION_CHECKPOINTING", "").lower() in _TRUE)
+                     offload=env_flag("FSDP_OFFLOAD_PARAMS", env),
+                     activation_checkpointing=env_flag("FSDP_ACTIVATION_CHECKPOINTING", env))
 
 
 def check_supported(cfg, plan: ShardPlan) -> None:

@@ -44,7 +44,8 @@ from typing import Iterator
 import torch
 from torch import nn
 
-_TRUE = ("true", "1", "yes")
+from rlft.dist import env_flag
+
 # keys of a DeepSpeed JSON config that rlft sets itself, accepted with the value "auto" only
 _OWN_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "gradient_clipping")
 
@@ -73,7 +74,7 @@ def plan_from_env(env: dict[str, str] | None = None) -> ZeroPlan | None:
     True
     """
     env = os.environ if env is None else env
-    if env.get("ACCELERATE_USE_DEEPSPEED", "").lower() not in _TRUE:
+    if not env_flag("ACCELERATE_USE_DEEPSPEED", env):
         return None
     precision = env.get("ACCELERATE_MIXED_PRECISION", "no").lower()
     if precision not in ("no", "none", ""):

@@ -44,6 +44,7 @@ def probe(mode: str) -> dict:
     ({}, "keep"),
     ({"ACCELERATE_USE_FSDP": "true"}, "release"),
     ({"ACCELERATE_USE_DEEPSPEED": "1"}, "release"),
+    ({"ACCELERATE_USE_DEEPSPEED": "Yes"}, "release"),  # accelerate's flags in any case
     ({"ACCELERATE_USE_FSDP": "false"}, "keep"),
     ({"MALLOC_MMAP_THRESHOLD_": "131072"}, "default"),  # the user's own settings win
     ({"MALLOC_TRIM_THRESHOLD_": "0", "ACCELERATE_USE_FSDP": "true"}, "default"),
