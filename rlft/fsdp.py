@@ -56,6 +56,7 @@ from torch import nn
 
 from rlft import zero
 from rlft.dist import env_flag
+from rlft.models.lora import AdaptersOff
 from rlft.zero import engine_of
 
 
@@ -165,7 +166,10 @@ def gathered(model: nn.Module | None) -> Iterator[None]:
     """Inside the block every process holds ``model``'s whole weights (one all-gather per layer, here, in every
     process) and its forward passes communicate nothing, so processes may run different numbers of them; on exit
     the weights are sharded again. Nothing for a model that is not sharded. Not for gradients: the block is for
-    generation, log-probs without gradient and evaluation."""
+    generation, log-probs without gradient and evaluation. LoRA's reference (``AdaptersOff``) gathers the policy
+    whose weights it runs on."""
+    if isinstance(model, AdaptersOff):
+        model = model.policy
     if engine_of(model) is not None:
         with zero.gathered(model):
             yield

@@ -485,6 +485,8 @@ def _rl_state(policy, tokenizer, train_ex, train_prompts, cfg: Config) -> RLStat
     scheduler = make_scheduler(optimizer, warmup=o.warmup_steps, total=total_opt_steps, schedule=o.schedule)
     if current().zero is not None:  # a DeepSpeed launch: AdamW's state (and gradients, parameters) split by ZeRO
         zero.wrap(policy, optimizer, current().zero, o.grad_clip)
+        if isinstance(ref, torch.nn.Module):  # the reference's parameters too, at stage 3 (not LoRA's view)
+            zero.wrap_frozen(ref, current().zero)
     state = RLState(policy=policy, tokenizer=tokenizer, optimizer=optimizer, scheduler=scheduler,
                     sampler=PromptSampler(len(train_ex), cfg.train.seed), examples=train_ex, prompts=train_prompts)
     state.penalty_ctl = penalty_controller(state, cfg)  # PPO-penalty's adaptive beta, when the loss reads one

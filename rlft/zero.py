@@ -27,7 +27,10 @@ hands the RL policy and its AdamW to ``deepspeed.initialize`` (the optional extr
   under ZeRO, FSDP or none.
 
 A critic (PPO, VAPO) gets an engine of its own, with the same settings. The frozen reference (when the algorithm
-has a KL term) stays whole in every process; under LoRA it is the policy with its adapters off. Refused, by key:
+has a KL term) is split too at stage 3, in an engine without an optimizer (:func:`wrap_frozen`; parameter offload
+as the policy's), and gathered whole for its log-probs as the policy is for sampling; at stages 1 and 2, which
+split no parameters, it stays whole in every process. Under LoRA it is the policy with its adapters off. Refused,
+by key:
 the vLLM sampler (as under FSDP) and a ``model.dtype`` other than float32 (the engine keeps float32 weights;
 ``model.autocast=bfloat16`` runs the passes in bfloat16 on a GPU).
 """
@@ -164,9 +167,42 @@ def wrap(model: nn.Module, optimizer: torch.optim.Optimizer, plan: ZeroPlan, gra
 
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config(plan, grad_clip),
                                       dist_init_required=False)
-    object.__setattr__(model, "_rlft_zero_engine", engine)  # not a submodule: the engine holds the model
+    return _attach(model, engine, plan)
+
+
+def _attach(model: nn.Module, engine, plan: ZeroPlan):
+    """Mark ``model`` as ``engine``'s (:func:`engine_of`, :func:`stage_of`); not as a submodule: the engine holds
+    the model."""
+    object.__setattr__(model, "_rlft_zero_engine", engine)
     object.__setattr__(model, "_rlft_zero_plan", plan)
     return engine
+
+
+def frozen_config(plan: ZeroPlan) -> dict:
+    """The DeepSpeed configuration of a frozen model's engine at stage 3: its parameters split (and offloaded, if
+    the policy's are); no optimizer, so no optimizer offload."""
+    zero = {k: v for k, v in plan.zero_optimization.items() if k != "offload_optimizer"}
+    return {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "zero_optimization": zero,
+            "steps_per_print": 2**62, "wall_clock_breakdown": False}
+
+
+def wrap_frozen(model: nn.Module, plan: ZeroPlan):
+    """At stage 3, split the parameters of a model that is never trained (the KL reference) over the processes in
+    an engine without an optimizer, and return the engine; at stages 1 and 2 (no parameter is split there) leave
+    the model whole and return None. Every process calls it."""
+    if plan.stage < 3:
+        return None
+    import deepspeed
+
+    engine, *_ = deepspeed.initialize(model=model, config=frozen_config(plan), dist_init_required=False)
+    return _attach(model, engine, plan)
+
+
+def _parameter_offload(engine):
+    """The object that holds a stage-3 engine's gathering hooks: its ZeRO optimizer's ``parameter_offload``, or,
+    in an engine without an optimizer (:func:`wrap_frozen`), the ``DeepSpeedZeRoOffload`` DeepSpeed puts in the
+    optimizer's place."""
+    return getattr(engine.optimizer, "parameter_offload", engine.optimizer)
 
 
 def engine_of(model) -> object | None:
@@ -207,7 +243,7 @@ def gathered(model) -> Iterator[None]:
     # DeepSpeed's own unwrap_model_for_generation leaves the root's start-of-forward hook, whose trace check is a
     # collective: a process evaluating alone would wait for the others. Every hook is taken off here, and put back
     # in the order DeepSpeed registers them (the start-of-forward hook first).
-    offload = engine.optimizer.parameter_offload
+    offload = _parameter_offload(engine)
     start_hook = offload.fwd_pre_hook.hooks_dict_ref()[offload.fwd_pre_hook.id]
     with deepspeed.zero.GatheredParameters(list(model.parameters()), modifier_rank=None):
         offload._remove_module_hooks()
@@ -242,7 +278,7 @@ def full_model_state(model: nn.Module, *, tied_once: bool = True) -> dict[str, t
 
 def load_model_state(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
     """Load a whole state dict into the engine's model, in every process (stage 3: the main process's copy,
-    broadcast into the partitions), then into DeepSpeed's float32 master copies of the weights."""
+    broadcast into the partitions), then into DeepSpeed's float32 master copies of the weights, where it has any."""
     if stage_of(model) == 3:
         import deepspeed
 
@@ -251,7 +287,9 @@ def load_model_state(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
                 model.load_state_dict(state)
     else:
         model.load_state_dict(state)
-    engine_of(model).optimizer.refresh_fp32_params()
+    optimizer = engine_of(model).optimizer
+    if hasattr(optimizer, "refresh_fp32_params"):  # a frozen engine (wrap_frozen) keeps no float32 copies
+        optimizer.refresh_fp32_params()
 
 
 _MOMENTS = ("exp_avg", "exp_avg_sq")

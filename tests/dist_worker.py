@@ -13,7 +13,9 @@ how the prompts are shared between processes. Unsharded and under DeepSpeed (rlf
 policy's weights and its optimizer state (keyed by parameter name) after the step, whole, and under DeepSpeed that
 state once more after loading it back into the partitions. With ``RLFT_CHECK=fresh_load`` it runs no step: it loads a synthetic
 whole optimizer state into the fresh (sharded) optimizer, as a resume does, and writes it with what gathers back
-(``fresh_load_by_position``: the same state keyed by position, as a plain run's checkpoint holds it).
+(``fresh_load_by_position``: the same state keyed by position, as a plain run's checkpoint holds it). A run with a
+KL reference writes how many of its parameter elements this process holds and, where it is sharded, the reference
+gathered whole before the step.
 With ``RLFT_PLANT=no_grad_sum`` the gradients are not summed over processes, with ``RLFT_PLANT=fsdp_mean`` a
 sharded run (rlft.fsdp) averages them as FSDP does by default, with ``RLFT_PLANT=zero_mean`` a DeepSpeed run
 (rlft.zero) as DeepSpeed does (planted bugs the tests must see). With ``lora.rank`` the policy gets its adapters
@@ -99,6 +101,20 @@ def zero_grads(model, optimizer) -> dict:
     return out
 
 
+def held_numel(model) -> int:
+    """How many of ``model``'s parameter elements this process holds: a DeepSpeed stage-3 parameter its partition
+    (``ds_tensor``), an FSDP one its local shard, any other all of it."""
+    total = 0
+    for p in model.parameters():
+        if hasattr(p, "ds_tensor"):
+            total += p.ds_tensor.numel()
+        elif hasattr(p, "to_local"):
+            total += p.to_local().numel()
+        else:
+            total += p.numel()
+    return total
+
+
 def synthetic_optimizer_state(model) -> dict:
     """A whole AdamW state keyed by parameter name, the same in every process: moments drawn from a fixed seed."""
     g = torch.Generator().manual_seed(7)
@@ -155,6 +171,10 @@ def main(out: str, model_dir: str, overrides: list[str]) -> None:
             recording(opt, models[name], grads[name])
             if dist.shard is None and dist.zero is None:  # the bound's scale comes from the one-process run
                 scales[name] = AbsGradSum(models[name])
+    ref_whole = None  # the reference, gathered whole before the step, and how much of it this process holds
+    if is_sharded(state.ref):
+        ref_whole = full_model_state(state.ref, tied_once=False)
+    ref_held = held_numel(state.ref) if isinstance(state.ref, torch.nn.Module) else None
     metrics = rl.rl_step(state, cfg)
     weights = optimizer = reloaded = None
     if dist.zero is not None:  # whole states, gathered by every process into the main one (FSDP's: the e2e test)
@@ -169,7 +189,7 @@ def main(out: str, model_dir: str, overrides: list[str]) -> None:
     if dist.is_main:
         batch = seen[0]
         torch.save({"world": dist.world, "metrics": metrics, "grads": grads, "weights": weights, "optimizer": optimizer,
-                    "reloaded_optimizer": reloaded,
+                    "reloaded_optimizer": reloaded, "ref_whole": ref_whole, "ref_held": ref_held,
                     "scale": {k: {n: s.scale(n) for n in s.total} for k, s in scales.items()},
                     "response_ids": batch.response_ids, "scores": batch.scores, "adv": batch.adv,
                     "n_tokens": batch.prompt_ids.numel() + batch.response_ids.numel()}, out)

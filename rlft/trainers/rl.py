@@ -147,10 +147,10 @@ def rl_step(state: RLState, cfg: Config, *, train_policy: bool = True) -> dict[s
     """
     t: dict[str, float] = {}  # timing_s/<phase>
     t_start = time.perf_counter()
-    with gathered(state.policy):  # a sharded policy (rlft.fsdp): whole weights for sampling and the no-grad passes
+    with gathered(state.policy):  # a sharded policy (rlft.fsdp): whole weights for sampling
         batch, metrics = collect(state, cfg, t)
-        with _timed(t, "logprob"), gathered(state.ref), gathered(state.critic):  # whole only for these passes
-            fill_logprobs(state, batch, cfg)
+    with _timed(t, "logprob"):  # each sharded model whole for its own pass only, one at a time
+        fill_logprobs(state, batch, cfg)
     with _timed(t, "advantage"):
         metrics.update(compute_advantages(state, batch, cfg))
     state.last_batch = batch
@@ -372,24 +372,27 @@ def fill_logprobs(state: RLState, batch: Batch, cfg: Config) -> None:
     The old log-probs are those the sampler computed while sampling, when it did (the rlft sampler): the same
     policy and temperature, so a forward pass over the batch is saved."""
     a = cfg.algo
-    models = {}  # name: (the forward of a micro-batch, whether it computes each group's prompt once)
+    models = {}  # name: (the model, the forward of a micro-batch, whether it computes each group's prompt once)
     if not a.single_pass and batch.rollout_logp is not None:
         batch.old_logp = batch.rollout_logp * batch.response_mask
     elif not a.single_pass:
-        models["old_logp"] = (lambda mb: batch_logprobs(state.policy, mb, cfg)[0]), shares_prefix(state.policy, cfg)
+        models["old_logp"] = (state.policy, lambda mb: batch_logprobs(state.policy, mb, cfg)[0],
+                              shares_prefix(state.policy, cfg))
     if a.needs_ref:
-        models["ref_logp"] = (lambda mb: batch_logprobs(state.ref, mb, cfg)[0]), shares_prefix(state.ref, cfg)
+        models["ref_logp"] = (state.ref, lambda mb: batch_logprobs(state.ref, mb, cfg)[0],
+                              shares_prefix(state.ref, cfg))
     if state.critic is not None:
         def values(mb: Batch) -> torch.Tensor:
             with autocast(state.critic, cfg.model.autocast):
                 return state.critic.values(mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask).float()
 
-        models["values"] = values, False
+        models["values"] = state.critic, values, False
     own = batch.index(state.dist.share(len(batch)))  # this process's rows; the others compute theirs
-    for name, (fn, shared) in models.items():
+    for name, (model, fn, shared) in models.items():
         out = torch.zeros(own.response_ids.shape)  # (b, T)
-        for rows, mb in micro_batches(own, cfg.train.micro_batch_size, cfg.train.micro_batch_tokens, shared):
-            out[rows, :mb.response_ids.shape[1]] = fn(mb).cpu()  # (rows, t <= T): trimmed columns stay 0
+        with gathered(model):  # sharded (rlft.fsdp): whole for this pass, then split again before the next model's
+            for rows, mb in micro_batches(own, cfg.train.micro_batch_size, cfg.train.micro_batch_tokens, shared):
+                out[rows, :mb.response_ids.shape[1]] = fn(mb).cpu()  # (rows, t <= T): trimmed columns stay 0
         setattr(batch, name, torch.cat(state.dist.gather(out)))
 
 
