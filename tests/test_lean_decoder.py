@@ -167,13 +167,45 @@ def test_lean_decoder_steps_aside_where_it_would_not_be_the_same_function(tmp_pa
     assert LeanDecoder.build(gpt2, 16) is None
 
 
-def test_lean_decoder_steps_aside_for_lora_adapters(tmp_path):
+def lora_model(tmp_path, **lora):
+    """The qwen2 test model under PEFT LoRA adapters (``lora``: LoraConfig's settings) whose up-projections are
+    random, not PEFT's zeros, so that a path that skips an adapter shows."""
     pytest.importorskip("peft")
     from peft import LoraConfig, get_peft_model
 
-    model = get_peft_model(saved_model(tmp_path, make_config("qwen2")),
-                           LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"]))
-    assert LeanDecoder.build(model, 16) is None
+    model = get_peft_model(saved_model(tmp_path, make_config("qwen2")), LoraConfig(r=2, lora_alpha=4, **lora))
+    torch.manual_seed(2)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(0.5 * torch.randn_like(p))
+    return model.eval()
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["prompts-repeated", "prompts-kept-once"])
+def test_lean_step_with_lora_adapters_is_the_models_forward(tmp_path, shared):
+    """Every projection under a LoRA adapter: the lean step calls the adapted layers and its logits are the PEFT
+    model's forward's; with the adapters off (the base model, as the KL reference runs) they move out of the bound."""
+    model = lora_model(tmp_path, target_modules="all-linear")
+    lean = LeanDecoder.build(model, capacity=16)
+    assert lean is not None
+    z_max, pairs = lockstep(model, lean, shared=shared)
+    c = model.config
+    tol = dict(n_terms=max(c.vocab_size, c.intermediate_size, c.hidden_size, 16), scale=1 + z_max,
+               depth=FORWARD_DEPTH)
+    for t, (mine, theirs) in enumerate(pairs):
+        assert_rounding_close(mine, theirs, **tol, what=f"LoRA decode step {t}")
+    with model.disable_adapter():
+        _, base = lockstep(model, lean, shared=shared)
+    assert all(rounding_differs(off, on, **tol) for (off, _), (on, _) in zip(base, pairs))
+
+
+@pytest.mark.parametrize("lora", [dict(target_modules=["embed_tokens", "q_proj"]),
+                                  dict(target_modules=["q_proj"], modules_to_save=["lm_head"]),
+                                  dict(target_modules=["q_proj"], modules_to_save=["input_layernorm"])],
+                         ids=["adapted-embeddings", "trained-head", "trained-norm"])
+def test_lean_decoder_steps_aside_for_adapters_outside_the_projections(tmp_path, lora):
+    assert LeanDecoder.build(lora_model(tmp_path, **lora), 16) is None
 
 
 def test_draw_samples_the_distribution_and_never_a_zero_probability_token(monkeypatch):

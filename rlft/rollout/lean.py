@@ -15,13 +15,18 @@ then calls the model): Llama, Mistral, Qwen2 and Qwen3 layouts (pre-norm RMSNorm
 attention with optional q/k/v/o biases and Qwen3's per-head q/k norms, grouped-query attention, a SiLU
 gated MLP), full attention in every layer, a rotary embedding that does not depend on the sequence length,
 no attention dropout, no forward hooks on the model or its modules, and weights that are plain dense tensors
-on one device (not LoRA-wrapped, sharded by FSDP or DeepSpeed, or moved by accelerate's hooks).
-``tests/test_lean_decoder.py`` compares its logits with the model's forward for each layout.
+on one device (not sharded by FSDP or DeepSpeed, or moved by accelerate's hooks). A projection wrapped by PEFT's
+LoRA is called as the module it is (base weight plus adapters, whatever their state), so a LoRA policy keeps the
+lean step and its prompts kept once; an adapter on the embeddings, the head or a norm makes it step aside.
+``tests/test_lean_decoder.py`` compares its logits with the model's forward for each layout, with and without
+LoRA adapters.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -55,6 +60,22 @@ def _dense(*modules) -> bool:
                and type(m.weight) is torch.nn.Parameter for m in modules)
 
 
+def _lora_linear(m) -> bool:
+    """A PEFT LoRA layer over a dense ``nn.Linear`` (PEFT is imported wherever such a layer exists)."""
+    lora = sys.modules.get("peft.tuners.lora")
+    return lora is not None and type(m) is lora.Linear and _dense(m.base_layer)
+
+
+def _projections(*modules) -> bool:
+    """Each a dense ``nn.Linear`` (read as ``F.linear``) or a LoRA layer over one (called, see ``_linear``)."""
+    return all(_dense(m) or _lora_linear(m) for m in modules)
+
+
+def _linear(m, x: Tensor) -> Tensor:
+    """The projection ``m`` of ``x``: a plain linear map of its weights, or, for a LoRA layer, the layer's own call."""
+    return F.linear(x, m.weight, m.bias) if type(m) is torch.nn.Linear else m(x)
+
+
 @dataclass
 class LeanDecoder:
     core: torch.nn.Module  # the transformers ``*Model`` (embeddings, layers, final norm)
@@ -75,7 +96,8 @@ class LeanDecoder:
         config = causal.config
         core, head = getattr(causal, "model", None), causal.get_output_embeddings()
         if (config.model_type not in MODEL_TYPES or core is None or getattr(config, "hidden_act", None) != "silu"
-                or not _dense(head) or _hooked(model)):
+                or not _dense(head) or type(getattr(core, "embed_tokens", None)) is not torch.nn.Embedding
+                or _hooked(model)):
             return None
         if any(t != "full_attention" for t in getattr(config, "layer_types", None) or ()):
             return None
@@ -92,7 +114,7 @@ class LeanDecoder:
         norms = [core.norm]
         for layer in core.layers:
             a, mlp = layer.self_attn, layer.mlp
-            if not _dense(a.q_proj, a.k_proj, a.v_proj, a.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj):
+            if not _projections(a.q_proj, a.k_proj, a.v_proj, a.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj):
                 return None
             if (a.q_proj.weight.shape[0] != heads * head_dim or a.k_proj.weight.shape[0] != kv_heads * head_dim
                     or a.q_proj.weight.device != embed.device or hasattr(a, "q_norm") != qk_norms
@@ -100,7 +122,8 @@ class LeanDecoder:
                 return None
             norms += [layer.input_layernorm, layer.post_attention_layernorm]
             norms += [a.q_norm, a.k_norm] if qk_norms else []
-        if any(not isinstance(getattr(n, "variance_epsilon", None), float) for n in norms):
+        if any(not isinstance(getattr(n, "variance_epsilon", None), float) or not type(n).__name__.endswith("RMSNorm")
+               for n in norms):  # transformers' own norms, not wrapped (PEFT's modules_to_save)
             return None
         with torch.no_grad():
             positions = torch.arange(capacity, device=embed.device)[None]
@@ -130,9 +153,9 @@ class LeanDecoder:
             a, mlp = layer.self_attn, layer.mlp
             ln = layer.input_layernorm
             h = _rms(x, ln.weight, ln.variance_epsilon)
-            q = F.linear(h, a.q_proj.weight, a.q_proj.bias).view(b, H, D)
-            k = F.linear(h, a.k_proj.weight, a.k_proj.bias).view(b, Hk, D)
-            v = F.linear(h, a.v_proj.weight, a.v_proj.bias).view(b, Hk, 1, D)
+            q = _linear(a.q_proj, h).view(b, H, D)
+            k = _linear(a.k_proj, h).view(b, Hk, D)
+            v = _linear(a.v_proj, h).view(b, Hk, 1, D)
             if hasattr(a, "q_norm"):
                 q = _rms(q, a.q_norm.weight, a.q_norm.variance_epsilon)
                 k = _rms(k, a.k_norm.weight, a.k_norm.variance_epsilon)
@@ -142,12 +165,10 @@ class LeanDecoder:
                                                    attn_mask=mask, scale=a.scaling, enable_gqa=H != Hk)
             else:
                 o = prefix.attend(i, self._rope(q, cos, sin), keys, values, rows, a.scaling)
-            x = x + F.linear(o.view(b, H * D), a.o_proj.weight, a.o_proj.bias)
+            x = x + _linear(a.o_proj, o.view(b, H * D))
             ln = layer.post_attention_layernorm
             h = _rms(x, ln.weight, ln.variance_epsilon)
-            gated = F.silu(F.linear(h, mlp.gate_proj.weight, mlp.gate_proj.bias)) * F.linear(h, mlp.up_proj.weight,
-                                                                                                 mlp.up_proj.bias)
-            x = x + F.linear(gated, mlp.down_proj.weight, mlp.down_proj.bias)
+            x = x + _linear(mlp.down_proj, F.silu(_linear(mlp.gate_proj, h)) * _linear(mlp.up_proj, h))
         x = _rms(x, self.core.norm.weight, self.core.norm.variance_epsilon)
         return F.linear(x, self.head.weight, self.head.bias)
 
