@@ -15,7 +15,7 @@ state once more after loading it back into the partitions. With ``RLFT_CHECK=fre
 whole optimizer state into the fresh (sharded) optimizer, as a resume does, and writes it with what gathers back
 (``fresh_load_by_position``: the same state keyed by position, as a plain run's checkpoint holds it). A run with a
 KL reference writes how many of its parameter elements this process holds and, where it is sharded, the reference
-gathered whole before the step.
+gathered whole before the step, and for each rollout whether its decode steps ran through the lean step.
 With ``RLFT_PLANT=no_grad_sum`` the gradients are not summed over processes, with ``RLFT_PLANT=fsdp_mean`` a
 sharded run (rlft.fsdp) averages them as FSDP does by default, with ``RLFT_PLANT=zero_mean`` a DeepSpeed run
 (rlft.zero) as DeepSpeed does (planted bugs the tests must see). With ``lora.rank`` the policy gets its adapters
@@ -42,6 +42,7 @@ from rlft.data.templates import encode_prompts  # noqa: E402
 from rlft.fsdp import full_model_state, full_optimizer_state, is_sharded, load_optimizer_state  # noqa: E402
 from rlft.models.loading import load_policy  # noqa: E402
 from rlft.rollout.batch import cat_batches  # noqa: E402
+from rlft.rollout.lean import LeanDecoder  # noqa: E402
 from rlft.trainers import rl  # noqa: E402
 from rlft.zero import engine_of, stage_of  # noqa: E402
 
@@ -160,6 +161,9 @@ def main(out: str, model_dir: str, overrides: list[str]) -> None:
         rdist.shutdown()
         return
     rl.generate = per_prompt_rollout(rl.generate)
+    lean_built: list[bool] = []  # per rollout: whether the sampler's decode steps ran through the lean step
+    build = LeanDecoder.build
+    LeanDecoder.build = lambda model, capacity: (lambda d: lean_built.append(d is not None) or d)(build(model, capacity))
     seen: list = []
     advantages = rl.compute_advantages
     rl.compute_advantages = lambda st, batch, c: seen.append(batch) or advantages(st, batch, c)
@@ -190,6 +194,7 @@ def main(out: str, model_dir: str, overrides: list[str]) -> None:
         batch = seen[0]
         torch.save({"world": dist.world, "metrics": metrics, "grads": grads, "weights": weights, "optimizer": optimizer,
                     "reloaded_optimizer": reloaded, "ref_whole": ref_whole, "ref_held": ref_held,
+                    "lean_built": lean_built,
                     "scale": {k: {n: s.scale(n) for n in s.total} for k, s in scales.items()},
                     "response_ids": batch.response_ids, "scores": batch.scores, "adv": batch.adv,
                     "n_tokens": batch.prompt_ids.numel() + batch.response_ids.numel()}, out)

@@ -387,6 +387,18 @@ def test_the_reference_is_split_where_the_parameters_are(request, tiny_model_dir
     assert all(torch.equal(got["ref_whole"][k], loaded[k]) for k in loaded)
 
 
+@pytest.mark.parametrize("runs", ["step_runs", "fsdp_runs", "zero_runs", "lora_runs"])
+def test_every_rollout_decodes_through_the_lean_step(request, runs):
+    """One process and two, sharded by FSDP2 (the weights gathered whole for the rollout, FSDP's hooks idle) and
+    by DeepSpeed, with and without LoRA: the sampler's decode steps ran through the lean step in every rollout of
+    the main process."""
+    got = request.getfixturevalue(runs)
+    if runs == "step_runs":  # preset -> label -> run
+        got = {f"{preset}/{label}": run for preset, by_label in got.items() for label, run in by_label.items()}
+    built = {label: run["lean_built"] for label, run in got.items()}
+    assert all(b and all(b) for b in built.values()), built
+
+
 @pytest.mark.parametrize("stage, procs, check", [(3, 3, "fresh_load"), (2, 2, "fresh_load_by_position")])
 def test_zero_optimizer_state_loaded_into_a_fresh_engine_gathers_back_unchanged(tiny_model_dir, tmp_path, stage,
                                                                                procs, check):
