@@ -88,13 +88,9 @@ def lockstep(model, lean, *, shift: int = 0, shared: bool = False, wrong_rows: b
     return max(theirs.abs().max().item() for _, theirs in pairs), pairs
 
 
-@pytest.mark.parametrize("shared", [False, True], ids=["prompts-repeated", "prompts-kept-once"])
-@pytest.mark.parametrize("kind", ["llama", "mistral", "qwen2", "qwen3"])
-def test_lean_step_is_the_models_forward(tmp_path, kind, shared):
-    """The lean step's logits are the model's forward's, over a cache of the prompts repeated to their rows, or
-    with each prompt's keys and values kept once and read by its G rows (grouped-query heads: 4 query heads on
-    2 key heads)."""
-    model = saved_model(tmp_path, make_config(kind))
+def lean_against_forward(model, shared: bool, what: str):
+    """The lean step of ``model`` run in lockstep with the model's forward (``lockstep``), every decode step's
+    logits checked within the rounding bound; returns the lean step, the bound's settings and the logit pairs."""
     lean = LeanDecoder.build(model, capacity=16)
     assert lean is not None
     z_max, pairs = lockstep(model, lean, shared=shared)
@@ -103,7 +99,18 @@ def test_lean_step_is_the_models_forward(tmp_path, kind, shared):
                depth=FORWARD_DEPTH)
     for t, (mine, theirs) in enumerate(pairs):
         assert mine.shape == theirs.shape
-        assert_rounding_close(mine, theirs, **tol, what=f"{kind} decode step {t}")
+        assert_rounding_close(mine, theirs, **tol, what=f"{what} decode step {t}")
+    return lean, tol, pairs
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["prompts-repeated", "prompts-kept-once"])
+@pytest.mark.parametrize("kind", ["llama", "mistral", "qwen2", "qwen3"])
+def test_lean_step_is_the_models_forward(tmp_path, kind, shared):
+    """The lean step's logits are the model's forward's, over a cache of the prompts repeated to their rows, or
+    with each prompt's keys and values kept once and read by its G rows (grouped-query heads: 4 query heads on
+    2 key heads)."""
+    model = saved_model(tmp_path, make_config(kind))
+    lean, tol, _ = lean_against_forward(model, shared, kind)
     # the bound catches the bugs it guards against: rotary positions off by one; rows reading another prompt
     _, shifted = lockstep(model, lean, shift=1, shared=shared)
     assert any(rounding_differs(mine, theirs, **tol) for mine, theirs in shifted)
@@ -187,14 +194,7 @@ def test_lean_step_with_lora_adapters_is_the_models_forward(tmp_path, shared):
     """Every projection under a LoRA adapter: the lean step calls the adapted layers and its logits are the PEFT
     model's forward's; with the adapters off (the base model, as the KL reference runs) they move out of the bound."""
     model = lora_model(tmp_path, target_modules="all-linear")
-    lean = LeanDecoder.build(model, capacity=16)
-    assert lean is not None
-    z_max, pairs = lockstep(model, lean, shared=shared)
-    c = model.config
-    tol = dict(n_terms=max(c.vocab_size, c.intermediate_size, c.hidden_size, 16), scale=1 + z_max,
-               depth=FORWARD_DEPTH)
-    for t, (mine, theirs) in enumerate(pairs):
-        assert_rounding_close(mine, theirs, **tol, what=f"LoRA decode step {t}")
+    lean, tol, pairs = lean_against_forward(model, shared, "LoRA")
     with model.disable_adapter():
         _, base = lockstep(model, lean, shared=shared)
     assert all(rounding_differs(off, on, **tol) for (off, _), (on, _) in zip(base, pairs))
