@@ -25,9 +25,8 @@ LoRA adapters.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import sys
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
