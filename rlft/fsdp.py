@@ -161,6 +161,12 @@ def is_sharded(model: nn.Module | None) -> bool:
     return bool(fsdp_modules(model)) or engine_of(model) is not None
 
 
+def forward_communicates(model: nn.Module | None) -> bool:
+    """Whether each forward call of ``model`` outside :func:`gathered` is a collective (FSDP2 and ZeRO-3 gather
+    the layers' weights in it), so every process must make the same calls in the same order."""
+    return bool(fsdp_modules(model)) or zero.stage_of(model) == 3
+
+
 @contextmanager
 def gathered(model: nn.Module | None) -> Iterator[None]:
     """Inside the block every process holds ``model``'s whole weights (one all-gather per layer, here, in every

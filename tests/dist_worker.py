@@ -137,6 +137,9 @@ def main(out: str, model_dir: str, overrides: list[str]) -> None:
         from torch.distributed.fsdp import FSDPModule
         FSDPModule.set_gradient_divide_factor = lambda self, factor: None
         FSDPModule.set_force_sum_reduction_for_comms = lambda self, enable: None
+    if os.environ.get("RLFT_CALL_TOKENS"):  # the shared-prefix forward splits runs of similar lengths this eagerly
+        from rlft.models import forward
+        forward.CALL_TOKENS = int(os.environ["RLFT_CALL_TOKENS"])
     cfg = load_config(None, [f"model.path={model_dir}", *overrides])
     run.seed_everything(cfg.train.seed)
     if cfg.lora.rank:  # adapters on the model, as rlft train adds them

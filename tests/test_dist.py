@@ -232,6 +232,9 @@ FSDP_RUNS = {  # label: processes, environment, preset
     "ptx_three": (3, {"ACCELERATE_USE_FSDP": "true"}, "grpo_ptx"),  # and one ptx text per process
     "ppo_three": (3, {"ACCELERATE_USE_FSDP": "true"}, "ppo"),  # the critic sharded too
     "planted_mean": (2, {"ACCELERATE_USE_FSDP": "true", "RLFT_PLANT": "fsdp_mean"}, "grpo"),  # FSDP's average
+    # whole groups in a micro-batch, where the shared-prefix forward would make a different number of calls in
+    # each process (one per run of response lengths): every forward call of a sharded model is a collective
+    "runs_three": (3, {"ACCELERATE_USE_FSDP": "true", "RLFT_CALL_TOKENS": "0"}, "grpo", ["train.micro_batch_size=256"]),
 }
 
 
@@ -240,9 +243,9 @@ def fsdp_runs(step_runs, tiny_model_dir, tmp_path_factory):
     """The GRPO step (a reference model, KL in the loss) with the policy sharded, per FSDP_RUNS entry."""
     out = tmp_path_factory.mktemp("fsdp")
     runs = {}
-    for label, (procs, env, preset) in FSDP_RUNS.items():
+    for label, (procs, env, preset, *extra) in FSDP_RUNS.items():
         path = out / f"{label}.pt"
-        launch(procs, [str(WORKER), str(path), str(tiny_model_dir), *STEP, *PRESETS[preset]], **env)
+        launch(procs, [str(WORKER), str(path), str(tiny_model_dir), *STEP, *PRESETS[preset], *sum(extra, [])], **env)
         runs[label] = torch.load(path, weights_only=False)
     return runs
 
@@ -271,7 +274,7 @@ def assert_applies_the_one_process_step(one: dict, other: dict, label: str) -> N
         assert ptx > 0 and abs(other["metrics"]["actor/ptx_loss"] - ptx) <= 1e-5 * ptx
 
 
-@pytest.mark.parametrize("label", ["zero3_three", "zero2_two", "ptx_three", "ppo_three"])
+@pytest.mark.parametrize("label", ["zero3_three", "zero2_two", "ptx_three", "ppo_three", "runs_three"])
 def test_sharded_processes_apply_the_one_process_gradient(step_runs, fsdp_runs, label):
     assert fsdp_runs[label]["world"] == FSDP_RUNS[label][0]
     assert_applies_the_one_process_step(step_runs[FSDP_RUNS[label][2]]["one"], fsdp_runs[label], label)
@@ -308,6 +311,8 @@ ZERO_RUNS = {  # label: processes, environment (the JSON file's path is filled i
     "ptx_stage3_three": (3, {"ACCELERATE_DEEPSPEED_CONFIG_FILE": "zero3.json"}, "grpo_ptx"),
     "ppo_stage3_three": (3, {"ACCELERATE_DEEPSPEED_CONFIG_FILE": "zero3.json"}, "ppo"),  # a critic engine too
     "planted_mean": (2, {"ACCELERATE_DEEPSPEED_ZERO_STAGE": "2", "RLFT_PLANT": "zero_mean"}, "grpo"),  # its average
+    "runs_stage3_three": (3, {"ACCELERATE_DEEPSPEED_CONFIG_FILE": "zero3.json", "RLFT_CALL_TOKENS": "0"}, "grpo",
+                          ["train.micro_batch_size=256"]),  # as FSDP_RUNS' runs_three
 }
 
 
@@ -319,18 +324,18 @@ def zero_runs(step_runs, tiny_model_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("zero")
     (out / "zero3.json").write_text(json.dumps(_ZERO3_JSON))
     runs = {}
-    for label, (procs, env, preset) in ZERO_RUNS.items():
+    for label, (procs, env, preset, *extra) in ZERO_RUNS.items():
         env = {"ACCELERATE_USE_DEEPSPEED": "true", **env}
         if "ACCELERATE_DEEPSPEED_CONFIG_FILE" in env:
             env["ACCELERATE_DEEPSPEED_CONFIG_FILE"] = str(out / env["ACCELERATE_DEEPSPEED_CONFIG_FILE"])
         path = out / f"{label}.pt"
-        launch(procs, [str(WORKER), str(path), str(tiny_model_dir), *STEP, *PRESETS[preset]], **env)
+        launch(procs, [str(WORKER), str(path), str(tiny_model_dir), *STEP, *PRESETS[preset], *sum(extra, [])], **env)
         runs[label] = torch.load(path, weights_only=False)
     return runs
 
 
 @pytest.mark.parametrize("label", ["stage3_three", "stage2_two", "stage1_two", "ptx_stage3_three",
-                                   "ppo_stage3_three"])
+                                   "ppo_stage3_three", "runs_stage3_three"])
 def test_zero_processes_apply_the_one_process_gradient(step_runs, zero_runs, label):
     zero = zero_runs[label]
     assert zero["world"] == ZERO_RUNS[label][0] and zero["metrics"]["actor/skipped_steps"] == 0.0
