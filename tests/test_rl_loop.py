@@ -549,7 +549,7 @@ def test_shared_prefix_forward_gives_the_plain_forwards_logprobs_and_gradients(m
     mask = batch.response_mask.bool()
     shared_calls, runs = [], []
     real = fwd._shared_prefix_logits
-    monkeypatch.setattr(fwd, "_shared_prefix_logits", lambda *a: (shared_calls.append(1), real(*a))[1])
+    monkeypatch.setattr(fwd, "_shared_prefix_logits", lambda *a, **k: (shared_calls.append(1), real(*a, **k))[1])
     monkeypatch.setattr(fwd, "CALL_TOKENS", call_tokens)
     buckets = fwd.length_buckets
     monkeypatch.setattr(fwd, "length_buckets", lambda *a: runs.append(buckets(*a)) or runs[-1])
@@ -592,7 +592,7 @@ def test_shared_prefix_is_skipped_under_gradient_checkpointing_and_for_distinct_
     batch = varied_batch(tok)
     shared_calls = []
     real = fwd._shared_prefix_logits
-    monkeypatch.setattr(fwd, "_shared_prefix_logits", lambda *a: (shared_calls.append(1), real(*a))[1])
+    monkeypatch.setattr(fwd, "_shared_prefix_logits", lambda *a, **k: (shared_calls.append(1), real(*a, **k))[1])
     one_per_prompt = batch.index(torch.tensor([0, 2, 4]))
     response_logprobs(model, one_per_prompt.prompt_ids, one_per_prompt.prompt_mask, one_per_prompt.response_ids,
                       one_per_prompt.response_mask)
@@ -604,6 +604,48 @@ def test_shared_prefix_is_skipped_under_gradient_checkpointing_and_for_distinct_
     model.eval()  # no activations are recomputed outside training
     response_logprobs(model, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask)
     assert shared_calls == [1]
+
+
+def test_two_calls_make_two_model_calls_whatever_the_rows(model, tok, monkeypatch):
+    """``two_calls`` (a sharded update, where every model call is a collective): the prompts, then every response
+    in one run, whatever the rows: several response lengths with no cost per call (which would split runs),
+    distinct prompts, one row, responses one token wide. Log-probs and gradients agree with the plain forward."""
+    monkeypatch.setattr(fwd, "CALL_TOKENS", 0)
+    batch = with_advantages(varied_batch(tok))
+    one_wide = batch.index(slice(None))
+    one_wide.response_ids, one_wide.response_mask = batch.response_ids[:, :1], batch.response_mask[:, :1]
+    calls = []
+    model.train()
+
+    def forward_and_backward(sub, two: bool):
+        calls.clear()
+        model.zero_grad()
+        logp, _ = response_logprobs(model, sub.prompt_ids, sub.prompt_mask, sub.response_ids, sub.response_mask,
+                                    shared_prefix=two, two_calls=two)
+        masked_sum(logp * sub.adv[:, None], sub.response_mask).backward()
+        return logp.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}, len(calls)
+
+    handle = model.register_forward_pre_hook(lambda m, args: calls.append(1))
+    try:
+        for what, sub in (("every row", batch), ("distinct prompts", batch.index(torch.tensor([0, 2, 4]))),
+                          ("one row", batch.index(slice(0, 1))), ("one token wide", one_wide)):
+            logp, grads, n_calls = forward_and_backward(sub, True)
+            ref_logp, ref_grads, ref_calls = forward_and_backward(sub, False)
+            assert (n_calls, ref_calls) == (2, 1), what
+            scale = {n: torch.zeros_like(g) for n, g in ref_grads.items()}  # sum over rows of |that row's gradient|
+            for i in range(len(sub)):
+                for n, g in forward_and_backward(sub.index(slice(i, i + 1)), False)[1].items():
+                    scale[n] += g.abs()
+            n_red = model_reduction_len(model, sub)
+            z_max = max(z for _, _, z in naive_logprobs(model, sub, 1.0))
+            mask = sub.response_mask.bool()
+            assert_rounding_close(logp[mask], ref_logp[mask], n_terms=n_red, scale=1 + z_max, depth=FORWARD_DEPTH,
+                                  what=f"{what}: log-probs")
+            for n in grads:
+                assert_rounding_close(grads[n], ref_grads[n], n_terms=n_red, scale=max(scale[n].max().item(), 1e-30),
+                                      depth=MODEL_DEPTH, what=f"{what}: {n}")
+    finally:
+        handle.remove()
 
 
 # ----------------------------------------------------------------------------- (c) exact micro-batching

@@ -74,18 +74,22 @@ def can_share_prefix(model) -> bool:
 
 
 def response_logits(model, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor, response_mask: Tensor,
-                    *, temperature: float = 1.0, shared_prefix: bool = True) -> Tensor:
+                    *, temperature: float = 1.0, shared_prefix: bool = True, two_calls: bool = False) -> Tensor:
     """Logits (B, T, V) at the positions that predict each response token, divided by ``temperature``.
 
     Prompts are left-padded, so position ids come from the attention mask. Only the
     last T + 1 positions go through the LM head when the model supports it. With
     ``shared_prefix``, rows with the same prompt as the row before share its forward
-    (see the module docstring) when the model allows it.
+    (see the module docstring) when the model allows it. ``two_calls`` (with ``shared_prefix``, T > 0): exactly
+    two calls of the model, whatever the rows (the prompts, then every response in one run), for a model whose
+    every call is a collective (FSDP2, ZeRO-3 outside ``rlft.fsdp.gathered``).
     """
-    if shared_prefix and len(prompt_ids) > 1 and response_ids.shape[1] > 0 and can_share_prefix(model):
+    fixed = two_calls and response_ids.shape[1] > 0
+    if shared_prefix and (len(prompt_ids) > 1 or fixed) and response_ids.shape[1] > 0 and can_share_prefix(model):
         first, group = prompt_groups(prompt_ids, prompt_mask)
-        if len(first) < len(prompt_ids):
-            logits = _shared_prefix_logits(model, prompt_ids, prompt_mask, response_ids, response_mask, first, group)
+        if len(first) < len(prompt_ids) or fixed:
+            logits = _shared_prefix_logits(model, prompt_ids, prompt_mask, response_ids, response_mask, first, group,
+                                           one_run=fixed)
             return logits / temperature if temperature != 1.0 else logits
     device = next(model.parameters()).device
     input_ids = torch.cat([prompt_ids, response_ids], dim=1).to(device)  # (B, Tp + T)
@@ -130,10 +134,11 @@ def length_buckets(lengths: Tensor, call_tokens: int = CALL_TOKENS) -> list[Tens
 
 
 def _shared_prefix_logits(model, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor, response_mask: Tensor,
-                          first: Tensor, group: Tensor) -> Tensor:
+                          first: Tensor, group: Tensor, one_run: bool = False) -> Tensor:
     """``response_logits`` with each distinct prompt computed once: prompts (U rows), then the responses (B rows),
     in runs of similar length (``length_buckets``) when the prompts' cache is plain per-layer keys and values; the
-    positions past a run's longest row (padding of the whole batch) get zero logits."""
+    positions past a run's longest row (padding of the whole batch) get zero logits. ``one_run``: the responses
+    in one call, made even when T = 1 (over the first response token; its logits enter with weight 0)."""
     from transformers import DynamicCache
     from transformers.cache_utils import DynamicLayer
 
@@ -144,7 +149,7 @@ def _shared_prefix_logits(model, prompt_ids: Tensor, prompt_mask: Tensor, respon
                 **with_cache(model, DynamicCache()), use_cache=True, logits_to_keep=1)
     head = out.logits[:, -1:][group]  # (B, 1, V): the last prompt position predicts response token 0
     B, T = response_ids.shape
-    if T == 1:
+    if T == 1 and not one_run:
         return head
     cache = returned_cache(out)
     response_ids, response_mask = response_ids.to(device), response_mask.to(device)
@@ -157,11 +162,13 @@ def _shared_prefix_logits(model, prompt_ids: Tensor, prompt_mask: Tensor, respon
                      **with_cache(model, run_cache), use_cache=True).logits
 
     runs = None
-    if all(type(layer) is DynamicLayer for layer in getattr(cache, "layers", [None])):
+    if not one_run and all(type(layer) is DynamicLayer for layer in getattr(cache, "layers", [None])):
         ends = (response_mask * torch.arange(1, T + 1, device=device)).amax(1)  # (B,) one past each row's last
         runs = length_buckets((ends - 1).clamp(min=0), CALL_TOKENS)
     if runs is None or (len(runs) == 1 and len(runs[0]) == B):  # one run of every row: in batch order
         cache.batch_select_indices(group)  # row b reads the keys and values of its prompt; gradients sum back
+        if T == 1:  # one_run: the call all the same, in the graph (its backward communicates too), adding 0
+            return head + rest(torch.arange(B, device=device), 1, cache)[:, :0].sum()
         return torch.cat([head, rest(torch.arange(B, device=device), T - 1, cache)], dim=1)  # (B, T, V)
     kv = [(layer.keys, layer.values) for layer in cache.layers]
     parts = []
@@ -179,14 +186,14 @@ def _shared_prefix_logits(model, prompt_ids: Tensor, prompt_mask: Tensor, respon
 
 def response_logprobs(model, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor, response_mask: Tensor,
                       *, temperature: float = 1.0, with_entropy: bool = False, entropy_grad: bool = False,
-                      shared_prefix: bool = True) -> tuple[Tensor, Tensor | None]:
+                      shared_prefix: bool = True, two_calls: bool = False) -> tuple[Tensor, Tensor | None]:
     """Log-probs (B, T) of ``response_ids`` under ``model``, and the token entropy (B, T) if asked.
 
     Logits are divided by the sampling temperature, so the log-probs are those of
     the distribution that generated the responses.
     """
     logits = response_logits(model, prompt_ids, prompt_mask, response_ids, response_mask, temperature=temperature,
-                             shared_prefix=shared_prefix)
+                             shared_prefix=shared_prefix, two_calls=two_calls)
     logp = logprobs_from_logits(logits, response_ids.to(logits.device))  # (B, T)
     ent = None
     if with_entropy:  # a metric unless an entropy bonus needs its gradient

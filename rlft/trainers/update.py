@@ -101,15 +101,13 @@ def shares_prefix(model, cfg: Config) -> bool:
     return cfg.train.shared_prefix and can_share_prefix(model)
 
 
-def batch_logprobs(model, mb: Batch, cfg: Config, *, shared: bool = True,
-                   **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
+def batch_logprobs(model, mb: Batch, cfg: Config, **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``response_logprobs`` of ``mb``'s responses under ``model`` at the rollout temperature (under
-    ``model.autocast``; log-softmax runs in float32 there, so the log-probs are float32); ``shared=False``: one
-    forward over every full row even where ``train.shared_prefix`` would share the prompts."""
+    ``model.autocast``; log-softmax runs in float32 there, so the log-probs are float32)."""
     with autocast(model, cfg.model.autocast):
         return response_logprobs(model, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask,
-                                 temperature=cfg.rollout.temperature,
-                                 shared_prefix=cfg.train.shared_prefix and shared, **kwargs)
+                                 temperature=cfg.rollout.temperature, shared_prefix=cfg.train.shared_prefix,
+                                 **kwargs)
 
 
 def update(state: "RLState", batch: Batch, cfg: Config, *, train_policy: bool = True) -> dict[str, float]:
@@ -155,20 +153,18 @@ def _policy_step(state: "RLState", mb: Batch, cfg: Config) -> dict[str, float]:
     dist = state.dist
     engine = engine_of(policy)
     model = policy if engine is None else engine  # under DeepSpeed the update's passes go through its engine
-    # FSDP2 and ZeRO-3 communicate in every forward call, so every pass is one call over its full rows: the
-    # shared-prefix forward makes one call for the prompts and one per run of similar response lengths, a number
-    # that differs between processes (and processes making different collectives wait for each other forever)
-    shared = not forward_communicates(policy)
+    # FSDP2 and ZeRO-3 communicate in every forward call, so every process must make the same calls: the
+    # shared-prefix forward then makes exactly two per pass (the prompts, every response in one run) instead of one
+    # per run of similar response lengths, a number that differs between processes
+    calls = {"two_calls": forward_communicates(policy)}
     micros = [m for _, m in micro_batches(mb.index(dist.share(len(mb))), cfg.train.micro_batch_size,
-                                          cfg.train.micro_batch_tokens, shares_prefix(policy, cfg) and shared)]
+                                          cfg.train.micro_batch_tokens, shares_prefix(policy, cfg))]
     if is_sharded(policy):  # every process runs as many forward+backward passes as the busiest
         for _ in range(lockstep_extra(dist, len(micros))):
-            _backward(engine, dist, idle_loss(batch_logprobs(model, mb.index(slice(0, 1)), cfg,
-                                                             shared=shared)[0].sum()))
+            _backward(engine, dist, idle_loss(batch_logprobs(model, mb.index(slice(0, 1)), cfg, **calls)[0].sum()))
     for micro in micros:
         mask = _loss_mask(micro).to(device)  # (b, T)
-        logp, ent = batch_logprobs(model, micro, cfg, shared=shared, with_entropy=True,
-                                   entropy_grad=a.entropy_coef > 0)
+        logp, ent = batch_logprobs(model, micro, cfg, with_entropy=True, entropy_grad=a.entropy_coef > 0, **calls)
         old_logp = logp.detach() if a.single_pass else micro.old_logp.to(device)
         pg_mat, pg_metrics = POLICY_LOSSES.get(a.policy_loss)(logp, old_logp, micro.adv.to(device), mask,
                                                           loss_cfg)
