@@ -166,7 +166,13 @@ def main(out: str, model_dir: str, overrides: list[str]) -> None:
     rl.generate = per_prompt_rollout(rl.generate)
     lean_built: list[bool] = []  # per rollout: whether the sampler's decode steps ran through the lean step
     build = LeanDecoder.build
-    LeanDecoder.build = lambda model, capacity: (lambda d: lean_built.append(d is not None) or d)(build(model, capacity))
+
+    def recorded_build(model, capacity):
+        lean = build(model, capacity)
+        lean_built.append(lean is not None)
+        return lean
+
+    LeanDecoder.build = recorded_build
     seen: list = []
     advantages = rl.compute_advantages
     rl.compute_advantages = lambda st, batch, c: seen.append(batch) or advantages(st, batch, c)

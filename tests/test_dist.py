@@ -364,32 +364,25 @@ def test_zero_whole_states_are_the_one_process_ones(step_runs, zero_runs, label)
     assert all(torch.equal(back["state"][n][k], s2[n][k]) for n in s2 for k in ("step", "exp_avg", "exp_avg_sq"))
 
 
-def one_shard_bound(model_dir: Path, world: int) -> tuple[int, int]:
-    """(the model's parameter elements, tied weights once; the most one of ``world`` processes holds when every
-    tensor is split along its first dimension, rounded up, which also bounds DeepSpeed's flat split)."""
-    from transformers import AutoModelForCausalLM
-
-    params = list(AutoModelForCausalLM.from_pretrained(model_dir).parameters())
-    return sum(p.numel() for p in params), sum(-(-p.shape[0] // world) * (p.numel() // p.shape[0]) for p in params)
-
-
 @pytest.mark.parametrize("runs, label", [("zero_runs", "stage3_three"), ("zero_runs", "ppo_stage3_three"),
                                          ("fsdp_runs", "zero3_three"), ("zero_runs", "stage2_two")])
 def test_the_reference_is_split_where_the_parameters_are(request, tiny_model_dir, runs, label):
     """The frozen KL reference: under ZeRO-3 and FSDP each process holds its share of the elements (at most the
-    rounded-up third of every tensor) and the whole gathered from the shares is the model as loaded; ZeRO-2 splits
-    no parameter, so each process holds all of it."""
+    rounded-up third of every tensor, split along its first dimension, which also bounds DeepSpeed's flat split)
+    and the whole gathered from the shares is the model as loaded; ZeRO-2 splits no parameter, so each process
+    holds all of it."""
+    from transformers import AutoModelForCausalLM
+
     got = request.getfixturevalue(runs)[label]
-    total, bound = one_shard_bound(tiny_model_dir, world=3)
+    loaded = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    params = list(loaded.parameters())  # tied weights once
+    total = sum(p.numel() for p in params)
     if label == "stage2_two":
         assert got["ref_held"] == total and got["ref_whole"] is None
         return
+    bound = sum(-(-p.shape[0] // 3) * (p.numel() // p.shape[0]) for p in params)
     assert 0 < got["ref_held"] <= bound < total / 2
-    from transformers import AutoModelForCausalLM
-
-    loaded = AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()
-    assert got["ref_whole"].keys() == loaded.keys()
-    assert all(torch.equal(got["ref_whole"][k], loaded[k]) for k in loaded)
+    assert_same_state(got["ref_whole"], loaded.state_dict())
 
 
 @pytest.mark.parametrize("runs", ["step_runs", "fsdp_runs", "zero_runs", "lora_runs"])
@@ -507,6 +500,12 @@ def assert_whole_trained_policies(run_dir: Path, model_dir: Path) -> tuple[dict,
     return start, saved
 
 
+def assert_same_state(got: dict, want: dict) -> None:
+    """The same names and exactly the same tensors."""
+    assert got.keys() == want.keys()
+    assert all(torch.equal(got[k], want[k]) for k in want)
+
+
 def metric_steps(run_dir: Path) -> list[int]:
     return [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
@@ -525,8 +524,7 @@ def test_accelerate_launch_fsdp_config_trains_saves_whole_models_and_resumes(tmp
     assert done.stdout.count("rlft summary") == 1 and "2 processes" in done.stdout
     run_dir = tmp_path / "fsdp"
     start, saved = assert_whole_trained_policies(run_dir, tiny_model_dir)
-    ref = saved["trainer"]["ref"]  # the sharded reference, gathered whole: the starting model, every name
-    assert ref.keys() == start.keys() and all(torch.equal(ref[k], start[k]) for k in start)
+    assert_same_state(saved["trainer"]["ref"], start)  # the sharded reference, gathered whole: the starting model
 
     shutil.copytree(run_dir, tmp_path / "plain")
     again = accelerate_train("fsdp.yaml", base, "log.name=fsdp", "train.steps=4", "train.resume=true")
@@ -587,8 +585,9 @@ def test_accelerate_launch_deepspeed_zero3_config_trains_saves_whole_models_and_
                                                                                        tiny_model_dir):
     """`accelerate launch --config_file recipes/accelerate/deepspeed_zero3.yaml -m rlft train` with a KL reference:
     whole Hugging Face checkpoints and final policy (trained, tied weights written once), an optimizer state keyed
-    by parameter name, the reference's whole state; a resume under DeepSpeed, a one-process resume from its checkpoint, and DeepSpeed resumes
-    from that one-process run's checkpoint and from a sharded FSDP run's (the same whole form)."""
+    by parameter name, the reference's whole state; a resume under DeepSpeed, a one-process resume from its
+    checkpoint, and DeepSpeed resumes from that one-process run's checkpoint and from a sharded FSDP run's (the same
+    whole form)."""
     _needs_deepspeed()
     base = tiny_overrides(tmp_path, "train.save_every=1", "train.prompts_per_step=2", "sft.steps=0",
                           "train.threads=1", f"model.path={tiny_model_dir}", "eval.before_rl=false",
@@ -600,8 +599,7 @@ def test_accelerate_launch_deepspeed_zero3_config_trains_saves_whole_models_and_
     start, saved = assert_whole_trained_policies(run_dir, tiny_model_dir)
     assert all(float(v["step"]) == 2.0 and v["exp_avg"].shape == start[k].shape
                for k, v in saved["optimizer"]["state"].items())
-    ref = saved["trainer"]["ref"]  # the reference split by ZeRO-3, gathered whole: the starting model, every name
-    assert ref.keys() == start.keys() and all(torch.equal(ref[k], start[k]) for k in start)
+    assert_same_state(saved["trainer"]["ref"], start)  # split by ZeRO-3, gathered whole: the starting model
 
     shutil.copytree(run_dir, tmp_path / "plain")
     again = accelerate_train("deepspeed_zero3.yaml", base, "log.name=zero", "train.steps=4", "train.resume=true")

@@ -84,12 +84,11 @@ def response_logits(model, prompt_ids: Tensor, prompt_mask: Tensor, response_ids
     two calls of the model, whatever the rows (the prompts, then every response in one run), for a model whose
     every call is a collective (FSDP2, ZeRO-3 outside ``rlft.fsdp.gathered``).
     """
-    fixed = two_calls and response_ids.shape[1] > 0
-    if shared_prefix and (len(prompt_ids) > 1 or fixed) and response_ids.shape[1] > 0 and can_share_prefix(model):
+    if shared_prefix and response_ids.shape[1] > 0 and (two_calls or len(prompt_ids) > 1) and can_share_prefix(model):
         first, group = prompt_groups(prompt_ids, prompt_mask)
-        if len(first) < len(prompt_ids) or fixed:
+        if two_calls or len(first) < len(prompt_ids):
             logits = _shared_prefix_logits(model, prompt_ids, prompt_mask, response_ids, response_mask, first, group,
-                                           one_run=fixed)
+                                           one_run=two_calls)
             return logits / temperature if temperature != 1.0 else logits
     device = next(model.parameters()).device
     input_ids = torch.cat([prompt_ids, response_ids], dim=1).to(device)  # (B, Tp + T)

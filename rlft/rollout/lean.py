@@ -74,9 +74,9 @@ def _hooked(model) -> bool:
 
     if nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks:
         return True
-    return any(not (_gathered_fsdp_hook(h) or _deepspeed_engine_hook(h)) for m in model.modules()
-               for h in (*m._forward_hooks.values(), *m._forward_pre_hooks.values())) \
-        or any(hasattr(m, "_hf_hook") for m in model.modules())
+    return any(hasattr(m, "_hf_hook") or any(not (_gathered_fsdp_hook(h) or _deepspeed_engine_hook(h))
+                                             for h in (*m._forward_hooks.values(), *m._forward_pre_hooks.values()))
+               for m in model.modules())
 
 
 def _dense(*modules) -> bool:

@@ -372,15 +372,17 @@ def fill_logprobs(state: RLState, batch: Batch, cfg: Config) -> None:
     The old log-probs are those the sampler computed while sampling, when it did (the rlft sampler): the same
     policy and temperature, so a forward pass over the batch is saved."""
     a = cfg.algo
+
+    def logprobs_of(model) -> tuple:
+        return model, lambda mb: batch_logprobs(model, mb, cfg)[0], shares_prefix(model, cfg)
+
     models = {}  # name: (the model, the forward of a micro-batch, whether it computes each group's prompt once)
     if not a.single_pass and batch.rollout_logp is not None:
         batch.old_logp = batch.rollout_logp * batch.response_mask
     elif not a.single_pass:
-        models["old_logp"] = (state.policy, lambda mb: batch_logprobs(state.policy, mb, cfg)[0],
-                              shares_prefix(state.policy, cfg))
+        models["old_logp"] = logprobs_of(state.policy)
     if a.needs_ref:
-        models["ref_logp"] = (state.ref, lambda mb: batch_logprobs(state.ref, mb, cfg)[0],
-                              shares_prefix(state.ref, cfg))
+        models["ref_logp"] = logprobs_of(state.ref)
     if state.critic is not None:
         def values(mb: Batch) -> torch.Tensor:
             with autocast(state.critic, cfg.model.autocast):

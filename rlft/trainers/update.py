@@ -156,15 +156,17 @@ def _policy_step(state: "RLState", mb: Batch, cfg: Config) -> dict[str, float]:
     # FSDP2 and ZeRO-3 communicate in every forward call, so every process must make the same calls: the
     # shared-prefix forward then makes exactly two per pass (the prompts, every response in one run) instead of one
     # per run of similar response lengths, a number that differs between processes
-    calls = {"two_calls": forward_communicates(policy)}
+    two_calls = forward_communicates(policy)
     micros = [m for _, m in micro_batches(mb.index(dist.share(len(mb))), cfg.train.micro_batch_size,
                                           cfg.train.micro_batch_tokens, shares_prefix(policy, cfg))]
     if is_sharded(policy):  # every process runs as many forward+backward passes as the busiest
         for _ in range(lockstep_extra(dist, len(micros))):
-            _backward(engine, dist, idle_loss(batch_logprobs(model, mb.index(slice(0, 1)), cfg, **calls)[0].sum()))
+            _backward(engine, dist, idle_loss(batch_logprobs(model, mb.index(slice(0, 1)), cfg,
+                                                             two_calls=two_calls)[0].sum()))
     for micro in micros:
         mask = _loss_mask(micro).to(device)  # (b, T)
-        logp, ent = batch_logprobs(model, micro, cfg, with_entropy=True, entropy_grad=a.entropy_coef > 0, **calls)
+        logp, ent = batch_logprobs(model, micro, cfg, with_entropy=True, entropy_grad=a.entropy_coef > 0,
+                                   two_calls=two_calls)
         old_logp = logp.detach() if a.single_pass else micro.old_logp.to(device)
         pg_mat, pg_metrics = POLICY_LOSSES.get(a.policy_loss)(logp, old_logp, micro.adv.to(device), mask,
                                                           loss_cfg)
