@@ -49,7 +49,7 @@ from __future__ import annotations
 import os
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 from torch import nn
@@ -200,7 +200,14 @@ def gathered(model: nn.Module | None) -> Iterator[None]:
 def lockstep_extra(dist, n_own: int) -> int:
     """How many zero-weight forward+backward passes this process adds so that every process runs as many as the
     busiest one (a sharded model communicates in each)."""
-    return max(dist.gather(n_own)) - n_own
+    return agreed_count(dist)(n_own) - n_own
+
+
+def agreed_count(dist) -> Callable[[int], int]:
+    """A count every process agrees on, the largest: maps this process's count (of passes, or of the response runs
+    of a forward, ``rlft.models.forward.response_logits``' ``agree``) to the largest over the processes. Every
+    process calls it at the same point."""
+    return lambda n: max(dist.gather(n))
 
 
 def idle_loss(loss: torch.Tensor) -> torch.Tensor:

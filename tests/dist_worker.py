@@ -43,7 +43,7 @@ from rlft.fsdp import full_model_state, full_optimizer_state, is_sharded, load_o
 from rlft.models.loading import load_policy  # noqa: E402
 from rlft.rollout.batch import cat_batches  # noqa: E402
 from rlft.rollout.lean import LeanDecoder  # noqa: E402
-from rlft.trainers import rl  # noqa: E402
+from rlft.trainers import rl, update  # noqa: E402
 from rlft.zero import engine_of, stage_of  # noqa: E402
 
 
@@ -173,6 +173,14 @@ def main(out: str, model_dir: str, overrides: list[str]) -> None:
         return lean
 
     LeanDecoder.build = recorded_build
+    runs: list[tuple[int, int]] = []  # a sharded update's response runs per pass: (this process's, agreed)
+    agreed_count = update.agreed_count
+
+    def recorded_agreement(d):
+        agree = agreed_count(d)
+        return lambda n: runs.append((n, agree(n))) or runs[-1][1]
+
+    update.agreed_count = recorded_agreement
     seen: list = []
     advantages = rl.compute_advantages
     rl.compute_advantages = lambda st, batch, c: seen.append(batch) or advantages(st, batch, c)
@@ -199,11 +207,12 @@ def main(out: str, model_dir: str, overrides: list[str]) -> None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
         weights = {k: v.detach().clone() for k, v in policy.state_dict().items()}
         optimizer = get_optimizer_state_dict(policy, state.optimizer, options=StateDictOptions(full_state_dict=True))
+    runs_everywhere = dist.gather(runs)
     if dist.is_main:
         batch = seen[0]
         torch.save({"world": dist.world, "metrics": metrics, "grads": grads, "weights": weights, "optimizer": optimizer,
                     "reloaded_optimizer": reloaded, "ref_whole": ref_whole, "ref_held": ref_held,
-                    "lean_built": lean_built,
+                    "lean_built": lean_built, "runs": runs_everywhere,
                     "scale": {k: {n: s.scale(n) for n in s.total} for k, s in scales.items()},
                     "response_ids": batch.response_ids, "scores": batch.scores, "adv": batch.adv,
                     "n_tokens": batch.prompt_ids.numel() + batch.response_ids.numel()}, out)

@@ -280,6 +280,20 @@ def test_sharded_processes_apply_the_one_process_gradient(step_runs, fsdp_runs, 
     assert_applies_the_one_process_step(step_runs[FSDP_RUNS[label][2]]["one"], fsdp_runs[label], label)
 
 
+def assert_runs_agreed(runs: list[list[tuple[int, int]]]) -> None:
+    """``runs``: per process, each update pass's (own, agreed) count of response runs. Every process made the same
+    passes with the same agreed counts, and in some pass a process had fewer runs of its own than agreed (split
+    further, or idle calls): the agreement is what kept the calls in step."""
+    assert len({len(r) for r in runs}) == 1 and runs[0]
+    assert all([a for _, a in r] == [a for _, a in runs[0]] for r in runs)
+    assert all(a == max(own for own, _ in step) for step in zip(*runs) for _, a in step)
+    assert any(own < a for r in runs for own, a in r)
+
+
+def test_sharded_update_agrees_on_its_response_runs(fsdp_runs):
+    assert_runs_agreed(fsdp_runs["runs_three"]["runs"])
+
+
 def assert_every_gradient_breaks_the_bound(one: dict, planted: dict) -> None:
     """Every nonzero policy gradient of ``planted`` is outside the rounding bound around ``one``'s."""
     g1, g2 = one["grads"]["policy"][0], planted["grads"]["policy"][0]
@@ -340,6 +354,10 @@ def test_zero_processes_apply_the_one_process_gradient(step_runs, zero_runs, lab
     zero = zero_runs[label]
     assert zero["world"] == ZERO_RUNS[label][0] and zero["metrics"]["actor/skipped_steps"] == 0.0
     assert_applies_the_one_process_step(step_runs[ZERO_RUNS[label][2]]["one"], zero, label)
+
+
+def test_stage3_update_agrees_on_its_response_runs(zero_runs):
+    assert_runs_agreed(zero_runs["runs_stage3_three"]["runs"])
 
 
 @pytest.mark.parametrize("label", ["stage3_three", "stage2_two"])

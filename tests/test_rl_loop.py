@@ -479,6 +479,37 @@ def test_length_buckets_find_the_cheapest_split_of_the_sorted_rows():
         assert cost([lengths[r].tolist() for r in runs]) == best, (trial, lengths.tolist(), call)
 
 
+def test_length_buckets_with_a_count_pad_least():
+    """Exactly ``count`` runs (as many as the rows at most), against every way to cut the sorted rows into that
+    many consecutive runs; rows of equal length are cut apart only when the count asks for more runs than there
+    are lengths."""
+    import itertools
+
+    lengths = torch.tensor([10, 2, 9, 0, 3])  # longest first: 10, 9, 3, 2
+    assert [r.tolist() for r in fwd.length_buckets(lengths, count=2)] == [[0, 2], [4, 1]]
+    assert [r.tolist() for r in fwd.length_buckets(lengths, count=9)] == [[0], [2], [4], [1]]
+    assert [r.tolist() for r in fwd.length_buckets(torch.tensor([4, 4, 4, 1]), count=3)] == [[0], [1, 2], [3]]
+    assert fwd.length_buckets(torch.zeros(3, dtype=torch.long), count=2) == []
+    g = torch.Generator().manual_seed(0)
+    for trial in range(80):
+        n, count = int(torch.randint(1, 9, (1,), generator=g)), int(torch.randint(1, 6, (1,), generator=g))
+        lengths = torch.randint(0, 6, (n,), generator=g)  # few lengths: many ties
+        runs = fwd.length_buckets(lengths, count=count)
+        ls = sorted((x for x in lengths.tolist() if x > 0), reverse=True)
+        covered = torch.cat(runs).tolist() if runs else []
+        assert sorted(covered) == [i for i in range(n) if lengths[i] > 0]
+        assert len(runs) == min(count, len(ls)), (trial, lengths.tolist(), count)
+        assert [lengths[r].tolist() for r in runs] == [sorted(lengths[r].tolist(), reverse=True) for r in runs]
+        assert all(lengths[a[-1]] >= lengths[b[0]] for a, b in zip(runs, runs[1:]))  # runs of the sorted rows
+
+        def padded(parts):
+            return sum(len(p) * max(p) for p in parts)
+
+        cuts_k = itertools.combinations(range(1, len(ls)), min(count, len(ls)) - 1) if ls else [()]
+        best = min(padded([ls[a:b] for a, b in zip((0, *cuts), (*cuts, len(ls))) if a < b]) for cuts in cuts_k)
+        assert padded([lengths[r].tolist() for r in runs]) == best, (trial, lengths.tolist(), count)
+
+
 def test_trimmed_drops_only_columns_no_row_uses(tok):
     batch = with_advantages(varied_batch(tok))
     part = batch.index(torch.tensor([0, 1])).trimmed()  # the shortest prompt; responses "#### 3$" and "12$"
@@ -606,32 +637,42 @@ def test_shared_prefix_is_skipped_under_gradient_checkpointing_and_for_distinct_
     assert shared_calls == [1]
 
 
-def test_two_calls_make_two_model_calls_whatever_the_rows(model, tok, monkeypatch):
-    """``two_calls`` (a sharded update, where every model call is a collective): the prompts, then every response
-    in one run, whatever the rows: several response lengths with no cost per call (which would split runs),
-    distinct prompts, one row, responses one token wide. Log-probs and gradients agree with the plain forward."""
+@pytest.mark.parametrize("others", [0, 2])
+def test_agreed_runs_make_the_agreed_number_of_calls_whatever_the_rows(model, tok, monkeypatch, others):
+    """``agree`` (a sharded update, where every model call is a collective): one call for the prompts, then as
+    many for the responses as the processes agree on, whatever the rows: several response lengths split into runs
+    (no cost per call), distinct prompts, one row, responses one token wide. ``others``: another process has that
+    many more runs, so the rows here are split further and calls over no rows added. Log-probs and gradients
+    agree with the plain forward."""
     monkeypatch.setattr(fwd, "CALL_TOKENS", 0)
     batch = with_advantages(varied_batch(tok))
     one_wide = batch.index(slice(None))
     one_wide.response_ids, one_wide.response_mask = batch.response_ids[:, :1], batch.response_mask[:, :1]
-    calls = []
+    calls, asked = [], []
     model.train()
 
-    def forward_and_backward(sub, two: bool):
+    def agree(n: int) -> int:
+        asked.append(n)
+        return n + others
+
+    def forward_and_backward(sub, shared: bool):
         calls.clear()
         model.zero_grad()
         logp, _ = response_logprobs(model, sub.prompt_ids, sub.prompt_mask, sub.response_ids, sub.response_mask,
-                                    shared_prefix=two, two_calls=two)
+                                    shared_prefix=shared, agree=agree if shared else None)
         masked_sum(logp * sub.adv[:, None], sub.response_mask).backward()
         return logp.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}, len(calls)
 
     handle = model.register_forward_pre_hook(lambda m, args: calls.append(1))
     try:
-        for what, sub in (("every row", batch), ("distinct prompts", batch.index(torch.tensor([0, 2, 4]))),
-                          ("one row", batch.index(slice(0, 1))), ("one token wide", one_wide)):
+        for what, sub, own in (("every row", batch, None), ("distinct prompts", batch.index(torch.tensor([0, 2, 4])), None),
+                               ("one row", batch.index(slice(0, 1)), 1), ("one token wide", one_wide, 0)):
+            asked.clear()
             logp, grads, n_calls = forward_and_backward(sub, True)
+            lengths = (sub.response_mask.sum(1) - 1).clamp(min=0)
+            assert asked == [own if own is not None else len(set(lengths.tolist()) - {0})], what  # runs of one length
             ref_logp, ref_grads, ref_calls = forward_and_backward(sub, False)
-            assert (n_calls, ref_calls) == (2, 1), what
+            assert (n_calls, ref_calls) == (1 + asked[0] + others, 1), what
             scale = {n: torch.zeros_like(g) for n, g in ref_grads.items()}  # sum over rows of |that row's gradient|
             for i in range(len(sub)):
                 for n, g in forward_and_backward(sub.index(slice(i, i + 1)), False)[1].items():

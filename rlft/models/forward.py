@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 from functools import lru_cache
+from typing import Callable
 
 import torch
 from torch import Tensor
@@ -74,21 +75,24 @@ def can_share_prefix(model) -> bool:
 
 
 def response_logits(model, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor, response_mask: Tensor,
-                    *, temperature: float = 1.0, shared_prefix: bool = True, two_calls: bool = False) -> Tensor:
+                    *, temperature: float = 1.0, shared_prefix: bool = True,
+                    agree: Callable[[int], int] | None = None) -> Tensor:
     """Logits (B, T, V) at the positions that predict each response token, divided by ``temperature``.
 
     Prompts are left-padded, so position ids come from the attention mask. Only the
     last T + 1 positions go through the LM head when the model supports it. With
     ``shared_prefix``, rows with the same prompt as the row before share its forward
-    (see the module docstring) when the model allows it. ``two_calls`` (with ``shared_prefix``, T > 0): exactly
-    two calls of the model, whatever the rows (the prompts, then every response in one run), for a model whose
-    every call is a collective (FSDP2, ZeRO-3 outside ``rlft.fsdp.gathered``).
+    (see the module docstring) when the model allows it. ``agree`` (with ``shared_prefix``, T > 0), for a model
+    whose every call is a collective (FSDP2, ZeRO-3 outside ``rlft.fsdp.gathered``), so that every process makes
+    the same calls: it maps this process's number of response runs to the number every process makes (the
+    largest, ``rlft.fsdp.agreed_count``), and the forward then makes exactly one call for the prompts and that
+    many for the responses, whatever the rows (distinct prompts and one row included).
     """
-    if shared_prefix and response_ids.shape[1] > 0 and (two_calls or len(prompt_ids) > 1) and can_share_prefix(model):
+    if shared_prefix and response_ids.shape[1] > 0 and (agree or len(prompt_ids) > 1) and can_share_prefix(model):
         first, group = prompt_groups(prompt_ids, prompt_mask)
-        if two_calls or len(first) < len(prompt_ids):
+        if agree or len(first) < len(prompt_ids):
             logits = _shared_prefix_logits(model, prompt_ids, prompt_mask, response_ids, response_mask, first, group,
-                                           one_run=two_calls)
+                                           agree=agree)
             return logits / temperature if temperature != 1.0 else logits
     device = next(model.parameters()).device
     input_ids = torch.cat([prompt_ids, response_ids], dim=1).to(device)  # (B, Tp + T)
@@ -107,16 +111,19 @@ def response_logits(model, prompt_ids: Tensor, prompt_mask: Tensor, response_ids
 CALL_TOKENS = 512
 
 
-def length_buckets(lengths: Tensor, call_tokens: int = CALL_TOKENS) -> list[Tensor]:
+def length_buckets(lengths: Tensor, call_tokens: int = CALL_TOKENS, count: int | None = None) -> list[Tensor]:
     """Rows of ``lengths`` (B,) grouped into forwards that each pad only to their own longest row: of the partitions
     of the rows sorted longest first into consecutive runs, the one with the least ``sum(rows x longest) +
-    call_tokens x runs``. Rows of length 0 need no forward and are in no run."""
+    call_tokens x runs``; with ``count``, the one into exactly ``min(count, rows)`` runs with the fewest padded
+    tokens. Rows of length 0 need no forward and are in no run."""
     lengths = lengths.cpu()
     order = torch.argsort(lengths, descending=True, stable=True)
     ls = lengths[order].tolist()
     n = sum(1 for x in ls if x > 0)
     if not n:
         return []
+    if count is not None:
+        return _runs_of(order[:n], _fixed_count_cuts(ls[:n], min(count, n)))
     if n * ls[0] - sum(ls[:n]) <= call_tokens:  # all the padding costs less than one more call
         return [order[:n]]
     best, cut = [0] + [float("inf")] * n, [0] * (n + 1)  # best[i]: least cost of the i longest rows
@@ -125,19 +132,53 @@ def length_buckets(lengths: Tensor, call_tokens: int = CALL_TOKENS) -> list[Tens
             cost = best[j] + (i - j) * ls[j] + call_tokens
             if cost < best[i]:
                 best[i], cut[i] = cost, j
-    runs, i = [], n
+    starts, i = [], n
     while i:
-        runs.append(order[cut[i]:i])
         i = cut[i]
-    return runs[::-1]
+        starts.append(i)
+    return _runs_of(order[:n], starts[::-1])
+
+
+def _runs_of(rows: Tensor, starts: list[int]) -> list[Tensor]:
+    """``rows`` cut into consecutive runs beginning at ``starts`` (ascending, starting with 0)."""
+    return [rows[a:b] for a, b in zip(starts, [*starts[1:], len(rows)])]
+
+
+def _fixed_count_cuts(ls: list[int], k: int) -> list[int]:
+    """Where the runs of a split of ``ls`` (positive, longest first) into exactly ``k`` runs (k <= len(ls)) with
+    the fewest padded tokens begin. Cuts between equal lengths save nothing, so the split is searched over the
+    distinct lengths (m of them, a dynamic programme over their boundaries, vectorised: k steps of an m x m
+    minimum); when k > m, runs of equal rows are cut further, which costs nothing."""
+    values, counts = torch.unique_consecutive(torch.tensor(ls), return_counts=True)  # descending
+    m = len(values)
+    bounds = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)])  # (m + 1,) row index of each boundary
+    if k >= m:
+        starts = bounds[:-1].tolist()
+        extra = [s for j in range(m) for s in range(int(bounds[j]) + 1, int(bounds[j + 1]))]  # inside equal runs
+        return sorted(starts + extra[:k - m])
+    # cost[j, i]: the distinct groups j..i-1 in one run, padded to values[j] (inf unless j < i)
+    cost = (bounds[None, :] - bounds[:-1, None]).double() * values[:, None].double()  # (m, m + 1)
+    cost = cost.masked_fill(torch.arange(m + 1)[None, :] <= torch.arange(m)[:, None], float("inf"))
+    best = cost[0]  # (m + 1,) least cost of the first i groups in one run
+    back = []
+    for _ in range(k - 1):  # one more run: the last starts at group j
+        total = best[:m, None] + cost  # (m, m + 1) best of j groups in the runs so far, then j..i-1
+        best, arg = total.min(0)
+        back.append(arg)
+    starts, i = [], m
+    for arg in reversed(back):
+        i = int(arg[i])
+        starts.append(int(bounds[i]))
+    return [0, *starts[::-1]]
 
 
 def _shared_prefix_logits(model, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor, response_mask: Tensor,
-                          first: Tensor, group: Tensor, one_run: bool = False) -> Tensor:
+                          first: Tensor, group: Tensor, agree: Callable[[int], int] | None = None) -> Tensor:
     """``response_logits`` with each distinct prompt computed once: prompts (U rows), then the responses (B rows),
     in runs of similar length (``length_buckets``) when the prompts' cache is plain per-layer keys and values; the
-    positions past a run's longest row (padding of the whole batch) get zero logits. ``one_run``: the responses
-    in one call, made even when T = 1 (over the first response token; its logits enter with weight 0)."""
+    positions past a run's longest row (padding of the whole batch) get zero logits. ``agree``: the runs are as
+    many as every process makes (the rows split further where there are fewer here; a call over one token, its
+    logits added with weight 0, for each run this process has no rows for)."""
     from transformers import DynamicCache
     from transformers.cache_utils import DynamicLayer
 
@@ -148,7 +189,7 @@ def _shared_prefix_logits(model, prompt_ids: Tensor, prompt_mask: Tensor, respon
                 **with_cache(model, DynamicCache()), use_cache=True, logits_to_keep=1)
     head = out.logits[:, -1:][group]  # (B, 1, V): the last prompt position predicts response token 0
     B, T = response_ids.shape
-    if T == 1 and not one_run:
+    if T == 1 and agree is None:
         return head
     cache = returned_cache(out)
     response_ids, response_mask = response_ids.to(device), response_mask.to(device)
@@ -160,39 +201,55 @@ def _shared_prefix_logits(model, prompt_ids: Tensor, prompt_mask: Tensor, respon
         return model(input_ids=response_ids[rows, :width], attention_mask=attn, position_ids=position_ids,
                      **with_cache(model, run_cache), use_cache=True).logits
 
-    runs = None
-    if not one_run and all(type(layer) is DynamicLayer for layer in getattr(cache, "layers", [None])):
-        ends = (response_mask * torch.arange(1, T + 1, device=device)).amax(1)  # (B,) one past each row's last
-        runs = length_buckets((ends - 1).clamp(min=0), CALL_TOKENS)
-    if runs is None or (len(runs) == 1 and len(runs[0]) == B):  # one run of every row: in batch order
+    def sliced(rows: Tensor):  # the prompts' keys and values of ``rows``, a cache of their own
+        return DynamicCache(ddp_cache_data=[(layer.keys[group[rows]], layer.values[group[rows]])
+                                            for layer in cache.layers])
+
+    ends = (response_mask * torch.arange(1, T + 1, device=device)).amax(1)  # (B,) one past each row's last
+    lengths = (ends - 1).clamp(min=0)  # (B,) response tokens after the first: the positions of the runs' calls
+    plain = all(type(layer) is DynamicLayer for layer in getattr(cache, "layers", [None]))
+    if plain:
+        runs = length_buckets(lengths, CALL_TOKENS)
+    else:  # a cache that cannot be sliced per run: every row in one run, padded to the longest
+        runs = [torch.arange(B)] if T > 1 else []
+    idle = 0  # calls for runs that only other processes have rows for
+    if agree is not None:
+        n = agree(len(runs))
+        if plain and n > len(runs):
+            runs = length_buckets(lengths, count=n)
+        idle = n - len(runs)
+    if not runs:
+        logits = head
+    elif len(runs) == 1 and len(runs[0]) == B:  # one run of every row: in batch order
         cache.batch_select_indices(group)  # row b reads the keys and values of its prompt; gradients sum back
-        if T == 1:  # one_run: the call all the same, in the graph (its backward communicates too), adding 0
-            return head + rest(torch.arange(B, device=device), 1, cache)[:, :0].sum()
-        return torch.cat([head, rest(torch.arange(B, device=device), T - 1, cache)], dim=1)  # (B, T, V)
-    kv = [(layer.keys, layer.values) for layer in cache.layers]
-    parts = []
-    for rows in runs:
-        rows = rows.to(device)
-        sel = group[rows]
-        width = int(ends[rows[0]]) - 1  # the run's longest row comes first
-        part = rest(rows, width, DynamicCache(ddp_cache_data=[(k[sel], v[sel]) for k, v in kv]))
-        parts.append(torch.nn.functional.pad(part, (0, 0, 0, T - 1 - width)))  # (b, T - 1, V)
-    tail = head.new_zeros(B, T - 1, head.shape[-1])
-    if runs:
-        tail = tail.index_copy(0, torch.cat(runs).to(device), torch.cat(parts))
-    return torch.cat([head, tail], dim=1)  # (B, T, V)
+        logits = torch.cat([head, rest(torch.arange(B, device=device), T - 1, cache)], dim=1)  # (B, T, V)
+    else:
+        parts = []
+        for rows in runs:
+            rows = rows.to(device)
+            width = int(ends[rows[0]]) - 1  # the run's longest row comes first
+            parts.append(torch.nn.functional.pad(rest(rows, width, sliced(rows)), (0, 0, 0, T - 1 - width)))
+        tail = head.new_zeros(B, T - 1, head.shape[-1]).index_copy(0, torch.cat(runs).to(device), torch.cat(parts))
+        logits = torch.cat([head, tail], dim=1)  # (B, T, V)
+    if idle:  # after the runs, as the other processes' last runs; in the graph, so that their backward communicates
+        row = torch.zeros(1, dtype=torch.long, device=device)
+        if not plain:  # then no process has more than one run: one idle call, over this otherwise unused cache
+            cache.batch_select_indices(row)
+        logits = logits + sum(rest(row, 1, sliced(row) if plain else cache)[:, :0].sum() for _ in range(idle))  # + 0
+    return logits
 
 
 def response_logprobs(model, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor, response_mask: Tensor,
                       *, temperature: float = 1.0, with_entropy: bool = False, entropy_grad: bool = False,
-                      shared_prefix: bool = True, two_calls: bool = False) -> tuple[Tensor, Tensor | None]:
+                      shared_prefix: bool = True, agree: Callable[[int], int] | None = None
+                      ) -> tuple[Tensor, Tensor | None]:
     """Log-probs (B, T) of ``response_ids`` under ``model``, and the token entropy (B, T) if asked.
 
     Logits are divided by the sampling temperature, so the log-probs are those of
     the distribution that generated the responses.
     """
     logits = response_logits(model, prompt_ids, prompt_mask, response_ids, response_mask, temperature=temperature,
-                             shared_prefix=shared_prefix, two_calls=two_calls)
+                             shared_prefix=shared_prefix, agree=agree)
     logp = logprobs_from_logits(logits, response_ids.to(logits.device))  # (B, T)
     ent = None
     if with_entropy:  # a metric unless an entropy bonus needs its gradient

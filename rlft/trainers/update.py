@@ -23,7 +23,7 @@ from rlft.core.ops import masked_mean, masked_sum
 from rlft.core.value import value_loss
 from rlft.dist import Dist
 from rlft import zero
-from rlft.fsdp import forward_communicates, idle_loss, is_sharded, lockstep_extra
+from rlft.fsdp import agreed_count, forward_communicates, idle_loss, is_sharded, lockstep_extra
 from rlft.zero import engine_of
 from rlft.models.forward import autocast, response_logprobs
 from rlft.rollout.batch import Batch
@@ -154,19 +154,19 @@ def _policy_step(state: "RLState", mb: Batch, cfg: Config) -> dict[str, float]:
     engine = engine_of(policy)
     model = policy if engine is None else engine  # under DeepSpeed the update's passes go through its engine
     # FSDP2 and ZeRO-3 communicate in every forward call, so every process must make the same calls: the
-    # shared-prefix forward then makes exactly two per pass (the prompts, every response in one run) instead of one
-    # per run of similar response lengths, a number that differs between processes
-    two_calls = forward_communicates(policy)
+    # shared-prefix forward then makes as many calls for runs of similar response lengths as the process with the
+    # most (agreed in each pass), a number that would otherwise differ between processes
+    agree = agreed_count(dist) if forward_communicates(policy) else None
     micros = [m for _, m in micro_batches(mb.index(dist.share(len(mb))), cfg.train.micro_batch_size,
                                           cfg.train.micro_batch_tokens, shares_prefix(policy, cfg))]
     if is_sharded(policy):  # every process runs as many forward+backward passes as the busiest
         for _ in range(lockstep_extra(dist, len(micros))):
             _backward(engine, dist, idle_loss(batch_logprobs(model, mb.index(slice(0, 1)), cfg,
-                                                             two_calls=two_calls)[0].sum()))
+                                                             agree=agree)[0].sum()))
     for micro in micros:
         mask = _loss_mask(micro).to(device)  # (b, T)
         logp, ent = batch_logprobs(model, micro, cfg, with_entropy=True, entropy_grad=a.entropy_coef > 0,
-                                   two_calls=two_calls)
+                                   agree=agree)
         old_logp = logp.detach() if a.single_pass else micro.old_logp.to(device)
         pg_mat, pg_metrics = POLICY_LOSSES.get(a.policy_loss)(logp, old_logp, micro.adv.to(device), mask,
                                                           loss_cfg)
