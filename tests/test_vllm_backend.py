@@ -1,7 +1,7 @@
 """rollout.sampler=vllm (experimental): rlft's side of the vLLM backend, checked against a stand-in for vLLM's offline
 API that samples with a transformers copy of the model (settings mapped onto SamplingParams, outputs turned into rows,
-weights pushed under transformers' names whenever the policy changed, LoRA merged without touching the policy, one
-process only); the real engine is checked on a GPU with vLLM installed."""
+weights pushed under transformers' names whenever the policy changed, LoRA merged without touching the policy, an
+engine per process under a launcher); the real engine is checked on GPUs with vLLM installed."""
 
 from __future__ import annotations
 
@@ -209,11 +209,56 @@ def test_an_rl_run_trains_with_the_vllm_sampler(fake_vllm, tiny_overrides, digit
     assert len(llm.loaded) == 4 and len(llm.calls) > 4
 
 
-def test_several_processes_are_refused(fake_vllm, tiny_model_dir, monkeypatch):
+def in_processes(monkeypatch, world: int, rank: int) -> None:
+    """This process as rank ``rank`` of ``world`` under a launcher (its process group and environment)."""
     monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
-    monkeypatch.setattr(torch.distributed, "get_world_size", lambda *a: 2)
-    with pytest.raises(RuntimeError, match="runs in one process"):
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda *a: world)
+    monkeypatch.setattr(torch.distributed, "get_rank", lambda *a: rank)
+    for key, value in (("RANK", rank), ("LOCAL_RANK", rank), ("WORLD_SIZE", world), ("MASTER_ADDR", "127.0.0.1"),
+                       ("MASTER_PORT", 29500)):
+        monkeypatch.setenv(key, str(value))
+
+
+def test_each_of_several_processes_starts_its_own_engine_through_the_external_launcher(fake_vllm, tiny_model_dir,
+                                                                                        monkeypatch):
+    model = load_model(str(tiny_model_dir))
+    sample_vllm(model, [[5]], group_size=1, max_new_tokens=2, stops=[2], pad_id=0)
+    assert "distributed_executor_backend" not in FakeLLM.instances[0].kwargs  # one process: vLLM's own executor
+    assert FakeLLM.instances[0].kwargs["seed"] == 0
+    in_processes(monkeypatch, 3, 2)
+    other = load_model(str(tiny_model_dir))
+    got = sample_vllm(other, [[5], [6, 7]], group_size=2, max_new_tokens=3, stops=[2], pad_id=0)
+    llm = FakeLLM.instances[1]
+    assert {k: llm.kwargs[k] for k in ("distributed_executor_backend", "tensor_parallel_size", "seed")} == {
+        "distributed_executor_backend": "external_launcher", "tensor_parallel_size": 1, "seed": 2}
+    assert llm.kwargs["model"] == str(tiny_model_dir) and len(llm.loaded) == 1  # this process's weights pushed
+    assert got.response_ids.shape[0] == 4  # this process's own prompts, G rows each
+
+
+def test_several_processes_need_the_launcher_s_environment(fake_vllm, tiny_model_dir, monkeypatch):
+    in_processes(monkeypatch, 2, 1)
+    monkeypatch.delenv("MASTER_PORT")
+    with pytest.raises(RuntimeError, match="MASTER_PORT"):
         sample_vllm(load_model(str(tiny_model_dir)), [[5]], group_size=1, max_new_tokens=2, stops=[2], pad_id=0)
+    assert FakeLLM.instances == []
+
+
+def test_a_policy_split_over_the_processes_is_refused(fake_vllm, tiny_model_dir, monkeypatch):
+    import rlft.fsdp
+
+    in_processes(monkeypatch, 2, 0)
+    model = load_model(str(tiny_model_dir))
+    monkeypatch.setattr(rlft.fsdp, "forward_communicates", lambda m: m is model)  # as FSDP2 or ZeRO-3 would hold it
+    with pytest.raises(RuntimeError, match="ddp.yaml"):
+        sample_vllm(model, [[5]], group_size=1, max_new_tokens=2, stops=[2], pad_id=0)
+    assert FakeLLM.instances == []
+
+
+def test_sharded_launches_refuse_the_vllm_sampler_naming_the_key():
+    from rlft.fsdp import refuse_unsharded_parts
+
+    with pytest.raises(ConfigError, match="rollout.sampler.*ddp.yaml"):
+        refuse_unsharded_parts(load_config(None, ["rollout.sampler=vllm"]), "an FSDP launch")
 
 
 def test_without_vllm_the_error_names_the_extra(tiny_model_dir, monkeypatch):
@@ -248,3 +293,33 @@ def test_real_vllm_engine_follows_the_policy(tiny_model_dir):
         got = sample_vllm(model, prompts, **args)
         want = sample(model, prompts, **{k: v for k, v in args.items() if k != "options"})
         assert torch.equal(got.response_ids, want.response_ids.cpu())
+
+
+@pytest.mark.gpu
+def test_real_vllm_engines_in_two_processes(tiny_overrides, tmp_path):
+    """On two GPUs with vLLM installed: ``accelerate launch`` with ddp.yaml trains with an engine in each process."""
+    import os
+    import socket
+    import subprocess
+    from pathlib import Path
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two CUDA devices")
+    pytest.importorskip("vllm", reason="needs the vllm extra")
+    root = Path(__file__).resolve().parents[1]
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    overrides = tiny_overrides(tmp_path, "train.steps=2", "rollout.sampler=vllm", "eval.before_rl=false",
+                               "model.device=cuda", "rollout.vllm_gpu_memory_utilization=0.2",
+                               "rollout.vllm_enforce_eager=true")
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR",
+                                                             "MASTER_PORT")}
+    done = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+                           str(root / "recipes" / "accelerate" / "ddp.yaml"), "--num_processes", "2",
+                           "--main_process_port", str(port), "-m", "rlft", "train", *overrides],
+                          capture_output=True, text=True, env=env, timeout=900, cwd=root)
+    assert done.returncode == 0, done.stderr[-4000:]
+    (metrics,) = tmp_path.rglob("metrics.jsonl")
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert [r["step"] for r in rows if "reward/mean" in r] == [1, 2]

@@ -149,7 +149,7 @@ class RolloutConfig:
     top_k: int = 0
     """0 disables top-k."""
     sampler: Literal["rlft", "generate", "vllm"] = "rlft"
-    """rlft: rlft.rollout.decode (each prompt prefilled once per group, finished rows dropped; the same sampling distribution); generate: transformers' model.generate (also the fallback for a model the rlft sampler cannot drive); vllm (experimental, the vllm extra, one process): a vLLM engine beside the policy, its weights pushed whenever the policy's change (rlft.rollout.vllm_engine)."""
+    """rlft: rlft.rollout.decode (each prompt prefilled once per group, finished rows dropped; the same sampling distribution); generate: transformers' model.generate (also the fallback for a model the rlft sampler cannot drive); vllm (experimental, the vllm extra; one process, or several with recipes/accelerate/ddp.yaml, each with an engine of its own): a vLLM engine beside the policy, its weights pushed whenever the policy's change (rlft.rollout.vllm_engine)."""
     vllm_gpu_memory_utilization: float = 0.3
     """rollout.sampler=vllm: the share of the GPU's memory vLLM may take (weights and KV cache); the rest is the trainer's."""
     vllm_max_model_len: int = 0

@@ -22,8 +22,15 @@ weights in vLLM's layout and samples from it. Written against vLLM's offline API
 
 The old log-probs are not taken from vLLM: its kernels round differently from the
 trainer's, so the trainer recomputes them (``Sampled.logprobs`` is None).
-One process only: under ``accelerate launch`` every process would start its own
-engine and distributed group, which this backend does not coordinate.
+
+Several processes (``accelerate launch`` with ``recipes/accelerate/ddp.yaml``, torchrun): each process holds the
+whole policy and samples its own share of the groups, so each starts an engine of its own on its own GPU, with
+vLLM's ``external_launcher`` executor (one worker in the process, which joins the launcher's distributed
+environment: ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``), tensor parallel size 1,
+and the process's rank as the engine's seed; weights are pushed from each process to its own engine. A policy
+whose weights are split over the processes (FSDP2, DeepSpeed ZeRO-3) is refused: its process holds no whole
+weights to push. This path follows vLLM's documented torchrun usage and has not been run by rlft's own tests
+(they need two GPUs: ``test_real_vllm_engines_in_two_processes``).
 """
 
 from __future__ import annotations
@@ -99,18 +106,34 @@ def _model_dir(model) -> str:
     return path
 
 
-def _check_one_process() -> None:
-    if torch.distributed.is_available() and torch.distributed.is_initialized() \
-            and torch.distributed.get_world_size() > 1:
-        raise RuntimeError("rollout.sampler=vllm runs in one process; with several (accelerate launch, torchrun) "
-                           "use rollout.sampler=rlft")
+LAUNCHER_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def launch_settings(model) -> dict:
+    """The engine's arguments for this process's place: none for one process; with several, vLLM's
+    ``external_launcher`` executor (see the module's docstring)."""
+    from rlft.fsdp import forward_communicates
+
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()) \
+            or torch.distributed.get_world_size() == 1:
+        return {}
+    if forward_communicates(model):
+        raise RuntimeError("rollout.sampler=vllm pushes the whole policy from each process to its engine, and under "
+                           "FSDP or DeepSpeed ZeRO-3 each process holds only a part of it: launch with "
+                           "recipes/accelerate/ddp.yaml, or use rollout.sampler=rlft")
+    missing = [k for k in LAUNCHER_ENV if not os.environ.get(k)]
+    if missing:
+        raise RuntimeError(f"rollout.sampler=vllm with several processes needs the launcher's {', '.join(missing)} "
+                           "in the environment (accelerate launch and torchrun set them)")
+    return {"distributed_executor_backend": "external_launcher", "tensor_parallel_size": 1,
+            "seed": torch.distributed.get_rank()}
 
 
 def _engine(model, options: dict) -> _Engine:
     key = core_model(model)
     if key in _ENGINES:
         return _ENGINES[key]
-    _check_one_process()
+    launch = launch_settings(model)
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in this process: push by reference
     try:
         from vllm import LLM
@@ -122,7 +145,7 @@ def _engine(model, options: dict) -> _Engine:
               "enforce_eager": options.get("enforce_eager", False), "enable_prefix_caching": True, "seed": 0}
     if options.get("max_model_len"):
         kwargs["max_model_len"] = options["max_model_len"]
-    _ENGINES[key] = engine = _Engine(LLM(**kwargs))
+    _ENGINES[key] = engine = _Engine(LLM(**{**kwargs, **launch}))
     return engine
 
 
