@@ -112,7 +112,8 @@ def refuse_unsharded_parts(cfg, launch: str) -> None:
     """Refuse, naming the key, what a sharded launch (FSDP or DeepSpeed ZeRO) does not run."""
     from rlft.config import ConfigError
 
-    refused = [(cfg.rollout.sampler == "vllm", "rollout.sampler", "each process pushes its whole policy to its own vLLM engine; launch with recipes/accelerate/ddp.yaml")]
+    refused = [(cfg.rollout.sampler == "vllm", "rollout.sampler",
+                "each process pushes its whole policy to its own vLLM engine; launch with recipes/accelerate/ddp.yaml")]
     for bad, key, why in refused:
         if bad:
             raise ConfigError(f"{key}: not supported with {launch}: {why}")

@@ -665,7 +665,8 @@ def test_agreed_runs_make_the_agreed_number_of_calls_whatever_the_rows(model, to
 
     handle = model.register_forward_pre_hook(lambda m, args: calls.append(1))
     try:
-        for what, sub, own in (("every row", batch, None), ("distinct prompts", batch.index(torch.tensor([0, 2, 4])), None),
+        distinct = batch.index(torch.tensor([0, 2, 4]))
+        for what, sub, own in (("every row", batch, None), ("distinct prompts", distinct, None),
                                ("one row", batch.index(slice(0, 1)), 1), ("one token wide", one_wide, 0)):
             asked.clear()
             logp, grads, n_calls = forward_and_backward(sub, True)
