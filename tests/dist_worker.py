@@ -175,10 +175,11 @@ def main(out: str, model_dir: str, overrides: list[str]) -> None:
     LeanDecoder.build = recorded_build
     runs: list[tuple[int, int]] = []  # a sharded update's response runs per pass: (this process's, agreed)
     agreed_count = update.agreed_count
+    extra = int(os.environ.get("RLFT_AGREE_EXTRA", "0"))  # every process agrees on that many runs more: idle calls
 
     def recorded_agreement(d):
         agree = agreed_count(d)
-        return lambda n: runs.append((n, agree(n))) or runs[-1][1]
+        return lambda n: runs.append((n, agree(n) + extra)) or runs[-1][1]
 
     update.agreed_count = recorded_agreement
     seen: list = []

@@ -235,6 +235,9 @@ FSDP_RUNS = {  # label: processes, environment, preset
     # whole groups in a micro-batch, where the shared-prefix forward would make a different number of calls in
     # each process (one per run of response lengths): every forward call of a sharded model is a collective
     "runs_three": (3, {"ACCELERATE_USE_FSDP": "true", "RLFT_CALL_TOKENS": "0"}, "grpo", ["train.micro_batch_size=256"]),
+    # and every process agreeing on 8 runs more than any has rows for: calls over no rows in every pass
+    "idle_runs_three": (3, {"ACCELERATE_USE_FSDP": "true", "RLFT_CALL_TOKENS": "0", "RLFT_AGREE_EXTRA": "8"}, "grpo",
+                        ["train.micro_batch_size=256"]),
 }
 
 
@@ -274,7 +277,8 @@ def assert_applies_the_one_process_step(one: dict, other: dict, label: str) -> N
         assert ptx > 0 and abs(other["metrics"]["actor/ptx_loss"] - ptx) <= 1e-5 * ptx
 
 
-@pytest.mark.parametrize("label", ["zero3_three", "zero2_two", "ptx_three", "ppo_three", "runs_three"])
+@pytest.mark.parametrize("label", ["zero3_three", "zero2_two", "ptx_three", "ppo_three", "runs_three",
+                                   "idle_runs_three"])
 def test_sharded_processes_apply_the_one_process_gradient(step_runs, fsdp_runs, label):
     assert fsdp_runs[label]["world"] == FSDP_RUNS[label][0]
     assert_applies_the_one_process_step(step_runs[FSDP_RUNS[label][2]]["one"], fsdp_runs[label], label)
@@ -327,6 +331,8 @@ ZERO_RUNS = {  # label: processes, environment (the JSON file's path is filled i
     "planted_mean": (2, {"ACCELERATE_DEEPSPEED_ZERO_STAGE": "2", "RLFT_PLANT": "zero_mean"}, "grpo"),  # its average
     "runs_stage3_three": (3, {"ACCELERATE_DEEPSPEED_CONFIG_FILE": "zero3.json", "RLFT_CALL_TOKENS": "0"}, "grpo",
                           ["train.micro_batch_size=256"]),  # as FSDP_RUNS' runs_three
+    "idle_runs_stage3_three": (3, {"ACCELERATE_DEEPSPEED_CONFIG_FILE": "zero3.json", "RLFT_CALL_TOKENS": "0",
+                                   "RLFT_AGREE_EXTRA": "8"}, "grpo", ["train.micro_batch_size=256"]),  # idle_runs_three
 }
 
 
@@ -349,7 +355,7 @@ def zero_runs(step_runs, tiny_model_dir, tmp_path_factory):
 
 
 @pytest.mark.parametrize("label", ["stage3_three", "stage2_two", "stage1_two", "ptx_stage3_three",
-                                   "ppo_stage3_three", "runs_stage3_three"])
+                                   "ppo_stage3_three", "runs_stage3_three", "idle_runs_stage3_three"])
 def test_zero_processes_apply_the_one_process_gradient(step_runs, zero_runs, label):
     zero = zero_runs[label]
     assert zero["world"] == ZERO_RUNS[label][0] and zero["metrics"]["actor/skipped_steps"] == 0.0
