@@ -3,8 +3,14 @@
 Used by tests/test_dist.py (not collected by pytest):
 
     python tests/dist_worker.py OUT MODEL_DIR [key=value ...]
+    python tests/dist_worker.py --jobs JOBS.json
 
-The main process writes ``OUT``: the step's metrics, the gradient each optimizer
+The second form runs several steps in turn in one launch (a process group's start costs more than a tiny step):
+JOBS.json is a list of ``{"out": OUT, "model": MODEL_DIR, "overrides": [...], "env": {NAME: VALUE}}``, each job
+run with its ``env`` set over the launch's environment (the settings below, and the launch's FSDP and DeepSpeed
+variables) and with nothing it patched left for the next.
+
+For each job the main process writes ``OUT``: the step's metrics, the gradient each optimizer
 step applied (after the sum over processes), the global batch the step trained
 on and, in a one-process run, the per-parameter sum of |gradient terms| (the
 scale of the rounding bound). Rollouts are generated one prompt at a time with
@@ -24,10 +30,14 @@ as ``rlft train`` adds them.
 
 from __future__ import annotations
 
+import gc
+import json
 import os
 import sys
 import zlib
+from contextlib import ExitStack
 from pathlib import Path
+from unittest.mock import patch
 
 import torch
 
@@ -125,21 +135,29 @@ def synthetic_optimizer_state(model) -> dict:
     return {"state": state, "param_groups": [{"lr": 1e-5, "params": list(state)}]}
 
 
-def main(out: str, model_dir: str, overrides: list[str]) -> None:
-    torch.set_num_threads(1)
-    dist = rdist.init_dist("cuda" if "model.device=cuda" in overrides else "cpu")
-    if os.environ.get("RLFT_PLANT") == "no_grad_sum":
-        rdist.Dist.sum_grads_ = lambda self, params: None
-    if os.environ.get("RLFT_PLANT") == "zero_mean":  # DeepSpeed's own convention: the processes' gradients averaged
+def planted(stack: ExitStack) -> None:
+    """The bug ``RLFT_PLANT`` names, patched in until ``stack`` closes."""
+    bug = os.environ.get("RLFT_PLANT")
+    if bug == "no_grad_sum":
+        stack.enter_context(patch.object(rdist.Dist, "sum_grads_", lambda self, params: None))
+    if bug == "zero_mean":  # DeepSpeed's own convention: the processes' gradients averaged
         from rlft import zero
-        zero.backward = lambda engine, loss, world: engine.backward(loss, scale_wrt_gas=False)
-    if os.environ.get("RLFT_PLANT") == "fsdp_mean":  # FSDP's default: the processes' gradients averaged
+        stack.enter_context(patch.object(zero, "backward",
+                                         lambda engine, loss, world: engine.backward(loss, scale_wrt_gas=False)))
+    if bug == "fsdp_mean":  # FSDP's default: the processes' gradients averaged
         from torch.distributed.fsdp import FSDPModule
-        FSDPModule.set_gradient_divide_factor = lambda self, factor: None
-        FSDPModule.set_force_sum_reduction_for_comms = lambda self, enable: None
+        stack.enter_context(patch.object(FSDPModule, "set_gradient_divide_factor", lambda self, factor: None))
+        stack.enter_context(patch.object(FSDPModule, "set_force_sum_reduction_for_comms", lambda self, enable: None))
+
+
+def step(out: str, model_dir: str, overrides: list[str], stack: ExitStack) -> None:
+    """One job: the step (or the ``RLFT_CHECK``) of ``overrides`` on ``model_dir``, written to ``out``; what it
+    patches is patched until ``stack`` closes."""
+    dist = rdist.init_dist("cuda" if "model.device=cuda" in overrides else "cpu")
+    planted(stack)
     if os.environ.get("RLFT_CALL_TOKENS"):  # the shared-prefix forward splits runs of similar lengths this eagerly
         from rlft.models import forward
-        forward.CALL_TOKENS = int(os.environ["RLFT_CALL_TOKENS"])
+        stack.enter_context(patch.object(forward, "CALL_TOKENS", int(os.environ["RLFT_CALL_TOKENS"])))
     cfg = load_config(None, [f"model.path={model_dir}", *overrides])
     run.seed_everything(cfg.train.seed)
     if cfg.lora.rank:  # adapters on the model, as rlft train adds them
@@ -161,9 +179,8 @@ def main(out: str, model_dir: str, overrides: list[str]) -> None:
         gathered = full_optimizer_state(policy, state.optimizer)
         if dist.is_main:
             torch.save({"loaded": loaded, "gathered": gathered}, out)
-        rdist.shutdown()
         return
-    rl.generate = per_prompt_rollout(rl.generate)
+    stack.enter_context(patch.object(rl, "generate", per_prompt_rollout(rl.generate)))
     lean_built: list[bool] = []  # per rollout: whether the sampler's decode steps ran through the lean step
     build = LeanDecoder.build
 
@@ -172,7 +189,7 @@ def main(out: str, model_dir: str, overrides: list[str]) -> None:
         lean_built.append(lean is not None)
         return lean
 
-    LeanDecoder.build = recorded_build
+    stack.enter_context(patch.object(LeanDecoder, "build", recorded_build))
     runs: list[tuple[int, int]] = []  # a sharded update's response runs per pass: (this process's, agreed)
     agreed_count = update.agreed_count
     extra = int(os.environ.get("RLFT_AGREE_EXTRA", "0"))  # every process agrees on that many runs more: idle calls
@@ -181,10 +198,11 @@ def main(out: str, model_dir: str, overrides: list[str]) -> None:
         agree = agreed_count(d)
         return lambda n: runs.append((n, agree(n) + extra)) or runs[-1][1]
 
-    update.agreed_count = recorded_agreement
+    stack.enter_context(patch.object(update, "agreed_count", recorded_agreement))
     seen: list = []
     advantages = rl.compute_advantages
-    rl.compute_advantages = lambda st, batch, c: seen.append(batch) or advantages(st, batch, c)
+    stack.enter_context(patch.object(rl, "compute_advantages",
+                                     lambda st, batch, c: seen.append(batch) or advantages(st, batch, c)))
     grads: dict[str, list] = {"policy": [], "critic": []}
     models = {"policy": policy, "critic": state.critic}
     scales = {}
@@ -217,9 +235,27 @@ def main(out: str, model_dir: str, overrides: list[str]) -> None:
                     "scale": {k: {n: s.scale(n) for n in s.total} for k, s in scales.items()},
                     "response_ids": batch.response_ids, "scores": batch.scores, "adv": batch.adv,
                     "n_tokens": batch.prompt_ids.numel() + batch.response_ids.numel()}, out)
+
+
+def main(jobs: list[dict]) -> None:
+    """Each job in turn, with its ``env`` set over this process's environment, in one process group: every job
+    reads its launch settings afresh (``init_dist``), and what a job patched is undone before the next."""
+    torch.set_num_threads(1)
+    for i, job in enumerate(jobs):
+        if i:  # after every process finished the last job: this one's settings are its own (the group stays open)
+            if torch.distributed.is_initialized():
+                torch.distributed.barrier()
+            rdist._DIST = None
+            gc.collect()
+        with ExitStack() as stack:
+            stack.enter_context(patch.dict(os.environ, job.get("env", {})))
+            step(job["out"], job["model"], job["overrides"], stack)
     rdist.shutdown()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], sys.argv[3:])
+    if sys.argv[1] == "--jobs":
+        main(json.loads(Path(sys.argv[2]).read_text()))
+    else:
+        main([{"out": sys.argv[1], "model": sys.argv[2], "overrides": sys.argv[3:]}])
     rdist.leave(0)

@@ -159,22 +159,29 @@ def launch(processes: int, args: list[str], *, module: bool = False, **env: str)
     return done
 
 
+def run_steps(out: Path, model_dir: Path, steps: dict[str, tuple]) -> dict[str, dict]:
+    """What the worker wrote for each of ``steps`` (label: processes, environment, overrides after STEP), all the
+    steps with the same number of processes run in one launch (``--jobs``), in the order given."""
+    jobs: dict[int, list[dict]] = {}
+    for label, (procs, env, overrides) in steps.items():
+        jobs.setdefault(procs, []).append({"out": str(out / f"{label}.pt"), "model": str(model_dir),
+                                           "overrides": [*STEP, *overrides], "env": env})
+    for procs, plan in jobs.items():
+        path = out / f"jobs_{procs}.json"
+        path.write_text(json.dumps(plan))
+        launch(procs, [str(WORKER), "--jobs", str(path)])
+    return {label: torch.load(out / f"{label}.pt", weights_only=False) for label in steps}
+
+
 @pytest.fixture(scope="module")
 def step_runs(tiny_model_dir, tmp_path_factory):
     """Per preset: the one-process step, the two-process step, and (PLANTED) the two-process step with the planted
     bug."""
-    out = tmp_path_factory.mktemp("dist")
-    runs = {}
-    for name, preset in PRESETS.items():
-        got = {}
-        for label, procs, env in (("one", 1, {}), ("two", 2, {}), ("planted", 2, {"RLFT_PLANT": "no_grad_sum"})):
-            if label == "planted" and name not in PLANTED:
-                continue
-            path = out / f"{name}_{label}.pt"
-            launch(procs, [str(WORKER), str(path), str(tiny_model_dir), *STEP, *preset], **env)
-            got[label] = torch.load(path, weights_only=False)
-        runs[name] = got
-    return runs
+    layouts = {"one": (1, {}), "two": (2, {}), "planted": (2, {"RLFT_PLANT": "no_grad_sum"})}
+    steps = {f"{name}_{label}": (procs, env, preset) for name, preset in PRESETS.items()
+             for label, (procs, env) in layouts.items() if label != "planted" or name in PLANTED}
+    got = run_steps(tmp_path_factory.mktemp("dist"), tiny_model_dir, steps)
+    return {name: {label: got[f"{name}_{label}"] for label in layouts if f"{name}_{label}" in got} for name in PRESETS}
 
 
 @pytest.mark.parametrize("preset", PRESETS)
@@ -244,13 +251,9 @@ FSDP_RUNS = {  # label: processes, environment, preset
 @pytest.fixture(scope="module")
 def fsdp_runs(step_runs, tiny_model_dir, tmp_path_factory):
     """The GRPO step (a reference model, KL in the loss) with the policy sharded, per FSDP_RUNS entry."""
-    out = tmp_path_factory.mktemp("fsdp")
-    runs = {}
-    for label, (procs, env, preset, *extra) in FSDP_RUNS.items():
-        path = out / f"{label}.pt"
-        launch(procs, [str(WORKER), str(path), str(tiny_model_dir), *STEP, *PRESETS[preset], *sum(extra, [])], **env)
-        runs[label] = torch.load(path, weights_only=False)
-    return runs
+    return run_steps(tmp_path_factory.mktemp("fsdp"), tiny_model_dir,
+                     {label: (procs, env, PRESETS[preset] + sum(extra, []))
+                      for label, (procs, env, preset, *extra) in FSDP_RUNS.items()})
 
 
 def assert_applies_the_one_process_step(one: dict, other: dict, label: str) -> None:
@@ -334,24 +337,27 @@ ZERO_RUNS = {  # label: processes, environment (the JSON file's path is filled i
     "idle_runs_stage3_three": (3, {"ACCELERATE_DEEPSPEED_CONFIG_FILE": "zero3.json", "RLFT_CALL_TOKENS": "0",
                                    "RLFT_AGREE_EXTRA": "8"}, "grpo", ["train.micro_batch_size=256"]),  # idle_runs_three
 }
+FRESH_LOADS = {  # label: as ZERO_RUNS, a resume's load into an engine that has not stepped instead of a step
+    "fresh_load": (3, {"ACCELERATE_DEEPSPEED_CONFIG_FILE": "zero3.json", "RLFT_CHECK": "fresh_load"}, "grpo"),
+    "fresh_load_by_position": (2, {"ACCELERATE_DEEPSPEED_ZERO_STAGE": "2", "RLFT_CHECK": "fresh_load_by_position"},
+                               "grpo"),
+}
 
 
 @pytest.fixture(scope="module")
 def zero_runs(step_runs, tiny_model_dir, tmp_path_factory):
     """The GRPO step (a reference model, KL in the loss) with the policy in a DeepSpeed ZeRO engine, per ZERO_RUNS
-    entry."""
+    entry, and the FRESH_LOADS checks."""
     _needs_deepspeed()
     out = tmp_path_factory.mktemp("zero")
     (out / "zero3.json").write_text(json.dumps(_ZERO3_JSON))
-    runs = {}
-    for label, (procs, env, preset, *extra) in ZERO_RUNS.items():
+    steps = {}
+    for label, (procs, env, preset, *extra) in {**ZERO_RUNS, **FRESH_LOADS}.items():
         env = {"ACCELERATE_USE_DEEPSPEED": "true", **env}
         if "ACCELERATE_DEEPSPEED_CONFIG_FILE" in env:
             env["ACCELERATE_DEEPSPEED_CONFIG_FILE"] = str(out / env["ACCELERATE_DEEPSPEED_CONFIG_FILE"])
-        path = out / f"{label}.pt"
-        launch(procs, [str(WORKER), str(path), str(tiny_model_dir), *STEP, *PRESETS[preset], *sum(extra, [])], **env)
-        runs[label] = torch.load(path, weights_only=False)
-    return runs
+        steps[label] = (procs, env, PRESETS[preset] + sum(extra, []))
+    return run_steps(out, tiny_model_dir, steps)
 
 
 @pytest.mark.parametrize("label", ["stage3_three", "stage2_two", "stage1_two", "ptx_stage3_three",
@@ -417,23 +423,18 @@ def test_every_rollout_decodes_through_the_lean_step(request, runs):
     got = request.getfixturevalue(runs)
     if runs == "step_runs":  # preset -> label -> run
         got = {f"{preset}/{label}": run for preset, by_label in got.items() for label, run in by_label.items()}
+    if runs == "zero_runs":
+        got = {label: got[label] for label in ZERO_RUNS}
     built = {label: run["lean_built"] for label, run in got.items()}
     assert all(b and all(b) for b in built.values()), built
 
 
-@pytest.mark.parametrize("stage, procs, check", [(3, 3, "fresh_load"), (2, 2, "fresh_load_by_position")])
-def test_zero_optimizer_state_loaded_into_a_fresh_engine_gathers_back_unchanged(tiny_model_dir, tmp_path, stage,
-                                                                               procs, check):
+@pytest.mark.parametrize("label", FRESH_LOADS)
+def test_zero_optimizer_state_loaded_into_a_fresh_engine_gathers_back_unchanged(zero_runs, label):
     """A resume's load: a whole AdamW state keyed by name (stage 3 with every tensor split, sizes that do not divide
     by 3 processes) or by position (as a plain run saves it; stage 2) into a ZeRO engine that has not stepped, then
     gathered whole again."""
-    _needs_deepspeed()
-    conf = tmp_path / "zero.json"
-    conf.write_text(json.dumps({"zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0}}))
-    path = tmp_path / "fresh.pt"
-    launch(procs, [str(WORKER), str(path), str(tiny_model_dir), *STEP, *PRESETS["grpo"]],
-           ACCELERATE_USE_DEEPSPEED="true", ACCELERATE_DEEPSPEED_CONFIG_FILE=str(conf), RLFT_CHECK=check)
-    got = torch.load(path, weights_only=False)
+    got = zero_runs[label]
     loaded, back = got["loaded"]["state"], got["gathered"]["state"]
     assert back.keys() == loaded.keys() - {"lm_head.weight"} and len(back) > 5
     for name in back:
@@ -451,14 +452,10 @@ def lora_runs(tiny_model_dir, tmp_path_factory):
     _needs_deepspeed()
     out = tmp_path_factory.mktemp("lora")
     (out / "zero3.json").write_text(json.dumps(_ZERO3_JSON))
-    runs = {}
-    for label, procs, env in (("one", 1, {}), ("fsdp_three", 3, {"ACCELERATE_USE_FSDP": "true"}),
-                              ("zero3_three", 3, {"ACCELERATE_USE_DEEPSPEED": "true",
-                                                  "ACCELERATE_DEEPSPEED_CONFIG_FILE": str(out / "zero3.json")})):
-        path = out / f"{label}.pt"
-        launch(procs, [str(WORKER), str(path), str(tiny_model_dir), *STEP, *LORA], **env)
-        runs[label] = torch.load(path, weights_only=False)
-    return runs
+    return run_steps(out, tiny_model_dir, {
+        "one": (1, {}, LORA), "fsdp_three": (3, {"ACCELERATE_USE_FSDP": "true"}, LORA),
+        "zero3_three": (3, {"ACCELERATE_USE_DEEPSPEED": "true",
+                            "ACCELERATE_DEEPSPEED_CONFIG_FILE": str(out / "zero3.json")}, LORA)})
 
 
 @pytest.mark.parametrize("label", ["fsdp_three", "zero3_three"])
