@@ -9,7 +9,13 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 bash scripts/browser.sh
 bash scripts/cxx.sh
-.venv/bin/python -m pytest --durations=15 "$@"
+if [ "$#" -eq 0 ]; then
+  # two workers (pytest-xdist): most tests use one core; tests/conftest.py keeps the ones that must not run beside
+  # each other in one worker
+  .venv/bin/python -m pytest -n 2 --dist loadgroup --durations=15
+else
+  .venv/bin/python -m pytest --durations=15 "$@"
+fi
 if [ "$#" -eq 0 ]; then
   core=(tests/test_advantages.py tests/test_losses.py tests/test_kl.py tests/test_value.py tests/test_shaping.py
         tests/test_core_ops.py tests/test_passk.py tests/test_preference.py tests/test_process_advantage.py
