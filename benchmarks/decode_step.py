@@ -2,12 +2,14 @@
 
     python benchmarks/decode_step.py --model /tmp/m05                      # 8 prompts x 8 samples x 16 tokens
     python benchmarks/decode_step.py --model /tmp/m34 --rounds 5 --threads 1
+    python benchmarks/decode_step.py --model /tmp/m34 --rounds 7 --reps 3 --threads 2 --mlp-rows-left
 
 Both sides run ``rlft.rollout.decode.sample`` on the same random prompts (``--prompt-tokens`` each), with eos
 never sampled (its logit is set to -inf through an LM-head bias) so every row decodes the whole budget; the
 model-forward side is the same call with ``LeanDecoder.build`` returning None. Rounds alternate the two sides;
 each round times ``--reps`` calls of each and keeps the median; printed: the medians over the rounds and their
-ratio.
+ratio. ``--mlp-rows-left`` adds a third side: the lean step with its MLP products in the other order, the rows
+on the left (h @ W.T, ``F.linear``), as it ran before ``rlft.rollout.lean._mlp`` put the weight on the left.
 """
 
 from __future__ import annotations
@@ -17,10 +19,16 @@ import statistics
 import time
 
 import torch
+import torch.nn.functional as F
 
 from rlft.models.loading import load_model, quiet_transformers
-from rlft.rollout import decode
+from rlft.rollout import decode, lean
 from rlft.rollout.lean import LeanDecoder
+
+
+def mlp_rows_left(mlp, h):
+    """The gated MLP with each product as ``F.linear`` (h @ W.T)."""
+    return lean._linear(mlp.down_proj, F.silu(lean._linear(mlp.gate_proj, h)) * lean._linear(mlp.up_proj, h))
 
 
 def main() -> None:
@@ -33,6 +41,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    ap.add_argument("--mlp-rows-left", action="store_true", help="also time the lean step with h @ W.T MLP products")
     args = ap.parse_args()
     quiet_transformers()
     if args.threads:
@@ -52,28 +61,35 @@ def main() -> None:
         decode.sample(model, prompts, group_size=args.group, max_new_tokens=args.max_new_tokens, stops=[eos],
                       pad_id=0)
 
-    build = LeanDecoder.build
-    sides = {"lean step": build, "model forward": classmethod(lambda cls, *a: None).__get__(None, LeanDecoder)}
+    build, mlp = LeanDecoder.build, lean._mlp
+    none = classmethod(lambda cls, *a: None).__get__(None, LeanDecoder)
+    sides = {"lean step": (build, mlp), "model forward": (none, mlp)}  # name: (LeanDecoder.build, lean._mlp)
+    if args.mlp_rows_left:
+        sides["lean, MLP h @ W.T"] = (build, mlp_rows_left)
     times: dict[str, list[float]] = {name: [] for name in sides}
     for _ in range(2):  # warm-up
         run()
     for _ in range(args.rounds):
-        for name, fn in sides.items():
-            LeanDecoder.build = fn
+        for name, (fn, mlp_fn) in sides.items():
+            LeanDecoder.build, lean._mlp = fn, mlp_fn
             reps = []
             for _ in range(args.reps):
                 t0 = time.perf_counter()
                 run()
                 reps.append(time.perf_counter() - t0)
             times[name].append(statistics.median(reps))
-    LeanDecoder.build = build
+    LeanDecoder.build, lean._mlp = build, mlp
     med = {name: statistics.median(v) for name, v in times.items()}
     rows = args.prompts * args.group
     print(f"{args.model}: {rows} rows x {args.max_new_tokens} new tokens, {torch.get_num_threads()} threads, "
           f"medians over {args.rounds} rounds of {args.reps}")
     for name, t in med.items():
-        print(f"  {name:14s} {1e3 * t:8.2f} ms per rollout")
+        print(f"  {name:18s} {1e3 * t:8.2f} ms per rollout")
     print(f"  lean / model forward: {med['lean step'] / med['model forward']:.2f}")
+    if args.mlp_rows_left:
+        per_round = [a / b for a, b in zip(times["lean step"], times["lean, MLP h @ W.T"])]
+        print(f"  lean / lean with h @ W.T: {med['lean step'] / med['lean, MLP h @ W.T']:.3f} (per round: "
+              f"{', '.join(f'{r:.3f}' for r in per_round)})")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,53 @@
+"""The rate of a decode step's matrix products with the rows on the left (h @ W.T, ``F.linear``) and with the
+weight on the left (W @ h.T, as ``rlft.rollout.lean._mlp`` computes the MLP), next to a 1024 x 1024 product.
+
+    python benchmarks/mm_order.py --threads 2
+
+Each shape is (rows, in, out) with a weight of (out, in) as ``nn.Linear`` holds it; printed: GFLOP/s, the
+median of 7 timings of ``--reps`` calls each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+SHAPES = [(64, 512, 2048), (64, 2048, 512), (64, 512, 512), (64, 128, 384), (64, 384, 128)]
+
+
+def rate(fn, flop: int, reps: int) -> float:
+    for _ in range(20):
+        fn()
+    times = []
+    for _ in range(7):
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        times.append((time.perf_counter() - t0) / reps)
+    return flop / statistics.median(times) / 1e9
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    ap.add_argument("--reps", type=int, default=200)
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print(f"{torch.get_num_threads()} threads, GFLOP/s")
+    for rows, d_in, d_out in SHAPES:
+        h, w = torch.randn(rows, d_in), torch.randn(d_out, d_in)
+        flop = 2 * rows * d_in * d_out
+        left = rate(lambda: F.linear(h, w), flop, args.reps)
+        right = rate(lambda: torch.mm(w, h.t()), flop, args.reps)
+        print(f"  {rows} x {d_in} -> {d_out}: h @ W.T {left:6.1f}   W @ h.T {right:6.1f}   ({right / left:.2f}x)")
+    a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
+    print(f"  1024 x 1024 x 1024: {rate(lambda: a @ b, 2 * 1024 ** 3, 20):6.1f}")
+
+
+if __name__ == "__main__":
+    main()
