@@ -9,24 +9,21 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 bash scripts/browser.sh
 bash scripts/cxx.sh
-if [ "$#" -eq 0 ]; then
-  # two workers (pytest-xdist): most tests use one core; tests/conftest.py keeps the ones that must not run beside
-  # each other in one worker
-  .venv/bin/python -m pytest -n 2 --dist loadgroup --durations=15
-else
-  .venv/bin/python -m pytest --durations=15 "$@"
+if [ "$#" -gt 0 ]; then  # the tests asked for, and nothing more
+  exec .venv/bin/python -m pytest --durations=15 "$@"
 fi
-if [ "$#" -eq 0 ]; then
-  core=(tests/test_advantages.py tests/test_losses.py tests/test_kl.py tests/test_value.py tests/test_shaping.py
-        tests/test_core_ops.py tests/test_passk.py tests/test_preference.py tests/test_process_advantage.py
-        tests/test_reward_hacking.py)
-  .venv/bin/python -m pytest --cov=rlft.core --cov-report=term-missing:skip-covered --cov-fail-under=100 "${core[@]}"
-  second="RLFT_TEST_THREADS=2"
-  if grep -qw avx2 /proc/cpuinfo 2>/dev/null; then  # AVX2 kernels only where the CPU has them
-    second="ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=COMPATIBLE $second"
-  fi
-  for setting in "ATEN_CPU_CAPABILITY=default RLFT_TEST_THREADS=1" "$second"; do
-    echo "numerics under $setting"
-    env $setting .venv/bin/python -m pytest "${core[@]}" tests/test_rl_loop.py tests/test_lean_decoder.py
-  done
+# two workers (pytest-xdist): most tests use one core; tests/conftest.py keeps the ones that must not run beside
+# each other in one worker
+.venv/bin/python -m pytest -n 2 --dist loadgroup --durations=15
+core=(tests/test_advantages.py tests/test_losses.py tests/test_kl.py tests/test_value.py tests/test_shaping.py
+      tests/test_core_ops.py tests/test_passk.py tests/test_preference.py tests/test_process_advantage.py
+      tests/test_reward_hacking.py)
+.venv/bin/python -m pytest --cov=rlft.core --cov-report=term-missing:skip-covered --cov-fail-under=100 "${core[@]}"
+second="RLFT_TEST_THREADS=2"
+if grep -qw avx2 /proc/cpuinfo 2>/dev/null; then  # AVX2 kernels only where the CPU has them
+  second="ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=COMPATIBLE $second"
 fi
+for setting in "ATEN_CPU_CAPABILITY=default RLFT_TEST_THREADS=1" "$second"; do
+  echo "numerics under $setting"
+  env $setting .venv/bin/python -m pytest "${core[@]}" tests/test_rl_loop.py tests/test_lean_decoder.py
+done

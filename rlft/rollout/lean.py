@@ -110,8 +110,8 @@ def _projected_t(m: torch.nn.Linear, xt: Tensor) -> Tensor:
 def _mlp(mlp, h: Tensor) -> Tensor:
     """The gated MLP of ``h`` (b, hidden). With dense projections it runs on the transposed rows, the weight on the
     left of each product (W @ h.T), and returns a transposed view: for the few rows of a decode step that product
-    split over 2 threads ran at 1.15-1.35x the rate of h @ W.T on an AMD EPYC (64 x 512 by 512 x 2048: 180 against
-    156 GFLOP/s; benchmarks/README.md), the same with one thread. The same sums, in another order."""
+    split over 2 threads ran at 1.15-1.18x the rate of h @ W.T on an AMD EPYC (64 x 512 by 512 x 2048: 182 against
+    155 GFLOP/s; benchmarks/mm_order.py), the same with one thread. The same sums, in another order."""
     gate, up, down = mlp.gate_proj, mlp.up_proj, mlp.down_proj
     if type(gate) is type(up) is type(down) is torch.nn.Linear:
         ht = h.t()
