@@ -192,19 +192,23 @@ def sample(model, prompts: list[list[int]], *, group_size: int, max_new_tokens: 
     rows = torch.arange(B, device=device)  # original row of each row still in the batch
     live = torch.ones(B, dtype=torch.bool, device=device)  # rows in the batch that have not stopped
     stop_ids = torch.tensor(stops, dtype=torch.long, device=device)
+    warped = top_k > 0 or top_p < 1.0
     for t in range(max_new_tokens):
+        logp = torch.log_softmax(logits / temperature if temperature != 1.0 else logits, dim=-1)  # (b, V)
         if greedy:
             nxt = logits.argmax(-1)
-        else:
+        elif warped:
             nxt = draw(torch.softmax(warp(logits, temperature=temperature, top_k=top_k, top_p=top_p), dim=-1))
-        scaled = logits / temperature if temperature != 1.0 else logits
-        lp = scaled.gather(1, nxt[:, None]).squeeze(1) - torch.logsumexp(scaled, dim=-1)
-        tokens[rows[live], t] = nxt[live]
-        logps[rows[live], t] = lp[live]
+        else:  # temperature alone: the sampling distribution is the one the log-probs are taken from
+            nxt = draw(logp.exp())
+        lp = logp.gather(1, nxt[:, None]).squeeze(1)
+        tokens[rows, t] = torch.where(live, nxt, pad_id)  # rows stopped earlier keep their padding
+        logps[rows, t] = torch.where(live, lp, 0.0)
         stopped = live & torch.isin(nxt, stop_ids)
-        lengths[rows[stopped]] = t + 1
-        ended[rows[stopped]] = True
-        live &= ~stopped
+        if stopped.any():
+            lengths[rows[stopped]] = t + 1
+            ended[rows[stopped]] = True
+            live &= ~stopped
         n_live = int(live.sum())
         if n_live == 0 or t == max_new_tokens - 1:
             break

