@@ -3,13 +3,16 @@
     python benchmarks/decode_step.py --model /tmp/m05                      # 8 prompts x 8 samples x 16 tokens
     python benchmarks/decode_step.py --model /tmp/m34 --rounds 5 --threads 1
     python benchmarks/decode_step.py --model /tmp/m34 --rounds 7 --reps 3 --threads 2 --mlp-rows-left
+    python benchmarks/decode_step.py --model /tmp/m34 --rounds 10 --reps 3 --threads 2 --unpacked
 
 Both sides run ``rlft.rollout.decode.sample`` on the same random prompts (``--prompt-tokens`` each), with eos
 never sampled (its logit is set to -inf through an LM-head bias) so every row decodes the whole budget; the
 model-forward side is the same call with ``LeanDecoder.build`` returning None. Rounds alternate the two sides;
 each round times ``--reps`` calls of each and keeps the median; printed: the medians over the rounds and their
 ratio. ``--mlp-rows-left`` adds a third side: the lean step with its MLP products in the other order, the rows
-on the left (h @ W.T, ``F.linear``), as it ran before ``rlft.rollout.lean._mlp`` put the weight on the left.
+on the left (h @ W.T, ``F.linear``), as it ran before ``rlft.rollout.lean._mlp`` put the weight on the left
+(and without packed weights). ``--unpacked`` adds the lean step without its large projections copied into
+oneDNN's layout (``rlft.rollout.lean.pack``), as it ran before that.
 """
 
 from __future__ import annotations
@@ -26,8 +29,8 @@ from rlft.rollout import decode, lean
 from rlft.rollout.lean import LeanDecoder
 
 
-def mlp_rows_left(mlp, h):
-    """The gated MLP with each product as ``F.linear`` (h @ W.T)."""
+def mlp_rows_left(mlp, h, packed):
+    """The gated MLP with each product as ``F.linear`` (h @ W.T); ``packed`` is not read."""
     return lean._linear(mlp.down_proj, F.silu(lean._linear(mlp.gate_proj, h)) * lean._linear(mlp.up_proj, h))
 
 
@@ -42,6 +45,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--mlp-rows-left", action="store_true", help="also time the lean step with h @ W.T MLP products")
+    ap.add_argument("--unpacked", action="store_true", help="also time the lean step without oneDNN-packed weights")
     args = ap.parse_args()
     quiet_transformers()
     if args.threads:
@@ -61,24 +65,28 @@ def main() -> None:
         decode.sample(model, prompts, group_size=args.group, max_new_tokens=args.max_new_tokens, stops=[eos],
                       pad_id=0)
 
-    build, mlp = LeanDecoder.build, lean._mlp
-    none = classmethod(lambda cls, *a: None).__get__(None, LeanDecoder)
-    sides = {"lean step": (build, mlp), "model forward": (none, mlp)}  # name: (LeanDecoder.build, lean._mlp)
+    build, mlp, min_steps = LeanDecoder.build, lean._mlp, lean.PACK_MIN_STEPS
+    none = classmethod(lambda cls, *a, **kw: None).__get__(None, LeanDecoder)
+    never = 10 ** 9  # PACK_MIN_STEPS that no rollout reaches: nothing packed
+    # name: (LeanDecoder.build, lean._mlp, lean.PACK_MIN_STEPS)
+    sides = {"lean step": (build, mlp, min_steps), "model forward": (none, mlp, min_steps)}
     if args.mlp_rows_left:
-        sides["lean, MLP h @ W.T"] = (build, mlp_rows_left)
+        sides["lean, MLP h @ W.T"] = (build, mlp_rows_left, never)
+    if args.unpacked:
+        sides["lean, not packed"] = (build, mlp, never)
     times: dict[str, list[float]] = {name: [] for name in sides}
     for _ in range(2):  # warm-up
         run()
     for _ in range(args.rounds):
-        for name, (fn, mlp_fn) in sides.items():
-            LeanDecoder.build, lean._mlp = fn, mlp_fn
+        for name, (fn, mlp_fn, steps) in sides.items():
+            LeanDecoder.build, lean._mlp, lean.PACK_MIN_STEPS = fn, mlp_fn, steps
             reps = []
             for _ in range(args.reps):
                 t0 = time.perf_counter()
                 run()
                 reps.append(time.perf_counter() - t0)
             times[name].append(statistics.median(reps))
-    LeanDecoder.build, lean._mlp = build, mlp
+    LeanDecoder.build, lean._mlp, lean.PACK_MIN_STEPS = build, mlp, min_steps
     med = {name: statistics.median(v) for name, v in times.items()}
     rows = args.prompts * args.group
     print(f"{args.model}: {rows} rows x {args.max_new_tokens} new tokens, {torch.get_num_threads()} threads, "
@@ -86,10 +94,11 @@ def main() -> None:
     for name, t in med.items():
         print(f"  {name:18s} {1e3 * t:8.2f} ms per rollout")
     print(f"  lean / model forward: {med['lean step'] / med['model forward']:.2f}")
-    if args.mlp_rows_left:
-        per_round = [a / b for a, b in zip(times["lean step"], times["lean, MLP h @ W.T"])]
-        print(f"  lean / lean with h @ W.T: {med['lean step'] / med['lean, MLP h @ W.T']:.3f} (per round: "
-              f"{', '.join(f'{r:.3f}' for r in per_round)})")
+    for flag, other in ((args.mlp_rows_left, "lean, MLP h @ W.T"), (args.unpacked, "lean, not packed")):
+        if flag:
+            per_round = [a / b for a, b in zip(times["lean step"], times[other])]
+            print(f"  lean step / {other}: {med['lean step'] / med[other]:.3f} (median per round "
+                  f"{statistics.median(per_round):.3f}; per round: {', '.join(f'{r:.3f}' for r in per_round)})")
 
 
 if __name__ == "__main__":

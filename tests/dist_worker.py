@@ -184,8 +184,8 @@ def step(out: str, model_dir: str, overrides: list[str], stack: ExitStack) -> No
     lean_built: list[bool] = []  # per rollout: whether the sampler's decode steps ran through the lean step
     build = LeanDecoder.build
 
-    def recorded_build(model, capacity):
-        lean = build(model, capacity)
+    def recorded_build(model, capacity, **kwargs):
+        lean = build(model, capacity, **kwargs)
         lean_built.append(lean is not None)
         return lean
 

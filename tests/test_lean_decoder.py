@@ -88,11 +88,14 @@ def lockstep(model, lean, *, shift: int = 0, shared: bool = False, wrong_rows: b
     return max(theirs.abs().max().item() for _, theirs in pairs), pairs
 
 
-def lean_against_forward(model, shared: bool, what: str):
+def lean_against_forward(model, shared: bool, what: str, packed: bool = False):
     """The lean step of ``model`` run in lockstep with the model's forward (``lockstep``), every decode step's
-    logits checked within the rounding bound; returns the lean step, the bound's settings and the logit pairs."""
-    lean = LeanDecoder.build(model, capacity=16)
+    logits checked within the rounding bound; returns the lean step, the bound's settings and the logit pairs.
+    With ``packed`` every dense projection goes through its oneDNN copy (``rlft.rollout.lean.pack``; the caller
+    lowers its size and length thresholds)."""
+    lean = LeanDecoder.build(model, capacity=16, rows=6, steps=6)
     assert lean is not None
+    assert len(lean.packed) == (7 * model.config.num_hidden_layers if packed else 0)
     z_max, pairs = lockstep(model, lean, shared=shared)
     c = model.config
     tol = dict(n_terms=max(c.vocab_size, c.intermediate_size, c.hidden_size, 16), scale=1 + z_max,
@@ -103,20 +106,72 @@ def lean_against_forward(model, shared: bool, what: str):
     return lean, tol, pairs
 
 
+def packing_everything(monkeypatch):
+    """Every dense projection of a rollout of any length copied into oneDNN's layout (the test models are far
+    below the sizes where that pays)."""
+    from rlft.rollout import lean
+
+    if not torch.backends.mkldnn.is_available():
+        pytest.skip("this torch has no oneDNN (mkldnn)")
+    monkeypatch.setattr(lean, "PACK_MIN_WEIGHTS", 1)
+    monkeypatch.setattr(lean, "PACK_MIN_STEPS", 0)
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["products-as-they-are", "weights-packed"])
 @pytest.mark.parametrize("shared", [False, True], ids=["prompts-repeated", "prompts-kept-once"])
 @pytest.mark.parametrize("kind", ["llama", "mistral", "qwen2", "qwen3"])
-def test_lean_step_is_the_models_forward(tmp_path, kind, shared):
+def test_lean_step_is_the_models_forward(tmp_path, monkeypatch, kind, shared, packed):
     """The lean step's logits are the model's forward's, over a cache of the prompts repeated to their rows, or
     with each prompt's keys and values kept once and read by its G rows (grouped-query heads: 4 query heads on
-    2 key heads)."""
+    2 key heads); with the projections' products as they are, or from weights in oneDNN's layout."""
+    if packed:
+        packing_everything(monkeypatch)
     model = saved_model(tmp_path, make_config(kind))
-    lean, tol, _ = lean_against_forward(model, shared, kind)
+    lean, tol, _ = lean_against_forward(model, shared, kind, packed)
     # the bound catches the bugs it guards against: rotary positions off by one; rows reading another prompt
     _, shifted = lockstep(model, lean, shift=1, shared=shared)
     assert any(rounding_differs(mine, theirs, **tol) for mine, theirs in shifted)
     if shared:
         _, wrong = lockstep(model, lean, shared=True, wrong_rows=True)
         assert all(rounding_differs(mine, theirs, **tol) for mine, theirs in wrong)
+
+
+def test_a_packed_copy_of_the_wrong_weight_fails_the_bound(tmp_path, monkeypatch):
+    """The bound catches a packed projection that is not the module's own: each layer's up projection read from
+    its gate projection's copy."""
+    packing_everything(monkeypatch)
+    model = saved_model(tmp_path, make_config("llama"))
+    lean, tol, _ = lean_against_forward(model, False, "llama", packed=True)
+    for layer in model.model.layers:
+        lean.packed[layer.mlp.up_proj] = lean.packed[layer.mlp.gate_proj]
+    _, wrong = lockstep(model, lean)
+    assert all(rounding_differs(mine, theirs, **tol) for mine, theirs in wrong)
+
+
+def test_weights_are_packed_only_where_it_pays_and_is_the_same_arithmetic(tmp_path, monkeypatch):
+    """Large float32 projections of a long enough rollout are packed; not under autocast (its products run in
+    another dtype), not with oneDNN switched off, not for a short rollout, not below the size, not when the
+    copies would take more than half the memory available."""
+    from rlft.rollout import lean
+
+    if not torch.backends.mkldnn.is_available():
+        pytest.skip("this torch has no oneDNN (mkldnn)")
+    model = saved_model(tmp_path, make_config("qwen2"))
+    monkeypatch.setattr(lean, "PACK_MIN_WEIGHTS", SIZES["hidden_size"] * SIZES["intermediate_size"])
+    monkeypatch.setattr(lean, "PACK_MIN_STEPS", 4)
+    packed = LeanDecoder.build(model, 16, rows=6, steps=4).packed
+    assert set(packed) == {m for layer in model.model.layers for m in (layer.mlp.gate_proj, layer.mlp.up_proj,
+                                                                          layer.mlp.down_proj)}  # 32 x 48: the MLP
+    assert LeanDecoder.build(model, 16, rows=6, steps=3).packed == {}
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert LeanDecoder.build(model, 16, rows=6, steps=4).packed == {}
+    with torch.backends.mkldnn.flags(enabled=False):
+        assert LeanDecoder.build(model, 16, rows=6, steps=4).packed == {}
+    copies = 4 * 3 * SIZES["hidden_size"] * SIZES["intermediate_size"] * SIZES["num_hidden_layers"]  # bytes
+    monkeypatch.setattr(lean, "available_bytes", lambda: 2 * copies - 1)  # more than half of it: not packed
+    assert LeanDecoder.build(model, 16, rows=6, steps=4).packed == {}
+    monkeypatch.setattr(lean, "available_bytes", lambda: 2 * copies)
+    assert len(LeanDecoder.build(model, 16, rows=6, steps=4).packed) == 6
 
 
 @pytest.mark.gpu

@@ -270,14 +270,26 @@ def test_rollouts_ignore_the_checkpoints_generation_defaults(tiny_model_dir, tok
         assert torch.equal(a.response_ids, b.response_ids) and a.texts == b.texts
 
 
-@pytest.mark.parametrize("lean", ["lean-step", "lean-step-prompts-once", "model-forward"])
+@pytest.mark.parametrize("lean", ["lean-step", "lean-step-prompts-once", "lean-step-weights-packed", "model-forward"])
 def test_rlft_sampler_prefills_each_prompt_once_and_its_logprobs_are_the_forward_ones(model, tok, eos_boost,
                                                                                     monkeypatch, lean):
     """The shared prompt cache, the growing decode cache and the dropping of finished rows give the same
     log-probs as one unpadded forward of each finished sequence, with decode steps through the lean decoder
     (rlft.rollout.lean), through it with each prompt's keys and values kept once (``SharedPrefix``, which the
-    sampler uses from ``SHARED_PROMPT_TOKENS`` on), and through the model's own forward."""
+    sampler uses from ``SHARED_PROMPT_TOKENS`` on), through it with every projection's weight in oneDNN's layout
+    (``rlft.rollout.lean.pack``, thresholds lowered for this small model), and through the model's own forward."""
     from transformers.cache_utils import Cache
+
+    from rlft.rollout import lean as lean_module
+
+    packed = []
+    if lean == "lean-step-weights-packed":
+        if not torch.backends.mkldnn.is_available():
+            pytest.skip("this torch has no oneDNN (mkldnn)")
+        monkeypatch.setattr(lean_module, "PACK_MIN_WEIGHTS", 1)
+        monkeypatch.setattr(lean_module, "PACK_MIN_STEPS", 0)
+        real_pack = lean_module.pack
+        monkeypatch.setattr(lean_module, "pack", lambda *a: (lambda p: (packed.append(len(p)), p)[1])(real_pack(*a)))
 
     boost = eos_boost(model, bonus=1.5)
     rows_seen, compactions, prefixes = [], [], []
@@ -291,7 +303,7 @@ def test_rlft_sampler_prefills_each_prompt_once_and_its_logprobs_are_the_forward
             rows_seen.append((len(tokens), 1)), prefixes.append(a[2] if len(a) > 2 else None),
             step(self, cache, tokens, *a))[-1])
     else:
-        monkeypatch.setattr(decode.LeanDecoder, "build", classmethod(lambda cls, *a: None))
+        monkeypatch.setattr(decode.LeanDecoder, "build", classmethod(lambda cls, *a, **kw: None))
     real_select = Cache.batch_select_indices
     monkeypatch.setattr(Cache, "batch_select_indices",
                         lambda self, idx: (compactions.append(len(idx)), real_select(self, idx))[1])
@@ -306,6 +318,7 @@ def test_rlft_sampler_prefills_each_prompt_once_and_its_logprobs_are_the_forward
     assert compactions and s.truncated.any() and not s.truncated.all()  # finished rows were dropped mid-way
     assert sorted(shape[0] for shape in rows_seen[1:])[0] < len(prompts) * G
     assert all((p is not None) == (lean == "lean-step-prompts-once") for p in prefixes)
+    assert (packed == [7 * model.config.num_hidden_layers]) == (lean == "lean-step-weights-packed")
     batch = Batch(prompt_ids=s.prompt_ids, prompt_mask=s.prompt_mask, response_ids=s.response_ids,
                   response_mask=s.response_mask, truncated=s.truncated, group_size=G)
     boost = eos_boost(model, bonus=1.5)

@@ -168,7 +168,8 @@ def sample(model, prompts: list[list[int]], *, group_size: int, max_new_tokens: 
     ids, mask = ids.to(device), mask.to(device)
     capacity = ids.shape[1] + max_new_tokens
     cache = reserved_cache(core_model(model), capacity)
-    lean = LeanDecoder.build(model, capacity) if cache is not None else None  # None: decode steps through the model
+    lean = (LeanDecoder.build(model, capacity, rows=len(prompts) * G, steps=max_new_tokens - 1)
+            if cache is not None else None)  # None: decode steps through the model
     shared = lean is not None and G > 1 and ids.shape[1] >= SHARED_PROMPT_TOKENS
     out = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
                 **with_cache(model, DynamicCache() if shared or cache is None else cache), use_cache=True,
