@@ -88,14 +88,14 @@ def lockstep(model, lean, *, shift: int = 0, shared: bool = False, wrong_rows: b
     return max(theirs.abs().max().item() for _, theirs in pairs), pairs
 
 
-def lean_against_forward(model, shared: bool, what: str, packed: bool = False):
+def lean_against_forward(model, shared: bool, what: str, packed: int = 0):
     """The lean step of ``model`` run in lockstep with the model's forward (``lockstep``), every decode step's
     logits checked within the rounding bound; returns the lean step, the bound's settings and the logit pairs.
-    With ``packed`` every dense projection goes through its oneDNN copy (``rlft.rollout.lean.pack``; the caller
-    lowers its size and length thresholds)."""
+    ``packed``: how many projections go through their oneDNN copies (``rlft.rollout.lean.pack``; the caller
+    lowers its size and length thresholds for any to be packed)."""
     lean = LeanDecoder.build(model, capacity=16, rows=6, steps=6)
     assert lean is not None
-    assert len(lean.packed) == (7 * model.config.num_hidden_layers if packed else 0)
+    assert len(lean.packed) == packed
     z_max, pairs = lockstep(model, lean, shared=shared)
     c = model.config
     tol = dict(n_terms=max(c.vocab_size, c.intermediate_size, c.hidden_size, 16), scale=1 + z_max,
@@ -127,7 +127,7 @@ def test_lean_step_is_the_models_forward(tmp_path, monkeypatch, kind, shared, pa
     if packed:
         packing_everything(monkeypatch)
     model = saved_model(tmp_path, make_config(kind))
-    lean, tol, _ = lean_against_forward(model, shared, kind, packed)
+    lean, tol, _ = lean_against_forward(model, shared, kind, 7 * model.config.num_hidden_layers if packed else 0)
     # the bound catches the bugs it guards against: rotary positions off by one; rows reading another prompt
     _, shifted = lockstep(model, lean, shift=1, shared=shared)
     assert any(rounding_differs(mine, theirs, **tol) for mine, theirs in shifted)
@@ -141,17 +141,18 @@ def test_a_packed_copy_of_the_wrong_weight_fails_the_bound(tmp_path, monkeypatch
     its gate projection's copy."""
     packing_everything(monkeypatch)
     model = saved_model(tmp_path, make_config("llama"))
-    lean, tol, _ = lean_against_forward(model, False, "llama", packed=True)
+    lean, tol, _ = lean_against_forward(model, False, "llama", packed=7 * model.config.num_hidden_layers)
     for layer in model.model.layers:
         lean.packed[layer.mlp.up_proj] = lean.packed[layer.mlp.gate_proj]
     _, wrong = lockstep(model, lean)
     assert all(rounding_differs(mine, theirs, **tol) for mine, theirs in wrong)
 
 
-def test_weights_are_packed_only_where_it_pays_and_is_the_same_arithmetic(tmp_path, monkeypatch):
+def test_weights_are_packed_only_where_it_pays_and_is_allowed(tmp_path, monkeypatch):
     """Large float32 projections of a long enough rollout are packed; not under autocast (its products run in
-    another dtype), not with oneDNN switched off, not for a short rollout, not below the size, not when the
-    copies would take more than half the memory available."""
+    another dtype), not with oneDNN switched off, not for a short rollout, not below the size, not for a model
+    sharded by FSDP or DeepSpeed, not when the copies would take more than half the memory available."""
+    import rlft.fsdp
     from rlft.rollout import lean
 
     if not torch.backends.mkldnn.is_available():
@@ -166,6 +167,9 @@ def test_weights_are_packed_only_where_it_pays_and_is_the_same_arithmetic(tmp_pa
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert LeanDecoder.build(model, 16, rows=6, steps=4).packed == {}
     with torch.backends.mkldnn.flags(enabled=False):
+        assert LeanDecoder.build(model, 16, rows=6, steps=4).packed == {}
+    with monkeypatch.context() as sharded:
+        sharded.setattr(rlft.fsdp, "is_sharded", lambda m: m is model)
         assert LeanDecoder.build(model, 16, rows=6, steps=4).packed == {}
     copies = 4 * 3 * SIZES["hidden_size"] * SIZES["intermediate_size"] * SIZES["num_hidden_layers"]  # bytes
     monkeypatch.setattr(lean, "available_bytes", lambda: 2 * copies - 1)  # more than half of it: not packed
@@ -253,6 +257,15 @@ def test_lean_step_with_lora_adapters_is_the_models_forward(tmp_path, shared):
     with model.disable_adapter():
         _, base = lockstep(model, lean, shared=shared)
     assert all(rounding_differs(off, on, **tol) for (off, _), (on, _) in zip(base, pairs))
+
+
+def test_lora_adapted_projections_are_not_packed(tmp_path, monkeypatch):
+    """With packing on, the projections under a LoRA adapter stay PEFT's calls (a copy of the base weight alone
+    would drop the adapter) and the other five of each layer are packed; the logits stay the PEFT model's."""
+    packing_everything(monkeypatch)
+    model = lora_model(tmp_path, target_modules=["q_proj", "up_proj"])
+    lean, _, _ = lean_against_forward(model, False, "LoRA, packed", packed=5 * SIZES["num_hidden_layers"])
+    assert all(type(m) is torch.nn.Linear for m in lean.packed)
 
 
 @pytest.mark.parametrize("lora", [dict(target_modules=["embed_tokens", "q_proj"]),

@@ -289,7 +289,13 @@ def test_rlft_sampler_prefills_each_prompt_once_and_its_logprobs_are_the_forward
         monkeypatch.setattr(lean_module, "PACK_MIN_WEIGHTS", 1)
         monkeypatch.setattr(lean_module, "PACK_MIN_STEPS", 0)
         real_pack = lean_module.pack
-        monkeypatch.setattr(lean_module, "pack", lambda *a: (lambda p: (packed.append(len(p)), p)[1])(real_pack(*a)))
+
+        def recorded_pack(*args):
+            copies = real_pack(*args)
+            packed.append(len(copies))
+            return copies
+
+        monkeypatch.setattr(lean_module, "pack", recorded_pack)
 
     boost = eos_boost(model, bonus=1.5)
     rows_seen, compactions, prefixes = [], [], []

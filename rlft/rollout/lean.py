@@ -40,9 +40,10 @@ from rlft.models.lora import core_model
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 STATIC_ROPE = ("default", "linear", "llama3")  # rotary tables that do not depend on the sequence length
 # A dense float32 projection on a CPU with at least PACK_MIN_WEIGHTS weights is copied once per rollout into
-# oneDNN's blocked layout (``pack``) when the rollout has at least PACK_MIN_STEPS decode steps: below that size a
-# packed call cost more than ``F.linear`` here (64 x 128 -> 128: 38 against 27 us), and the copy (244 us for
-# 512 -> 512, 681 us for 2048 -> 512) pays back over a few steps (64 x 512 -> 512: 318 against 377 us per call).
+# oneDNN's blocked layout (``pack``) when the rollout has at least PACK_MIN_STEPS decode steps. Below that size the
+# packed product ran slower than with the weight on the left (64 x 128 -> 384: 139.6 against 158.7 GFLOP/s), and
+# the copy (164 us for 512 -> 512, 724 us for 2048 -> 512) pays back over a few steps (64 x 512 -> 512: 198.5
+# against 178.8 GFLOP/s; benchmarks/mm_order.py --packed, recorded in benchmarks/README.md).
 PACK_MIN_WEIGHTS = 512 * 512
 PACK_MIN_STEPS = 8
 
@@ -104,6 +105,12 @@ def _lora_linear(m) -> bool:
     return lora is not None and type(m) is lora.Linear and _dense(m.base_layer)
 
 
+def _layer_projections(layer) -> tuple:
+    """A decoder layer's seven projections: q, k, v, o, gate, up, down."""
+    a, mlp = layer.self_attn, layer.mlp
+    return a.q_proj, a.k_proj, a.v_proj, a.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj
+
+
 def _projections(*modules) -> bool:
     """Each a dense ``nn.Linear`` (read as ``F.linear``) or a LoRA layer over one (called, see ``_linear``)."""
     return all(_dense(m) or _lora_linear(m) for m in modules)
@@ -123,8 +130,8 @@ def _packed(m, packed: dict, x: Tensor) -> Tensor:
 def pack(model, core, rows: int, steps: int) -> dict:
     """oneDNN copies of ``core``'s large dense projections for a rollout of ``steps`` decode steps over about
     ``rows`` rows: module -> weight in the blocked layout ``torch.ops.mkldnn._linear_pointwise`` reads, the same
-    product in another order of its sums. On a 2-core AMD EPYC (AVX2) 64 x 512 -> 2048 ran at 217 GFLOP/s that
-    way against 185 with the weight on the left and 131 with ``F.linear`` (``benchmarks/mm_order.py --packed``).
+    product in another order of its sums. On a 2-core AMD EPYC (AVX2) 64 x 512 -> 2048 ran at 210.7 GFLOP/s that
+    way against 153.5 with the weight on the left and 125.9 with ``F.linear`` (``benchmarks/mm_order.py --packed``).
 
     Empty (the products stay as they are) off a CPU, outside float32, under autocast (whose products are in
     another dtype), for a model sharded by FSDP or DeepSpeed (a second copy of the gathered weights would undo the
@@ -139,10 +146,8 @@ def pack(model, core, rows: int, steps: int) -> dict:
             or torch.is_autocast_enabled("cpu") or is_sharded(model)
             or not hasattr(torch.ops.mkldnn, "_reorder_linear_weight")):
         return {}
-    found = [m for layer in core.layers for m in (layer.self_attn.q_proj, layer.self_attn.k_proj,
-                                                  layer.self_attn.v_proj, layer.self_attn.o_proj, layer.mlp.gate_proj,
-                                                  layer.mlp.up_proj, layer.mlp.down_proj)
-             if type(m) is torch.nn.Linear and m.weight.device.type == "cpu" and m.weight.dtype == torch.float32
+    found = [m for layer in core.layers for m in _layer_projections(layer)
+             if _dense(m) and m.weight.device.type == "cpu" and m.weight.dtype == torch.float32
              and m.weight.numel() >= PACK_MIN_WEIGHTS]
     free = available_bytes()
     if free is not None and 4 * sum(m.weight.numel() for m in found) > free / 2:
@@ -218,8 +223,8 @@ class LeanDecoder:
         qk_norms = config.model_type == "qwen3"
         norms = [core.norm]
         for layer in core.layers:
-            a, mlp = layer.self_attn, layer.mlp
-            if not _projections(a.q_proj, a.k_proj, a.v_proj, a.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj):
+            a = layer.self_attn
+            if not _projections(*_layer_projections(layer)):
                 return None
             if (a.q_proj.weight.shape[0] != heads * head_dim or a.k_proj.weight.shape[0] != kv_heads * head_dim
                     or a.q_proj.weight.device != embed.device or hasattr(a, "q_norm") != qk_norms
