@@ -1,10 +1,10 @@
 """The ``code`` reward: run the completion's program against the task's tests in a sandbox.
 
 The program is the last fenced block of the completion (```` ```python ... ``` ````,
-any language tag or none), else the raw completion. It runs in its own process
-(``rlft.rewards.sandbox``: namespaces, rlimits, an unprivileged user, a verdict
-only the harness can write) and is scored by the fraction of tests that
-returned normally (``mode="fraction"``) or 1.0 only when all did (``"pass"``).
+any language tag or none), else the raw completion. It runs in a jailed process
+and the task's tests in another (``rlft.rewards.sandbox``, whose docstring is the
+threat model); the sample is scored by the fraction of tests that returned
+normally (``mode="fraction"``) or 1.0 only when all did (``"pass"``).
 
 Two kinds of task, found in the sample (see :func:`task_fields`):
 
@@ -13,24 +13,28 @@ Two kinds of task, found in the sample (see :func:`task_fields`):
   ``entry_point``: it runs after the task's prompt, which brings the imports and
   helpers, and its own definition wins) or a body continuing the prompt (the
   program is prompt + completion). The prompt is ``code_prompt`` in the fields,
-  else ``sample["prompt"]`` when it is plain text.
+  else ``sample["prompt"]`` when it is plain text. The tests' side runs the
+  prompt too, so ``check`` uses the prompt's helpers, never the program's.
 - **MBPP**: ``test_list`` is a list of ``assert`` lines (one test each), run
-  after ``test_setup_code`` and the program, in the program's namespace.
+  after ``test_setup_code`` on the tests' side, with the program's functions
+  called through the channel.
 
 The fields are read from ``sample["extra"]["extra_info"]`` (verl layout, what
 ``rlft prepare humaneval|mbpp`` writes), else ``sample["extra"]`` (a plain row:
 unconsumed fields land there), else the sample itself. A sample without tests
 is unscorable (``None``).
 
-``forbidden`` names modules and builtins a task bans. A program that imports or
-names one is not passing (status ``forbidden``): ``import x``, ``import x.y``,
-``from x import y``, a name ``x``, an attribute ``.x``, and a string ``'x'``
-(also built from literals: ``'ev' + 'al'``, ``''.join([...])``, ``'lave'[::-1]``)
-passed to a call or used as a subscript. Matching is on whole names, never
-substrings: ``osmosis`` is fine when ``os`` is banned. The sandbox refuses the
-same names at run time, which catches names computed in other ways.
-``INTROSPECTION`` is always refused: these names reach the harness's frames,
-where a program could read the verdict's nonce.
+``forbidden`` names modules and builtins a task bans: policy, checked on the
+program's text before it runs. A program that imports or names one is not
+passing (status ``forbidden``): ``import x``, ``import x.y``, ``from x import
+y``, a name ``x``, an attribute ``.x``, and a string ``'x'`` (also built from
+literals: ``'ev' + 'al'``, ``''.join([...])``, ``'lave'[::-1]``) passed to a call
+or used as a subscript. Matching is on whole names, never substrings:
+``osmosis`` is fine when ``os`` is banned. The check has a budget: folding never
+builds a string longer than ``FOLD_LIMIT`` characters, so it takes time and memory
+in proportion to the program's text. What a ban is *for* (no network, no new
+processes, no writes outside the sample's tmpfs) the jail refuses by kernel rule
+whatever the program's names.
 
 Evaluation (``eval.correct_fn=code``) counts a value >= 1 as correct, which in
 either mode means every test passed; ``code_pass`` is the same reward with
@@ -47,13 +51,10 @@ from typing import Literal
 
 from rlft.rewards.base import REWARDS, check_choices
 from rlft.rewards.pool import runs_in_pool
-from rlft.rewards.sandbox import Limits, RunResult, run
+from rlft.rewards.sandbox import MODES, Limits, RunResult, run
 
 MAX_PROGRAM_CHARS = 100_000
-INTROSPECTION = ("ctypes", "_ctypes", "gc", "inspect", "_getframe", "_current_frames", "f_back", "f_locals",
-                 "f_globals", "f_builtins", "tb_frame", "gi_frame", "cr_frame", "ag_frame", "__closure__",
-                 "__globals__", "settrace", "setprofile", "gettrace", "get_objects", "get_referrers",
-                 "get_referents", "_xxsubinterpreters", "mmap")
+FOLD_LIMIT = 200  # longest string the static check builds while folding literals
 _FENCE = re.compile(r"^[ \t]*```[^\n`]*\n(.*?)^[ \t]*```", re.DOTALL | re.MULTILINE)
 _OPEN = re.compile(r"^[ \t]*```[^\n`]*\n", re.MULTILINE)
 
@@ -132,46 +133,71 @@ def fold_string(node: ast.AST) -> str | None:
         value = _fold(node, depth=0)
     except (RecursionError, TypeError, ValueError, IndexError, MemoryError, OverflowError):
         return None
-    return value if isinstance(value, str) and len(value) <= 200 else None
+    return value if isinstance(value, str) else None
 
 
 def _fold(node: ast.AST, depth: int):
     if depth > 50:
         raise ValueError("too deep")
     if isinstance(node, ast.Constant) and isinstance(node.value, (str, int)):
-        return node.value
+        return _short(node.value)
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub) and isinstance(node.operand, ast.Constant):
         return -int(node.operand.value)
     if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mult)):
         left, right = _fold(node.left, depth + 1), _fold(node.right, depth + 1)
-        if isinstance(node.op, ast.Mult) and (isinstance(left, int) and isinstance(right, int) or
-                                              max(abs(v) for v in (left, right) if isinstance(v, int)) > 200):
+        if isinstance(node.op, ast.Add):
+            return _short(left + right) if _size(left) + _size(right) <= FOLD_LIMIT else _too_long()
+        text, count = (left, right) if isinstance(right, int) else (right, left)
+        if not isinstance(text, (str, list)) or not isinstance(count, int) or _size(text) * max(count, 0) > FOLD_LIMIT:
             raise ValueError("not a short string")
-        return left + right if isinstance(node.op, ast.Add) else left * right
+        return text * count
     if isinstance(node, ast.JoinedStr):
-        return "".join(str(_fold(v.value if isinstance(v, ast.FormattedValue) else v, depth + 1))
-                       for v in node.values)
+        return _short("".join(str(_fold(v.value if isinstance(v, ast.FormattedValue) else v, depth + 1))
+                              for v in node.values))
     if isinstance(node, (ast.List, ast.Tuple)):
-        return [_fold(e, depth + 1) for e in node.elts]
+        return _short([_fold(e, depth + 1) for e in node.elts[:FOLD_LIMIT + 1]])
     if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Slice):
         bounds = [None if b is None else _fold(b, depth + 1) for b in (node.slice.lower, node.slice.upper,
                                                                        node.slice.step)]
         return _fold(node.value, depth + 1)[slice(*bounds)]
     if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "join"
             and len(node.args) == 1 and not node.keywords):
-        return _fold(node.func.value, depth + 1).join(_fold(node.args[0], depth + 1))
+        sep, parts = _fold(node.func.value, depth + 1), _fold(node.args[0], depth + 1)
+        if _size(sep) * len(parts) + _size(parts) > FOLD_LIMIT:
+            _too_long()
+        return sep.join(parts)
     raise ValueError("not a literal")
 
 
+def _size(value) -> int:
+    """Characters (or items, summed over nested strings) a folded value holds; ints count as 1."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, list):
+        return len(value) + sum(_size(v) for v in value)
+    return 1
+
+
+def _short(value):
+    """``value`` when it is within the folding budget, else ValueError: nothing longer is ever built."""
+    if isinstance(value, int) and abs(value) > 10 ** 6 or _size(value) > FOLD_LIMIT:
+        _too_long()
+    return value
+
+
+def _too_long():
+    raise ValueError("longer than the folding budget")
+
+
 def forbidden_use(tree: ast.AST, forbidden: Iterable[str]) -> str | None:
-    """The first forbidden name (or one of ``INTROSPECTION``) the program refers to, else None.
+    """The first forbidden name the program refers to, else None.
 
     >>> tree = ast.parse("osmosis = 1\\nimport importlib\\nm = importlib.import_module('o' + 's')")
     >>> forbidden_use(tree, ["os"]), forbidden_use(tree, ["sys"]), forbidden_use(tree, ["importlib.import_module"])
     ('os', None, 'importlib.import_module')
     """
     names = referenced_names(tree)
-    return next((f for f in [*forbidden, *INTROSPECTION] if f in names), None)
+    return next((f for f in forbidden if f in names), None)
 
 
 def defines(tree: ast.Module, name: str) -> bool:
@@ -200,23 +226,24 @@ def humaneval_program(prompt: str, completion: str, entry_point: str) -> str:
 
 
 def score(prompt: str, completion: str, test: str, entry_point: str, timeout_s: float,
-          forbidden: list[str]) -> dict:
+          forbidden: list[str], sandbox: str = "jail") -> dict:
     """Run a HumanEval-style completion against ``test`` (which defines ``check(candidate)``).
 
     Returns ``passed`` (every test passed), ``fraction``, ``n_tests``, ``n_passed``, ``status`` (ok,
-    error, timeout, crashed, syntax_error, forbidden) and ``reason``.
+    error, timeout, crashed, syntax_error, forbidden), ``reason`` and ``n_not_plain`` (tests failed by a
+    value that cannot cross between the program's process and the tests').
 
     >>> score("def add(a, b):\\n", "    return a + b\\n", "def check(f):\\n    assert f(2, 3) == 5\\n", "add", 5.0, [])
-    {'passed': True, 'fraction': 1.0, 'n_tests': 1, 'n_passed': 1, 'status': 'ok', 'reason': ''}
+    {'passed': True, 'fraction': 1.0, 'n_tests': 1, 'n_passed': 1, 'status': 'ok', 'reason': '', 'n_not_plain': 0}
     """
     program = humaneval_program(prompt, completion, entry_point)
-    return run_tests(program, check_module=test, entry_point=entry_point, forbidden=forbidden,
-                     limits=Limits(timeout_s=timeout_s))
+    return run_tests(program, check_module=test, entry_point=entry_point, prompt=prompt, forbidden=forbidden,
+                     limits=Limits(timeout_s=timeout_s), sandbox=sandbox)
 
 
 def run_tests(program: str, *, check_module: str | None = None, entry_point: str | None = None,
-              asserts: tuple[str, ...] = (), setup: str = "", forbidden: Iterable[str] = (),
-              limits: Limits = Limits()) -> dict:
+              asserts: tuple[str, ...] = (), setup: str = "", prompt: str = "", forbidden: Iterable[str] = (),
+              limits: Limits = Limits(), sandbox: str = "jail") -> dict:
     """Check ``program`` statically (syntax, forbidden names), then run it with its tests in the sandbox."""
     n_tests = (1 if check_module else 0) + len(asserts)
     forbidden = tuple(forbidden)
@@ -224,7 +251,7 @@ def run_tests(program: str, *, check_module: str | None = None, entry_point: str
     if problem is not None:
         return _verdict(RunResult(status=problem[0], n_tests=n_tests, reason=problem[1]))
     return _verdict(run(program, check_module=check_module, entry_point=entry_point, asserts=tuple(asserts),
-                        setup=setup, forbidden=forbidden + INTROSPECTION, limits=limits))
+                        setup=setup, prompt=prompt, limits=limits, mode=sandbox))
 
 
 def _static_problem(program: str, forbidden: tuple[str, ...]) -> tuple[str, str] | None:
@@ -242,7 +269,8 @@ def _verdict(result: RunResult) -> dict:
     n_passed = len(result.passed)
     fraction = n_passed / result.n_tests if result.n_tests else 0.0
     return {"passed": result.n_tests > 0 and n_passed == result.n_tests, "fraction": fraction,
-            "n_tests": result.n_tests, "n_passed": n_passed, "status": result.status, "reason": result.reason}
+            "n_tests": result.n_tests, "n_passed": n_passed, "status": result.status, "reason": result.reason,
+            "n_not_plain": result.not_plain}
 
 
 def task_fields(sample: Mapping) -> dict:
@@ -284,11 +312,14 @@ class Code:
     forbidden: tuple[str, ...] = ()
     """Modules and builtins the task bans (matched as whole names); a program using one scores 0."""
     memory_mb: int = 512
-    """Address-space limit of each sandbox process, in MiB."""
+    """Address-space limit of the program's process (and of the tests'), in MiB."""
     max_procs: int = 16
-    """Processes (and threads) the sandbox user may have."""
+    """Threads the program's process may have (it may not start processes)."""
     file_mb: int = 16
-    """Largest file the program may write, in MiB."""
+    """Largest file the program may write, in MiB (its tmpfs holds 4x this)."""
+    sandbox: str = "jail"
+    """'jail' (bubblewrap + seccomp, per-sample uid and limits) or 'unjailed' (plain processes with rlimits:
+    weaker, logged); usually set for every code reward at once by reward.sandbox."""
 
     def __post_init__(self) -> None:
         if not 0 < self.timeout_s <= 600:
@@ -297,6 +328,8 @@ class Code:
         for name in ("memory_mb", "max_procs", "file_mb"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
+        if self.sandbox not in MODES:
+            raise ValueError(f"sandbox: must be one of {', '.join(MODES)}, got {self.sandbox!r}")
         if not all(isinstance(f, str) and f for f in self.forbidden):
             raise ValueError(f"forbidden: must be non-empty names, got {self.forbidden!r}")
 
@@ -320,10 +353,11 @@ class Code:
         if fields.get("test") and fields.get("entry_point"):
             program = humaneval_program(fields.get("code_prompt") or "", completion, fields["entry_point"])
             return run_tests(program, check_module=fields["test"], entry_point=fields["entry_point"],
-                             asserts=asserts, forbidden=self.forbidden, limits=limits)
+                             asserts=asserts, prompt=fields.get("code_prompt") or "", forbidden=self.forbidden,
+                             limits=limits, sandbox=self.sandbox)
         if asserts:
             return run_tests(extract_code(completion), asserts=asserts, setup=fields.get("test_setup_code") or "",
-                             forbidden=self.forbidden, limits=limits)
+                             forbidden=self.forbidden, limits=limits, sandbox=self.sandbox)
         return None
 
 

@@ -1,206 +1,142 @@
-"""Run an untrusted Python program against trusted tests in a separate, contained process.
+"""Run an untrusted program against a task's tests: two jailed processes, plain data between them, the verdict apart.
 
-:func:`run` starts ``python -I -S harness.py`` (``rlft/rewards/harness.py``, run
-as a script: the *harness*, standard library only). Processes, outermost first:
+Threat model (also in ``docs/rewards.md``).
 
-- **host**: the caller (a reward, often in a ``RewardPool`` worker). It holds the
-  wall clock, reads the verdict and kills the harness's session on timeout.
-- **H** (root or the caller's user): a new session, ``PR_SET_PDEATHSIG=SIGKILL``
-  (dies with the host's thread), then ``unshare`` of new PID, network and mount
-  namespaces, then ``fork``.
-- **C**, PID 1 of the new PID namespace: mounts a fresh ``/proc`` and small
-  ``tmpfs`` over the world-writable directories (``/tmp``, ``/var/tmp``,
-  ``/dev/shm``, ``/run/lock``), makes ``/tmp/work`` its working directory, sets
-  rlimits (CPU seconds, address space, file size, processes, open files, no core
-  files), drops to ``nobody`` (65534) when root, sets ``PR_SET_NO_NEW_PRIVS``
-  and re-arms ``PR_SET_PDEATHSIG``; then loads the tests (HumanEval's ``check``
-  is defined, MBPP's asserts compiled) *before* the program runs, installs the
-  runtime guards and runs the program, then each test.
+**Protected**: the host (its files, processes, network, memory and time), the
+other samples scored at the same time, and the verdict. **Against**: any
+program, including one written to attack this harness, and the task's own test
+code (dataset code is not trusted either).
 
-The verdict: after each test returns normally, C writes ``<nonce> pass <i>`` to
-a pipe only the host reads; the nonce is a fresh random per run, sent on stdin.
-Exit status and stdout are ignored; a run counts only the pass lines that carry
-the nonce, and only tests the harness itself announced.
+**How** (each promise and what keeps it):
 
-What this protects against (each is in ``tests/hostile/``):
+- *The verdict never shares a process with the program.* :func:`run` starts two
+  processes per sample (``rlft/rewards/jailed/``): **P** runs the program and
+  answers calls; **T** builds the tests' namespace from the task alone (HumanEval's
+  prompt and ``check``, MBPP's setup and asserts), calls the program's functions
+  through a channel that carries plain data (``jailed/wire.py``: built-in values,
+  rebuilt on T's side from JSON, never unpickled), compares the answers itself and
+  writes the verdict to a pipe that only the host reads. Nothing the program does
+  to its own interpreter (tracers, frames, native calls, planted modules, magic
+  methods, a rewritten harness) reaches T: P's answers are bytes, and T builds
+  genuine ``int``/``list``/... objects from them. A value that cannot cross fails
+  its test and is counted (``n_not_plain``). Enforced by the kernel's process
+  separation plus the PID namespaces below (P cannot see, signal or trace T).
+- *A real jail* (``rlft.rewards.jail``): bubblewrap gives each process new user,
+  PID, mount, network, IPC, UTS and cgroup namespaces and a read-only root with
+  only the interpreter (no ``site-packages``, no ``ctypes``) and system
+  libraries; a seccomp filter refuses new processes, tracing, other processes'
+  memory, ``memfd_create``, SysV/POSIX IPC, keys, BPF, mounts, namespace changes,
+  sockets other than ``AF_UNIX`` and the ``prctl`` options that undo
+  protections. As root, each sample runs as host uids of its own.
+- *Per-sample limits*: address space (``memory_mb`` per process, and the
+  program cannot make a second process, so its memory is bounded), threads
+  (``RLIMIT_NPROC`` on the sample's own uid), CPU seconds (``RLIMIT_CPU``),
+  file size and a tmpfs of ``4 * file_mb``; the wall clock (``timeout_s``) is
+  the host's: at the deadline it kills each namespace's PID 1 (the kernel then
+  kills everything in it) and reaps bwrap.
 
-- hangs and busy loops (wall clock, RLIMIT_CPU); memory bombs (RLIMIT_AS); huge
-  files (RLIMIT_FSIZE, and the size of the tmpfs); fork bombs (RLIMIT_NPROC as an
-  unprivileged user); processes left behind, including ones that call
-  ``setsid`` or detach: C is PID 1 of its namespace, so when C dies the kernel
-  kills every process in it, and C dies with H, which dies with the host
-  (``PDEATHSIG``) or on timeout (the host kills H's session);
-- writing or deleting host files (``nobody`` owns nothing; the writable
-  directories are fresh tmpfs mounts that vanish with the namespace); reading the
-  parent's environment (the environment is empty); the network (a new network
-  namespace has only a down loopback); signalling host processes (none is
-  visible in the PID namespace, and ``nobody`` may not signal root's);
-- forged verdicts: ``os._exit(0)``, ``SystemExit``, ``sys.exit``, redefining
-  ``exit`` or ``AssertionError``, printing a success marker, killing the parent,
-  patching the harness's module globals or the builtins its loop uses
-  (``builtins.enumerate``, ``BaseException``: the harness runs on locals bound
-  before the program), patching or shadowing builtins that HumanEval's ``check``
-  uses (it gets a copy of builtins taken before the program, and the program's
-  names that shadow a builtin are not copied into its module), exceptions whose
-  ``__str__``/``__del__`` run code while reported, invalid UTF-8 or floods on the
-  report pipe, tracers (``sys.settrace``/``sys.setprofile`` are reset before each
-  test and removed from ``sys``);
-- reaching the harness's frames or memory by names computed at run time, where
-  Python audits it: an audit hook (which the program cannot remove) refuses
-  ``ctypes`` calls that load libraries or wrap addresses (``CDLL``,
-  ``from_address``, ``string_at``: ctypes stays loaded in the harness and its
-  classes are reachable through ``object.__subclasses__()``), ``gc``'s object
-  walks, ``tb_frame``/``gi_frame``/``cr_frame``/``ag_frame``, ``sys._getframe``,
-  ``sys._current_frames``, new code objects (``CodeType``, ``code.replace``) and
-  further audit hooks;
-- forbidden modules and builtins named in the job, at run time: a meta-path
-  finder refuses them (``import``, ``__import__``, ``importlib.import_module``),
-  they are dropped from ``sys.modules``, and forbidden builtins are deleted from
-  ``builtins`` (so ``getattr(builtins, 'ev' + 'al')`` fails). ``rlft.rewards.code``
-  checks the names statically as well.
-
-What it does **not** protect against:
-
-- a program that reads the nonce (or calls the harness's ``report``) from its own
-  process by routes Python does not audit can forge pass lines: a signal handler
-  receives the running frame (``signal.signal`` + ``setitimer``, then
-  ``f_back``/``f_locals`` named at run time); ctypes' unaudited parts, reached
-  through ``object.__subclasses__()`` and names computed at run time
-  (``memmove`` from ``CDLL.__init__`` 's globals, a ``_SimpleCData`` subclass
-  built on an address) read the whole address space (``/proc/self/maps`` is
-  readable); crafted bytecode from ``marshal.loads`` (imports need it, so it is
-  not refused); ``/proc/self/mem`` where the program keeps its uid (it is
-  non-dumpable after the drop to ``nobody``). The code reward refuses the names
-  that lead there (``INTROSPECTION`` in ``rlft.rewards.code``); what is computed
-  at run time past that and the audit hook is not caught (the known holes are
-  ``KNOWN_HOLES`` in ``tests/test_sandbox.py``);
-- objects that compare equal to everything (``__eq__`` returning True) pass
-  ``assert f(x) == y`` tests; MBPP's asserts run in the program's namespace, so
-  the program may redefine or patch any name they use (``def sorted``,
-  ``builtins.set``), and any test may be fooled by patched modules it uses
-  (``math.isclose = lambda *a, **k: True``); a tracer installed *inside* the
-  candidate function can still alter the test's frame while it runs;
-- CPU or memory pressure on the host: limits are per process (total memory is
-  bounded by ``max_procs * memory_mb``), not a cgroup; reading world-readable
-  host files (the filesystem is not hidden, only made unwritable);
-- without namespaces (not root, or ``unshare`` refused: a warning is logged once)
-  there is no network isolation, and a process that calls ``setsid`` and ignores
-  the kill of its group can outlive the run; not root: no privilege drop, so
-  ``RLIMIT_NPROC`` counts all of the user's processes. As root without
-  namespaces the program drops to ``nobody`` only when ``nobody`` can read the
-  interpreter; an interpreter in a private directory (``/root/.pyenv``) keeps
-  root's uid, so files and fork bombs are bounded by rlimits and the wall
-  clock alone (a warning says so).
+**Not protected** (say it): the CPU and memory a sample spends within its
+limits are taken from the host and from concurrent samples (no cgroup: up to
+``max_procs`` threads may run on every core until the deadline); the kernel
+itself (a kernel bug reachable through the allowed system calls escapes any
+namespace jail; gVisor would be the next step); as a non-root user the thread
+limit counts all of that user's processes; a test that needs objects plain
+data cannot carry (MBPP's tree fixtures built from the program's class) fails;
+``reward.sandbox=unjailed`` keeps only the two processes and rlimits (no
+namespaces, no seccomp, no uid of its own: the program can read the host's files
+and use its network), and a warning says so.
 """
 
 from __future__ import annotations
 
-import logging
 import os
-import secrets
 import selectors
-import shutil
-import signal
-import subprocess
-import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 
-from rlft.rewards import harness
-from rlft.rewards.harness import NOBODY, others_can_read
+from rlft.rewards.jail import MODES, JailUnavailable, Jailed, Limits, Slot, start, stop, warn_once
+from rlft.rewards.jailed import wire
 
-logger = logging.getLogger("rlft.rewards")
+__all__ = ["MODES", "JailUnavailable", "Limits", "RunResult", "run"]
 MAX_REPORT_BYTES = 1 << 20
-KILL_GRACE_S = 5.0
-_warned: set[str] = set()
-
-
-@dataclass(frozen=True)
-class Limits:
-    """What one run may use. ``timeout_s`` is wall clock for everything: start, program and all tests."""
-
-    timeout_s: float = 5.0
-    memory_mb: int = 512  # address space of each process
-    file_mb: int = 16  # largest file; the tmpfs mounts hold 4x this
-    max_procs: int = 16  # processes (and threads) of the sandbox user
-
-    def as_job(self) -> dict:
-        return {"cpu_s": int(self.timeout_s) + 1, "memory_mb": self.memory_mb, "file_mb": self.file_mb,
-                "max_procs": self.max_procs}
+NOT_PLAIN = "cannot cross:"
 
 
 @dataclass
 class RunResult:
-    """``status``: ok (every test ran), error (the program raised), timeout, crashed (ended without finishing)."""
+    """``status``: ok (every test ran), error (the program or the tests raised before the tests), timeout,
+    crashed (ended without finishing). ``not_plain``: tests failed by a value that cannot cross."""
 
     status: str
     n_tests: int
     passed: frozenset[int] = field(default_factory=frozenset)
     reason: str = ""
+    not_plain: int = 0
 
 
 def run(program: str, *, check_module: str | None = None, entry_point: str | None = None,
-        asserts: tuple[str, ...] = (), setup: str = "", forbidden: tuple[str, ...] = (),
-        limits: Limits = Limits(), namespaces: bool = True) -> RunResult:
-    """Run ``program`` then its tests in a contained process; which tests passed comes from the harness.
+        asserts: tuple[str, ...] = (), setup: str = "", prompt: str = "", limits: Limits = Limits(),
+        mode: str = "jail") -> RunResult:
+    """Run ``program`` in one jailed process and its tests in another; which tests passed comes from the tests'.
 
-    ``check_module`` (HumanEval) defines ``check(candidate)``, called on the program's ``entry_point``;
-    each of ``asserts`` (MBPP) is run in the program's namespace, after the program and then ``setup``
-    (MBPP's fixtures build objects of the program's classes). ``namespaces=False`` runs the fallback
-    that a platform refusing ``unshare`` gets (tests use it).
+    ``check_module`` (HumanEval) defines ``check(candidate)``, called on a proxy of the program's
+    ``entry_point``, after ``prompt`` (its imports and helpers) ran on the tests' side; each of
+    ``asserts`` (MBPP) runs on the tests' side after ``setup``, with the program's functions as proxies.
 
     >>> r = run("def add(a, b):\\n    return a + b", asserts=("assert add(1, 2) == 3", "assert add(1, 1) == 3"))
     >>> r.status, r.n_tests, sorted(r.passed)
     ('ok', 2, [0])
     """
     n_tests = (1 if check_module else 0) + len(asserts)
-    root = os.getuid() == 0
-    # With namespaces the work directory is a tmpfs that vanishes with them; the host makes one only
-    # without (not root), and H makes it if unshare fails. A run killed with its pool worker leaves nothing.
-    workdir = os.path.join(tempfile.gettempdir(), f"rlft-sandbox-{secrets.token_hex(8)}")
-    try:
-        if not (root and namespaces):
-            os.mkdir(workdir, 0o700)
-            if root and others_can_read(sys.base_prefix):
-                os.chown(workdir, NOBODY, NOBODY)
-        job = {"program": program, "check_module": check_module or "", "entry_point": entry_point or "",
-               "asserts": list(asserts), "setup": setup, "forbidden": list(forbidden), "limits": limits.as_job(),
-               "uid": NOBODY, "workdir": workdir, "namespaces": root and namespaces, "nonce": secrets.token_hex(16)}
-        if not root:
-            _warn_once("not root: no namespaces and no privilege drop (network and setsid escapes are possible)")
-        out, timed_out = _execute(job, limits.timeout_s)
-        return _parse(job["nonce"], out, n_tests, timed_out, limits.timeout_s)
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+    deadline = time.monotonic() + limits.timeout_s
+    drop = mode == "jail" and os.geteuid() == 0
+    if mode == "jail" and not drop:
+        warn_once("not root: every sample runs as this user, so the thread limit (max_procs) counts all of "
+                  "the user's processes")
+    base = {"limits": limits.as_job(), "drop": drop}
+    p_job = {**base, "program": program}
+    t_job = {**base, "check_module": check_module or "", "entry_point": entry_point or "", "prompt": prompt,
+             "asserts": list(asserts), "setup": setup, "n_tests": n_tests}
+    out, complete = _execute(p_job, t_job, limits, mode, deadline)
+    return _parse(out, n_tests, timed_out=not complete, timeout_s=limits.timeout_s)
 
 
-def _execute(job: dict, timeout_s: float) -> tuple[bytes, bool]:
-    """Start the harness, feed it the job, collect its report; kill its session at the deadline."""
-    import marshal
+def _execute(p_job: dict, t_job: dict, limits: Limits, mode: str, deadline: float) -> tuple[bytes, bool]:
+    """Start P and T joined by two pipes, give each its job, read T's report until EOF or the deadline."""
+    slot = Slot()
+    to_t_r, to_t_w = os.pipe()
+    to_p_r, to_p_w = os.pipe()
+    report_r, report_w = os.pipe()
+    started: list[Jailed] = []
+    try:
+        started.append(start("program.py", [str(to_p_r), str(to_t_w)], (to_p_r, to_t_w), limits, mode,
+                             slot.uid(0), deadline))
+        started.append(start("tests.py", [str(to_t_r), str(to_p_w), str(report_w)], (to_t_r, to_p_w, report_w),
+                             limits, mode, slot.uid(1), deadline))
+        for fd in (to_t_r, to_t_w, to_p_r, to_p_w, report_w):
+            os.close(fd)
+        to_t_r = to_t_w = to_p_r = to_p_w = report_w = -1
+        for jailed, job in zip(started, (p_job, t_job)):
+            _give(jailed, job)
+        return _read(report_r, deadline)
+    finally:
+        for jailed in started:
+            stop(jailed)
+            for stream in (jailed.proc.stdin, jailed.proc.stderr):
+                if stream is not None:
+                    stream.close()
+        for fd in (to_t_r, to_t_w, to_p_r, to_p_w, report_w, report_r):
+            if fd >= 0:
+                os.close(fd)
+        slot.release()
 
-    read_end, write_end = os.pipe()
+
+def _give(jailed: Jailed, job: dict) -> None:
     try:
-        proc = subprocess.Popen([sys.executable, "-I", "-S", os.path.abspath(harness.__file__), str(write_end),
-                                 str(os.getpid())], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, env={}, cwd="/", pass_fds=(write_end,),
-                                start_new_session=True)
-    finally:
-        os.close(write_end)
-    deadline = time.monotonic() + timeout_s
-    try:
-        try:
-            proc.stdin.write(marshal.dumps(job))
-            proc.stdin.close()
-        except BrokenPipeError:  # the harness is already gone: no report, a crash
-            pass
-        out, complete = _read(read_end, deadline)
-        timed_out = not (complete and _exited(proc.pid, deadline))
-    finally:
-        _kill_session(proc)
-        _read(read_end, time.monotonic() + KILL_GRACE_S)  # EOF once every process holding the pipe is gone
-        os.close(read_end)
-    return out, timed_out
+        jailed.proc.stdin.write(wire.encode(job))
+        jailed.proc.stdin.close()
+    except (BrokenPipeError, OSError):  # the process is gone already: no report, a crash
+        pass
 
 
 def _read(fd: int, deadline: float) -> tuple[bytes, bool]:
@@ -220,53 +156,38 @@ def _read(fd: int, deadline: float) -> tuple[bytes, bool]:
                 size += len(data)
 
 
-def _exited(pid: int, deadline: float) -> bool:
-    """Wait (without reaping, so the process group stays ours) until ``pid`` exits or the deadline."""
-    while True:
-        if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT | os.WNOHANG) is not None:
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.002)
-
-
-def _kill_session(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)  # H is unreaped, so its group id cannot have been reused
-    except (ProcessLookupError, PermissionError):
-        pass
-    proc.wait()
-
-
-def _parse(nonce: str, out: bytes, n_tests: int, timed_out: bool, timeout_s: float) -> RunResult:
-    passed, first_fail, error, done = set(), "", "", False
-    prefix = nonce + " "
+def _parse(out: bytes, n_tests: int, timed_out: bool, timeout_s: float) -> RunResult:
+    """The verdict from T's report. A test passes only when its one result line says so."""
+    results: dict[int, list[str]] = {}
+    first_fail, error, crash, done, announced = "", "", "", False, None
     for line in out.decode("utf-8", "replace").splitlines():
-        if not line.startswith(prefix):
-            continue
-        kind, _, rest = line[len(prefix):].partition(" ")
-        if kind == "pass" and rest.isdigit() and int(rest) < n_tests:
-            passed.add(int(rest))
-        elif kind == "fail":
-            first_fail = first_fail or rest.partition(" ")[2]
+        kind, _, rest = line.partition(" ")
+        if kind in ("pass", "fail"):
+            index, _, why = rest.partition(" ")
+            if index.isdigit() and int(index) < n_tests:
+                results.setdefault(int(index), []).append(kind if kind == "pass" else why)
+        elif kind == "tests":
+            announced = rest
         elif kind == "error":
             error = error or rest
-        elif kind == "warn":
-            _warn_once(rest)
+        elif kind == "crash":
+            crash = crash or rest
         elif kind == "done":
             done = True
-    if error:
+    passed = frozenset(i for i, r in results.items() if r == ["pass"])
+    fails = [w for r in results.values() for w in r if w != "pass"]
+    first_fail = next(iter(fails), "")
+    not_plain = sum(w.startswith(NOT_PLAIN) for w in fails)
+    if announced != str(n_tests) and not timed_out:
+        status, reason, passed = "crashed", "the tests' process did not start", frozenset()
+    elif error:
         status, reason = "error", error
+    elif crash:
+        status, reason = "crashed", crash
     elif done:
         status, reason = "ok", first_fail
     elif timed_out:
         status, reason = "timeout", f"timed out after {timeout_s:g}s"
     else:
         status, reason = "crashed", "ended before finishing the tests"
-    return RunResult(status=status, n_tests=n_tests, passed=frozenset(passed), reason=reason)
-
-
-def _warn_once(message: str) -> None:
-    if message not in _warned:
-        _warned.add(message)
-        logger.warning("code sandbox: %s", message)
+    return RunResult(status=status, n_tests=n_tests, passed=passed, reason=reason, not_plain=not_plain)

@@ -1,0 +1,6 @@
+"""Scripts that run inside the code sandbox's jail, standard library only (``rlft.rewards.jail`` starts them).
+
+``program.py`` runs the untrusted program and answers calls; ``tests.py`` runs
+the task's tests and writes the verdict; ``wire.py`` is the plain-data channel
+between them; ``contain.py`` is what both do before anything else runs.
+"""

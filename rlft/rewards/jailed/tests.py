@@ -1,0 +1,241 @@
+"""The tests' process: run the task's tests against the program's process and write the verdict.
+
+Run as ``python -I -S tests.py IN OUT REPORT``: answers from the program's process
+arrive on fd IN, requests leave on fd OUT (wire messages), and the verdict goes
+to fd REPORT, one line per event, which only the host reads:
+``tests N``, ``pass I``, ``fail I REASON``, ``error REASON``, ``crash REASON``, ``done``.
+
+The tests' namespace is built here, from the task alone: HumanEval's prompt (its
+imports and helper functions) and ``check``; MBPP's setup code and asserts. From
+the program it takes only the names the tests use and do not define themselves
+(never a builtin, save the task's entry point): a function becomes a proxy that
+sends its arguments as plain data and returns the plain data that comes back; a
+module the program imported is imported again here, from this interpreter's own
+standard library; a plain value is copied. Comparisons, tolerances and helpers
+all run here, on genuine built-in objects.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import contain  # noqa: E402
+import wire  # noqa: E402
+
+NOT_PLAIN = "cannot cross:"
+
+
+class Channel:
+    """Requests to the program's process and their answers."""
+
+    def __init__(self, fd_in: int, fd_out: int) -> None:
+        self.fd_in, self.fd_out = fd_in, fd_out
+
+    def receive(self) -> dict:
+        try:
+            message = wire.decode(wire.receive(self.fd_in), lambda payload: Remote(self, payload))
+        except wire.WireError as e:
+            raise ProgramGone(f"the program's process sent no valid answer ({e})") from None
+        if type(message) is not dict:
+            raise ProgramGone("the program's process sent a malformed answer")
+        return message
+
+    def ask(self, request: dict, what: str = "") -> dict:
+        try:
+            body = wire.encode(request, Remote.handle_of)
+        except wire.WireError as e:
+            raise Unportable(f"{NOT_PLAIN} an argument of {what}: {e}") from None
+        try:
+            wire.send(self.fd_out, body)
+        except OSError:
+            raise ProgramGone("the program's process is gone") from None
+        return self.receive()
+
+    def call(self, request: dict, what: str):
+        """The value the program's side answers with, or the exception it raised (as a built-in one)."""
+        answer = self.ask(request, what)
+        if "value" in answer:
+            return answer["value"]
+        if "raise" in answer and type(answer["raise"]) is list and len(answer["raise"]) == 2:
+            kind, text = (str(x)[:200] for x in answer["raise"])
+            cls = getattr(builtins, kind, None)
+            if isinstance(cls, type) and issubclass(cls, Exception):
+                raise cls(text)
+            raise RuntimeError(text)
+        if "unportable" in answer:
+            raise Unportable(f"{NOT_PLAIN} the result of {what}: {str(answer['unportable'])[:150]}")
+        raise ProgramGone("the program's process sent a malformed answer")
+
+
+class ProgramGone(Exception):
+    """The program's process ended or broke the channel."""
+
+
+class Unportable(Exception):
+    """A value that cannot cross the channel as plain data."""
+
+
+class Remote:
+    """An object that stays on the program's side: attributes and calls go there; compared by identity only."""
+
+    __slots__ = ("_channel", "_id", "_type", "_truth")
+
+    def __init__(self, channel: Channel, payload) -> None:
+        if not (type(payload) is list and len(payload) == 3 and type(payload[0]) is int):
+            raise wire.WireError("malformed handle")
+        for slot, value in zip(self.__slots__, (channel, payload[0], str(payload[1])[:80], payload[2] is True)):
+            object.__setattr__(self, slot, value)
+
+    @staticmethod
+    def handle_of(value):
+        if type(value) is not Remote:
+            raise wire.WireError(f"a value of type {type(value).__name__!r} cannot cross (plain data only)")
+        return object.__getattribute__(value, "_id")
+
+    def __getattr__(self, name: str):
+        return self._channel.call({"getattr": [self, name]}, f"{self._type}.{name}")
+
+    def __setattr__(self, name: str, value) -> None:
+        self._channel.call({"setattr": [self, name, value]}, f"{self._type}.{name}")
+
+    def __call__(self, *args, **kwargs):
+        return self._channel.call({"call": [self, list(args), kwargs]}, f"{self._type}()")
+
+    def __bool__(self) -> bool:
+        return self._truth
+
+    def __repr__(self) -> str:
+        return f"<{self._type} of the program>"
+
+
+def proxy(channel: Channel, name: str):
+    def call(*args, **kwargs):
+        return channel.call({"call": [name, list(args), kwargs]}, f"{name}()")
+
+    call.__name__ = call.__qualname__ = name
+    return call
+
+
+def used_names(sources: list[str]) -> set[str]:
+    """Names the sources read and never bind (the names the tests take from elsewhere)."""
+    read, bound = set(), set()
+    for source in sources:
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.Name):
+                (read if isinstance(node.ctx, ast.Load) else bound).add(node.id)
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                bound.add(node.name)
+            elif isinstance(node, ast.alias):
+                bound.add((node.asname or node.name).split(".")[0])
+            elif isinstance(node, ast.arg):
+                bound.add(node.arg)
+    return read - bound
+
+
+def under_test(sources: list[str]) -> set[str]:
+    """Names called with arguments that call nothing (``sum(10, 15)``, not ``abs(f(x) - 1)``): the functions a
+    test checks. A builtin's name is taken from the program only when the tests call it so."""
+    names = set()
+    for source in sources:
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and not any(
+                    isinstance(inner, ast.Call) for arg in [*node.args, *node.keywords] for inner in ast.walk(arg)):
+                names.add(node.func.id)
+    return names
+
+
+def bind(channel: Channel, ns: dict, names: set[str]) -> None:
+    """Give ``ns`` the program's ``names``: proxies for its functions, modules imported here, copied values."""
+    import importlib
+
+    wanted = sorted(n for n in names if n not in ns)
+    if not wanted:
+        return
+    found = channel.ask({"lookup": wanted}).get("names")
+    if type(found) is not dict:
+        raise ProgramGone("the program's process sent a malformed answer")
+    for name in wanted:
+        kind = found.get(name)
+        if type(kind) is not list or not kind:
+            continue
+        if kind[0] == "callable":
+            ns[name] = proxy(channel, name)
+        elif kind[0] == "module" and len(kind) == 2 and type(kind[1]) is str:
+            if all(part.isidentifier() for part in kind[1].split(".")):
+                try:
+                    ns[name] = importlib.import_module(kind[1])
+                except BaseException:
+                    pass
+        elif kind[0] == "value" and len(kind) == 2:
+            ns[name] = kind[1]
+
+
+def build(job: dict, channel: Channel) -> list:
+    """The tests, as callables of no argument, with their namespace built."""
+    ns = {"__name__": "tests", "__builtins__": builtins}
+    tests = []
+    if job["check_module"]:
+        entry = job["entry_point"]
+        try:  # the prompt's imports and helpers (HumanEval/32's poly); a prompt that is not code brings none
+            exec(compile(job["prompt"] or "", "<prompt>", "exec"), ns)
+        except Exception:
+            pass
+        exec(compile(job["check_module"], "<tests>", "exec"), ns)
+        ns[entry] = proxy(channel, entry)
+        check = ns["check"]
+        tests.append(lambda: check(ns[entry]))
+    if job["asserts"]:
+        sources = [job["setup"], *job["asserts"]]
+        builtin_names = set(dir(builtins)) - {job["entry_point"]} - under_test(job["asserts"])
+        bind(channel, ns, used_names(sources) - builtin_names)
+        exec(compile(job["setup"], "<setup>", "exec"), ns)
+        for i, source in enumerate(job["asserts"]):
+            code = compile(source, f"<test {i}>", "exec")
+            tests.append(lambda code=code: exec(code, ns))
+    return tests
+
+
+def main(argv: list[str]) -> None:
+    fd_in, fd_out, fd_report = int(argv[1]), int(argv[2]), int(argv[3])
+
+    def report(line: str) -> None:
+        os.write(fd_report, (line.replace("\n", " ") + "\n").encode("utf-8", "replace"))
+
+    job = contain.start()
+    channel = Channel(fd_in, fd_out)
+    report(f"tests {job['n_tests']}")
+    try:
+        first = channel.receive()
+    except ProgramGone:
+        report("crash the program's process ended before it was ready")
+        return
+    if "ready" not in first:
+        report(f"error {str(first.get('error', 'the program did not start'))[:200]}")
+        return
+    try:
+        tests = build(job, channel)
+    except ProgramGone as e:
+        report(f"crash {e}")
+        return
+    except BaseException as e:
+        report(f"error tests: {contain.describe(e)}")
+        return
+    for i, test in enumerate(tests):
+        try:
+            test()
+        except Unportable as e:
+            report(f"fail {i} {str(e)[:200]}")
+        except BaseException as e:
+            report(f"fail {i} {contain.describe(e)}")
+        else:
+            report(f"pass {i}")
+    report("done")
+
+
+if __name__ == "__main__":
+    main(sys.argv)
+    os._exit(0)
