@@ -15,7 +15,7 @@ import pytest
 from rlft.rewards import REWARDS, score_batch
 from rlft.rewards.code import Code, extract_code, forbidden_use, humaneval_program, score, task_fields
 from rlft.rewards.pool import RewardPool, active_pool
-from test_sandbox import needs_full, no_sandbox_process_left
+from test_sandbox import needs_jail, sandbox_processes
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 HUMANEVAL = DATA / "humaneval" / "HumanEval.jsonl"
@@ -59,8 +59,12 @@ def test_extract_code(completion, code):
     ("getattr(__builtins__, 'ev' + 'al')", ["eval"], "eval"),
     ("__builtins__.__dict__['ex' 'ec']", ["exec"], "exec"),
     ("import os\nos.system('ls')", ["os.system"], "os.system"),
-    ("import sys\nsys._getframe(1)", [], "_getframe"),  # INTROSPECTION is always refused
-    ("import gc", [], "gc"),
+    ("import sys\nsys._getframe(1)", [], None),  # no ban, no policy: the jail is the boundary
+    ("import gc", [], None),
+    # where a task bans names, computing names at run time is refused too
+    ("import importlib\nm = importlib.import_module(chr(111) + chr(115))", ["os"], "importlib"),
+    ("name = input()\ngetattr(object, name)", ["eval"], "getattr with a computed name"),
+    ("import sys\nsys.modules['o' 's']", ["os"], "os"),
     # whole names, never substrings
     ("osmosis = 1\ncosine = 2", ["os"], None),
     ("import math\nmath.cos(1)", ["os"], None),
@@ -147,7 +151,7 @@ def test_mbpp_reference_code_passes_its_tests():
     with RewardPool(workers=4, deadline_s=30.0) as pool:
         got = pool.score(Code(timeout_s=REFERENCE_TIMEOUT_S), completions, samples, name="code")
     failing = {r["task_id"] for r, v in zip(rows, got.values) if v != 1.0}
-    assert failing == set(MBPP_BROKEN)  # 974/974 pass (tasks 367 and 927 need test_setup_code after the program)
+    assert failing == set(MBPP_BROKEN)  # 974/974 (367 and 927 build the program's Node objects as handles)
 
 
 def test_sanitized_mbpp_reference_code_passes_its_tests():
@@ -192,7 +196,14 @@ class Impatient(Code):
         return 1.0
 
 
-@needs_full
+def no_sandbox_process_left(within_s: float = 3.0) -> bool:
+    deadline = time.monotonic() + within_s
+    while sandbox_processes() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not sandbox_processes()
+
+
+@needs_jail
 def test_the_pool_killing_a_stuck_worker_leaves_no_sandbox_process():
     with RewardPool(workers=1, deadline_s=1.0) as pool:
         got = pool.score(Impatient(timeout_s=60.0), [HANG, SQUARE], [SQUARE_TASK, SQUARE_TASK], name="code")
@@ -229,3 +240,83 @@ def test_a_run_trains_on_mbpp_rows_with_the_code_reward(tmp_path, tiny_size_over
         assert all(isinstance(v, (int, float)) and math.isfinite(v) for v in rec.values())
     assert active_pool() is None
     assert no_sandbox_process_left()
+
+
+# ---- the verdict out of the program's reach -------------------------------------------------------------------
+
+
+def _humaneval(task_id: str) -> dict:
+    row = next(r for r in _jsonl(HUMANEVAL) if r["task_id"] == task_id)
+    return {"prompt": row["prompt"], "extra": {"test": row["test"], "entry_point": row["entry_point"]}}
+
+
+WRONG_WITH_HELPERS = {  # a wrong entry point, and the prompt's helper redefined so that check would accept it
+    "HumanEval/32": "def poly(xs, x):\n    return 0.0\n\ndef find_zero(xs):\n    return 0.0\n",
+    "HumanEval/38": "def encode_cyclic(s):\n    return s\n\ndef decode_cyclic(s):\n    return s\n",
+    "HumanEval/50": "def encode_shift(s):\n    return s\n\ndef decode_shift(s):\n    return s\n",
+}
+
+
+@needs_jail
+@pytest.mark.parametrize("task_id", sorted(WRONG_WITH_HELPERS))
+def test_helpers_come_from_the_prompt_never_from_the_program(task_id):
+    sample = _humaneval(task_id)
+    result = Code(timeout_s=20.0).check(f"```python\n{WRONG_WITH_HELPERS[task_id]}```", sample)
+    assert not result["passed"] and result["status"] == "ok", result
+
+
+@needs_jail
+@pytest.mark.parametrize("forbidden", [("eval",), ("exec",), ("eval", "exec")])
+def test_a_correct_program_importing_fractions_passes_under_an_eval_exec_ban(forbidden):
+    program = "from fractions import Fraction\n\ndef f(x):\n    return int(Fraction(x) + 1)\n"
+    result = Code(timeout_s=20.0, forbidden=forbidden).check(f"```python\n{program}```", SQUARE_TASK | {
+        "extra": {"test_list": ["assert f(1) == 2", "assert f(5) == 6"]}})
+    assert result["passed"], result
+
+
+@needs_jail
+@pytest.mark.parametrize("returned", [
+    "class Near(float):\n    def __sub__(self, o):\n        return 0.0\n    def __rsub__(self, o):\n        return 0.0\n"
+    "    def __abs__(self):\n        return 0.0\n    def __eq__(self, o):\n        return True\n    __hash__ = float.__hash__\n"
+    "def f(x):\n    return Near(0.0)\n",
+    "class Any:\n    def __eq__(self, o):\n        return True\n    def __lt__(self, o):\n        return True\n"
+    "    def __sub__(self, o):\n        return 0\n    def __abs__(self):\n        return 0\ndef f(x):\n    return Any()\n",
+])
+def test_objects_with_lying_arithmetic_do_not_pass_tolerance_checks(returned):
+    sample = {"extra": {"test_list": ["assert abs(f(1) - 2.5) < 1e-6", "assert math.isclose(f(1), 2.5)",
+                                      "assert f(1) == 2.5"], "test_setup_code": "import math"}}
+    result = Code(timeout_s=20.0).check(f"```python\n{returned}```", sample)
+    assert result["n_passed"] == 0, result
+
+
+def test_the_static_check_folds_within_a_small_budget():
+    """Folding never builds a long string: ten huge products cost kilobytes, not gigabytes."""
+    import tracemalloc
+
+    program = "f(" + ", ".join(["'x' * 200 * 200 * 200 * 200"] * 10) + ")\n"
+    tracemalloc.start()
+    try:
+        assert forbidden_use(ast.parse(program), ["xx"]) is None
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 10 << 20
+    assert forbidden_use(ast.parse("f('e' * 1 + 'v' + 'al')"), ["eval"]) == "eval"  # short ones still fold
+
+
+@needs_jail
+def test_mbpp_tasks_that_build_the_programs_objects_are_scored_through_handles():
+    """MBPP 367/927 (a tree of the program's Node) and 601 (its Pair): the objects stay on the program's side."""
+    rows = {r["task_id"]: r for r in _jsonl(MBPP)}
+    for task_id in (367, 601, 927):
+        row = rows[task_id]
+        sample = {"prompt": row["text"], "extra": row}
+        assert Code(timeout_s=20.0).check(f"```python\n{row['code']}\n```", sample)["passed"], task_id
+        wrong = row["code"] + "\n\n" + "\n".join(f"def {name}(*a, **k):\n    return a[0]" for name in
+                                                  _called(row["test_list"]))
+        assert not Code(timeout_s=20.0).check(f"```python\n{wrong}\n```", sample)["passed"], task_id
+
+
+def _called(asserts: list[str]) -> set[str]:
+    return {n.func.id for a in asserts for n in ast.walk(ast.parse(a))
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id not in dir(__builtins__)}

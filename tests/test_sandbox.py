@@ -1,117 +1,229 @@
-"""The code sandbox: limits checked with benign programs first, then the hostile corpus in tests/hostile/.
+"""The code sandbox: the channel and the verdict's parser, limits with benign programs, then the hostile corpus.
 
-Every hostile program must score as not passing, leave the host's files (a
-canary directory the test makes world-writable) and environment untouched, leave
-no process of the sandbox user behind, and the corpus must finish in bounded
-time. The corpus only runs where the sandbox is complete (root, namespaces):
-without them a fork bomb would not be contained.
+Every record of tests/hostile/ must score as not passing, leave the host as it
+was (a canary directory, leak paths, /dev/shm, System V IPC objects, shared
+memory, processes of the sandbox's uids, zombies, the environment, a listening
+socket) and end within its deadline plus a margin. The jail's tests need root
+(each sample gets host uids of its own) and a working bwrap; without them they
+skip with the reason.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import subprocess
+import sys
+import textwrap
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
+from rlft.rewards import jail
 from rlft.rewards.code import Code
-from rlft.rewards.sandbox import NOBODY, Limits, run
+from rlft.rewards.jailed import wire
+from rlft.rewards.sandbox import Limits, _parse, run
 
 HOSTILE = Path(__file__).parent / "hostile"
 CORPUS = sorted(HOSTILE.glob("*.py"))
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+CHECKOUT = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 2.0
+MARGIN_S = 3.0  # start-up and kill of two jails, on a loaded 2-core machine
 HUMANEVAL_TASK = {"code_prompt": 'def f(x):\n    """Add one."""\n', "entry_point": "f",
                   "test": "def check(candidate):\n    assert candidate(1) == 2\n    assert candidate(5) == 6\n"}
 MBPP_TASK = {"test_list": ["assert f(1) == 2", "assert f(5) == 6"]}
+CAUSES = {"verdict", "bans", "host", "resources", "outside"}
 
 
-def _namespaces_work() -> bool:
+def _jail_works() -> str:
+    """Empty when the full jail runs here, else why not."""
     if os.geteuid() != 0:
-        return False
-    return subprocess.run(["unshare", "--pid", "--net", "--mount", "--fork", "true"], capture_output=True).returncode == 0
+        return "the per-sample uids need root"
+    try:
+        r = run("def f(x):\n    return x + 1\n", asserts=("assert f(1) == 2",), limits=Limits(timeout_s=20))
+    except jail.JailUnavailable as e:
+        return str(e)
+    return "" if r.passed == frozenset({0}) else f"a correct program did not pass: {r}"
 
 
-FULL_SANDBOX = _namespaces_work()
-needs_full = pytest.mark.skipif(not FULL_SANDBOX, reason="the full sandbox needs root and namespaces (unshare)")
+WHY_NOT = _jail_works()
+needs_jail = pytest.mark.skipif(bool(WHY_NOT), reason=f"the jail does not run here: {WHY_NOT}")
 
 
 def sandbox_processes() -> list[int]:
-    """Pids of processes owned by the sandbox user (nobody)."""
+    """Pids of processes running as one of the sandbox's host uids."""
     pids = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
-                if os.stat(f"/proc/{entry}").st_uid == NOBODY:
-                    pids.append(int(entry))
+                uid = os.stat(f"/proc/{entry}").st_uid
             except FileNotFoundError:
-                pass
+                continue
+            if jail.BASE_UID <= uid < jail.BASE_UID + 2 * jail.SLOTS:
+                pids.append(int(entry))
     return pids
 
 
-def no_sandbox_process_left(within_s: float = 3.0) -> bool:
-    deadline = time.monotonic() + within_s
-    while sandbox_processes() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return not sandbox_processes()
+def zombie_children(pid: int) -> list[int]:
+    """This process's children that have exited and not been reaped."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            fields = stat[stat.rindex(")") + 2:].split()
+            if fields[0] == "Z" and int(fields[1]) == pid:
+                found.append(int(entry))
+    return found
 
 
+def host_state() -> dict:
+    """What a run must leave as it was: /dev/shm, System V IPC objects, sandbox processes."""
+    ipc = {name: Path(f"/proc/sysvipc/{name}").read_text().splitlines()[1:] if Path(f"/proc/sysvipc/{name}").exists()
+           else [] for name in ("shm", "msg", "sem")}
+    return {"shm": sorted(os.listdir("/dev/shm")), "ipc": ipc, "sandbox_processes": sandbox_processes()}
+
+
+def shmem_kib() -> int:
+    return int(next(line.split()[1] for line in Path("/proc/meminfo").read_text().splitlines()
+                    if line.startswith("Shmem:")))
+
+
+# ---- the channel ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", [None, True, 0, -(2 ** 200), 1.5, -0.0, math.inf, 2 + 3j, "é", b"\x00", bytearray(b"ab"),
+                                   [1, [2]], (1, (2,)), {1: {2: 3}}, {1, 2}, frozenset({3}), range(1, 9, 2), int, str])
+def test_plain_values_cross_unchanged_as_built_in_types(value):
+    back = wire.decode(wire.encode(value))
+    assert back == value and type(back) is type(value)
+
+
+def test_nan_crosses():
+    assert math.isnan(wire.decode(wire.encode(float("nan"))))
+
+
+def test_lying_objects_arrive_as_built_in_values_or_not_at_all():
+    class Liar(int):
+        def __eq__(self, other):
+            return True
+
+        __hash__ = int.__hash__
+
+    back = wire.decode(wire.encode([Liar(0)]))
+    assert back == [0] and type(back[0]) is int and back != [1]  # the subclass's __eq__ did not cross
+
+    class Anything:
+        def __eq__(self, other):
+            return True
+
+    with pytest.raises(wire.WireError, match="Anything"):
+        wire.encode(Anything())
+
+
+@pytest.mark.parametrize("body", [b"{", b'{"h": 1}', b'{"t": 1}', b'{"x": 1}', b'{"a": 1, "b": 2}', b"[" * 300 + b"]" * 300,
+                                  b'{"i": "' + b"f" * 200_000 + b'"}', b"1" * 5000, b'{"type": "Exploit"}',
+                                  b'{"f": "1e9"}', b'{"dd": ["os.system", []]}'])
+def test_malformed_messages_are_refused(body):
+    with pytest.raises(wire.WireError):
+        wire.decode(body)
+
+
+def test_a_result_line_forged_next_to_the_real_one_does_not_pass():
+    out = b"tests 2\npass 0\nfail 0 AssertionError\npass 1\npass 1\ndone\n"
+    r = _parse(out, 2, timed_out=False, timeout_s=1.0)
+    assert (r.status, r.passed) == ("ok", frozenset())
+
+
+# ---- benign programs and the limits ---------------------------------------------------------------------------
+
+
+@needs_jail
 def test_a_program_and_its_tests():
     r = run("def add(a, b):\n    return a + b", asserts=("assert add(1, 2) == 3", "assert add(1, 1) == 3"))
     assert (r.status, r.n_tests, r.passed) == ("ok", 2, frozenset({0}))
     assert "AssertionError" in r.reason
 
 
+@needs_jail
 def test_the_verdict_ignores_exit_status_and_stdout():
     r = run("print('pass 0')\nimport os\nos._exit(0)", asserts=("assert True",))
     assert (r.status, r.passed) == ("crashed", frozenset())
 
 
+@needs_jail
 def test_a_hang_is_a_timeout_within_the_limit():
     t0 = time.monotonic()
     r = run("import time\ntime.sleep(60)", asserts=("assert True",), limits=Limits(timeout_s=1.0))
     assert r.status == "timeout" and not r.passed
-    assert time.monotonic() - t0 < 3.0
+    assert time.monotonic() - t0 < 1.0 + MARGIN_S
 
 
-def test_without_namespaces_the_fallback_still_judges_and_warns(caplog):
-    """What a platform that refuses unshare gets: programs (and the stdlib) run, tests judge, hangs end."""
-    ok = run("import re, heapq, collections\ndef add(a, b):\n    return a + b",
-             asserts=("assert add(1, 2) == 3", "assert add(1, 1) == 3"), namespaces=False)
-    assert (ok.status, ok.passed) == ("ok", frozenset({0}))
-    hang = run("while True:\n    pass", asserts=("assert True",), limits=Limits(timeout_s=1.0), namespaces=False)
-    assert hang.status == "timeout" and not hang.passed
-    forged = run("print('pass 0')\nimport os\nos._exit(0)", asserts=("assert True",), namespaces=False)
-    assert not forged.passed
-    if os.geteuid() == 0:
-        assert "code sandbox:" in caplog.text  # the weaker isolation is said, once
+@needs_jail
+def test_objects_of_the_program_stay_there_and_compare_by_identity():
+    program = ("class Node:\n    def __init__(self, v):\n        self.v, self.next = v, None\n"
+               "    def __eq__(self, other):\n        return True\n"
+               "def total(n):\n    return 0 if n is None else n.v + total(n.next)\n")
+    setup = "a = Node(1)\na.next = Node(2)\n"
+    r = run(program, setup=setup, asserts=("assert total(a) == 3", "assert a == 5", "assert a.v == 1"))
+    assert (r.status, r.passed) == ("ok", frozenset({0, 2})), r
 
 
-@needs_full
+@needs_jail
+def test_a_value_that_cannot_cross_fails_its_test_and_is_counted():
+    r = run("def apply(fn, x):\n    return fn(x)\n", asserts=("assert apply(lambda v: v + 1, 1) == 2",))
+    assert r.passed == frozenset() and r.not_plain == 1 and "cannot cross" in r.reason
+
+
+@needs_jail
 @pytest.mark.parametrize("program, limits, expect", [
-    # benign programs that count how far they got: the limits hold before anything hostile runs
-    ("import os, time\nn = 0\nfor _ in range(40):\n    try:\n        pid = os.fork()\n    except OSError:\n"
-     "        break\n    if pid == 0:\n        time.sleep(30)\n        os._exit(0)\n    n += 1\n",
-     Limits(timeout_s=3, max_procs=8), "3 <= n <= 7"),  # 8 processes of nobody at most: the harness + 7
+    ("import threading, time\nn = 0\nfor _ in range(40):\n    try:\n"
+     "        threading.Thread(target=time.sleep, args=(30,), daemon=True).start()\n    except RuntimeError:\n"
+     "        break\n    n += 1\n", Limits(timeout_s=5, max_procs=8), "n == 7"),  # 8 threads: the main one + 7
+    ("import os\ntry:\n    os.fork()\n    n = 'forked'\nexcept OSError as e:\n    n = e.errno\n", Limits(), "n == 1"),
     ("b = []\ntry:\n    for _ in range(2000):\n        b.append(bytearray(1 << 20))\nexcept MemoryError:\n    pass\n"
      "n = len(b)\n", Limits(memory_mb=128), "60 < n < 128"),
     ("import signal\nsignal.signal(signal.SIGXFSZ, signal.SIG_IGN)\nn = 0\ntry:\n    with open('f', 'wb') as fh:\n"
      "        for _ in range(64):\n            fh.write(b'x' * (1 << 20))\n            fh.flush()\n            n += 1\n"
      "except OSError:\n    pass\n", Limits(file_mb=2), "n == 2"),
-    ("import os\nn = (os.getuid(), os.getgid(), os.getpid(), os.getcwd(), sorted(os.environ))\n", Limits(),
-     "n[:4] == (65534, 65534, 1, '/tmp/work') and set(n[4]) <= {'LC_CTYPE'}"),
+    ("import os, sys\nn = (os.getuid(), os.getpid(), os.getcwd(), sorted(os.environ), sorted(os.listdir('/')),\n"
+     "     [p for p in sys.path if os.path.isdir(p) and 'site-packages' in p and os.listdir(p)])\n", Limits(),
+     "n[:4] == (65534, 2, '/tmp', ['LC_CTYPE', 'PWD']) and set(n[4]) <= {'dev', 'lib', 'lib64', 'lib32', 'libx32', "
+     "'proc', 'root', 'sandbox', 'tmp', 'usr', 'home', 'opt'} and n[5] == []"),
 ])
 def test_limits_with_benign_programs(program, limits, expect):
-    r = run(program, asserts=(f"assert {expect}, n",), limits=limits)
+    r = run(program + "\ndef got():\n    return n\n", asserts=(f"n = got()\nassert {expect}, n",), limits=limits)
     assert r.passed == frozenset({0}), r.reason
-    assert no_sandbox_process_left()
+    assert sandbox_processes() == []
 
 
-def _hostile_cases():
-    return [pytest.param(path, id=path.stem) for path in CORPUS]
+@needs_jail
+def test_the_jail_holds_the_interpreter_and_nothing_of_the_host():
+    """No project, no data, no home, no host /tmp; the interpreter without site-packages or ctypes."""
+    probe = textwrap.dedent(f"""
+        import os
+        seen = {{p: os.path.exists(p) for p in [{str(CHECKOUT)!r}, {str(DATA)!r}, '/etc/passwd', '/home',
+                                               {str(Path(jail.__file__))!r}]}}
+        try:
+            import ctypes
+            seen['ctypes'] = True
+        except ImportError:
+            seen['ctypes'] = False
+        seen['tmp'] = sorted(os.listdir('/tmp'))
+        def got():
+            return seen
+    """)
+    r = run(probe, asserts=("s = got()\nassert not any(v for k, v in s.items() if k != 'tmp') and s['tmp'] == [], s",))
+    assert r.passed == frozenset({0}), r.reason
+
+
+# ---- the hostile corpus ---------------------------------------------------------------------------------------
 
 
 def _header(text: str, key: str) -> str:
@@ -121,9 +233,17 @@ def _header(text: str, key: str) -> str:
     return ""
 
 
+def test_the_corpus_is_large_and_documented():
+    assert len(CORPUS) >= 80
+    assert all(_header(p.read_text(), "attack") for p in CORPUS)
+    causes = {p.stem: _header(p.read_text(), "cause") for p in CORPUS}
+    assert {p: c for p, c in causes.items() if c not in CAUSES} == {}
+    assert set(causes.values()) == CAUSES
+
+
 @pytest.fixture
 def host(tmp_path, monkeypatch):
-    """A world-writable canary directory outside tmp_path's private parents, a secret, a listening socket."""
+    """A world-writable canary directory, a secret, a listening socket, and the host's state before the runs."""
     monkeypatch.setenv("RLFT_TEST_SECRET", "s3cret-value")
     canary_dir = Path("/tmp") / f"rlft-canary-{os.getpid()}"
     canary_dir.mkdir(exist_ok=True)
@@ -138,7 +258,8 @@ def host(tmp_path, monkeypatch):
     leaks = ["/tmp/rlft_hostile_pwned.txt", "/var/tmp/rlft_hostile_pwned.txt", "/dev/shm/rlft_hostile_pwned.txt",
              "/rlft_hostile_pwned.txt", "/tmp/rlft_hostile_shell", "/root/rlft_hostile_pwned.txt"]
     before = {p: os.path.exists(p) for p in leaks}
-    yield {"dir": canary_dir, "canary": canary, "listener": listener, "leaks": before}
+    yield {"dir": canary_dir, "canary": canary, "listener": listener, "leaks": before, "state": host_state(),
+           "shmem_kib": shmem_kib()}
     listener.close()
     for p, existed in before.items():
         if not existed and os.path.exists(p):
@@ -151,7 +272,8 @@ def host(tmp_path, monkeypatch):
 def _program(path: Path, host: dict) -> str:
     text = path.read_text()
     for key, value in (("{CANARY_DIR}", str(host["dir"])), ("{CANARY}", str(host["canary"])),
-                       ("{PORT}", str(host["listener"].getsockname()[1])), ("{HOST_PID}", str(os.getpid()))):
+                       ("{PORT}", str(host["listener"].getsockname()[1])), ("{HOST_PID}", str(os.getpid())),
+                       ("{DATA_DIR}", str(DATA)), ("{CHECKOUT}", str(CHECKOUT))):
         text = text.replace(key, value)
     return text
 
@@ -161,101 +283,112 @@ def _sample(path: Path) -> dict:
     return {"prompt": "", "extra": dict(task)}
 
 
-def test_the_corpus_is_large_and_documented():
-    assert len(CORPUS) >= 30
-    assert all(_header(p.read_text(), "attack") for p in CORPUS)
-
-
-@needs_full
-def test_hostile_corpus_never_passes_and_leaves_nothing_behind(host):
-    os.environ.pop("RLFT_UNRELATED", None)
-    jobs = []
-    for path in CORPUS:
-        forbidden = tuple(n.strip() for n in _header(path.read_text(), "forbidden").split(",") if n.strip())
-        reward = Code(timeout_s=TIMEOUT_S, forbidden=forbidden, max_procs=16, memory_mb=256, file_mb=8)
-        jobs.append((path, reward, _program(path, host)))
+def _score(path: Path, host: dict) -> tuple[dict, float]:
+    forbidden = tuple(n.strip() for n in _header(path.read_text(), "forbidden").split(",") if n.strip())
+    reward = Code(timeout_s=TIMEOUT_S, forbidden=forbidden, max_procs=16, memory_mb=256, file_mb=8)
     t0 = time.monotonic()
-    with ThreadPoolExecutor(4) as pool:
-        results = list(pool.map(lambda job: job[1].check(f"```python\n{job[2]}\n```", _sample(job[0])), jobs))
-    elapsed = time.monotonic() - t0
-    passing = {p.stem: r for (p, _, _), r in zip(jobs, results) if r["passed"] or r["n_passed"]}
+    result = reward.check(f"```python\n{_program(path, host)}\n```", _sample(path))
+    return result, time.monotonic() - t0
+
+
+@needs_jail
+def test_hostile_corpus_never_passes_and_leaves_nothing_behind(host):
+    with ThreadPoolExecutor(2) as pool:
+        results = dict(zip((p.stem for p in CORPUS), pool.map(lambda p: _score(p, host), CORPUS)))
+    passing = {name: r for name, (r, _) in results.items() if r["passed"] or r["n_passed"]}
     assert passing == {}
-    assert elapsed < len(CORPUS) * (TIMEOUT_S + 1) / 4 + 15  # bounded: every run ends by its own deadline
+    late = {name: round(s, 2) for name, (_, s) in results.items() if s > TIMEOUT_S + MARGIN_S}
+    assert late == {}
     assert host["canary"].read_text() == "untouched"
     assert sorted(f.name for f in host["dir"].iterdir()) == ["canary.txt"]
     assert {p: os.path.exists(p) for p in host["leaks"]} == host["leaks"]
     with pytest.raises(BlockingIOError):
         host["listener"].accept()  # nobody connected
     assert os.environ["RLFT_TEST_SECRET"] == "s3cret-value"
-    assert no_sandbox_process_left()
+    assert host_state() == host["state"]
+    assert zombie_children(os.getpid()) == []
+    assert shmem_kib() - host["shmem_kib"] < 64 * 1024  # tmpfs pages of the runs were given back
 
 
-@needs_full
-@pytest.mark.parametrize("name, status", [("forbidden_import", "forbidden"), ("forbidden_importlib", "forbidden"),
-                                          ("forbidden_runtime_name", "error"), ("getattr_builtins_runtime", "error"),
-                                          ("loop_forever", "timeout"), ("os_exit_early", "crashed"),
-                                          ("tracer", "forbidden"), ("frame_walk", "forbidden")])
-def test_hostile_programs_fail_for_the_right_reason(name, status, host):
-    path = HOSTILE / f"{name}.py"
-    forbidden = tuple(n.strip() for n in _header(path.read_text(), "forbidden").split(",") if n.strip())
-    result = Code(timeout_s=1.0, forbidden=forbidden).check(_program(path, host), _sample(path))
-    assert result["status"] == status and not result["passed"], result
+# ---- samples side by side, and a parent that runs many -------------------------------------------------------
 
 
-@needs_full
-def test_the_tests_builtins_and_the_harness_loop_are_bound_before_the_program():
-    """Shadowing or patching builtins that ``check`` or the harness's loop use does not make a test pass."""
-    program = ("import builtins, sys\ndef abs(x):\n    return 0\nbuiltins.len = lambda x: 3\n"
-               "builtins.enumerate = lambda t: [(i, lambda ns: None) for i in range(4)]\n"
-               "sys.modules['__main__'].enumerate = builtins.enumerate\ndef f(x):\n    return [0]\n")
-    check = "def check(candidate):\n    assert abs(candidate(1)[0] - 2) < 1e-9\n    assert len(candidate(1)) == 3\n"
-    r = run(program, check_module=check, entry_point="f", asserts=("assert f(1) == [2]",))
-    assert r.status == "ok" and r.passed == frozenset(), r
+HOG = """
+import threading, time
+hold = []
+def grab():
+    while True:
+        try:
+            hold.append(bytearray(8 << 20))
+        except MemoryError:
+            time.sleep(30)
+while True:
+    try:
+        threading.Thread(target=grab, daemon=True).start()
+    except RuntimeError:
+        break
+time.sleep(30)
+"""
+THREADED = """
+from concurrent.futures import ThreadPoolExecutor
+def f(x):
+    with ThreadPoolExecutor(4) as pool:
+        return sum(pool.map(lambda v: v, [x, 1]))
+"""
 
 
-KNOWN_HOLES = {  # documented in rlft.rewards.sandbox ("does not protect against"); strict: a fix must update it
-    "signal_handler_frame": (
-        "import os, signal\n"
-        "def h(signum, frame):\n"
-        "    while frame is not None:\n"
-        "        names = getattr(frame, 'f_' + chr(108) + 'ocals')\n"
-        "        if 'report' in names:\n"
-        "            names['report']('pass 0')\n"
-        "        frame = getattr(frame, 'f_' + chr(98) + 'ack')\n"
-        "signal.signal(signal.SIGALRM, h)\n"
-        "def f(x):\n"
-        "    signal.setitimer(signal.ITIMER_REAL, 0.001)\n"
-        "    for _ in range(10 ** 6):\n"
-        "        pass\n"
-        "    return 0\n"),
-    "ctypes_memmove": (
-        "import os, re, sys\n"
-        "def walk(c, seen):\n"
-        "    for s in type.__subclasses__(c):\n"
-        "        if s.__name__ not in seen:\n"
-        "            seen[s.__name__] = s\n"
-        "            walk(s, seen)\n"
-        "    return seen\n"
-        "copy = getattr(walk(object, {})['CDLL'].__init__, '__glob' + chr(97) + 'ls__')['memmove']\n"
-        "found, buf = set(), bytes(1 << 20)\n"
-        "for line in open('/proc/self/maps').read().splitlines():\n"
-        "    addr, perms = line.split()[:2]\n"
-        "    if perms.startswith('rw'):\n"
-        "        lo, hi = (int(a, 16) for a in addr.split('-'))\n"
-        "        for pos in range(lo, hi, len(buf)):\n"
-        "            n = min(len(buf), hi - pos)\n"
-        "            copy(id(buf) + 32, pos, n)\n"
-        "            found |= set(re.findall(rb'(?<![0-9a-f])[0-9a-f]{32}(?![0-9a-f])', buf[:n]))\n"
-        "for nonce in found:\n"
-        "    os.write(int(sys.argv[1]), nonce + b' pass 0\\n')\n"
-        "def f(x):\n"
-        "    return 0\n"),
-}
+@needs_jail
+def test_a_sample_that_hogs_threads_and_memory_does_not_starve_a_correct_threaded_one():
+    hog = Code(timeout_s=6.0, max_procs=16, memory_mb=256)
+    fair = Code(timeout_s=6.0, max_procs=16, memory_mb=256)
+    with ThreadPoolExecutor(2) as pool:
+        hogging = pool.submit(hog.check, f"```python\n{HOG}\n```", {"extra": dict(MBPP_TASK)})
+        time.sleep(1.0)  # the hog holds its threads and memory before the other starts
+        correct = pool.submit(fair.check, f"```python\n{THREADED}\n```", {"extra": dict(MBPP_TASK)})
+        assert correct.result()["passed"], correct.result()
+        assert hogging.result()["status"] == "timeout"
+    assert sandbox_processes() == []
 
 
-@needs_full
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="a known hole, documented in the sandbox")
-@pytest.mark.parametrize("name", sorted(KNOWN_HOLES))
-def test_known_holes_still_forge_a_pass(name):
-    result = Code(timeout_s=3.0).check(f"```python\n{KNOWN_HOLES[name]}```", {"extra": dict(MBPP_TASK)})
-    assert not result["n_passed"], result
+DRIVER = """
+import os, sys
+from concurrent.futures import ThreadPoolExecutor
+from rlft.rewards.sandbox import Limits, run
+sys.path.insert(0, {tests!r})
+from test_sandbox import sandbox_processes, zombie_children
+limits = Limits(timeout_s=0.3)
+with ThreadPoolExecutor(4) as pool:
+    results = list(pool.map(lambda i: run("import time\\ntime.sleep(60)", asserts=("assert True",), limits=limits),
+                            range(100)))
+print(sum(r.status == "timeout" for r in results), len(zombie_children(os.getpid())), len(sandbox_processes()))
+"""
+
+
+@needs_jail
+def test_after_100_timed_out_samples_no_zombie_and_no_sandbox_process_remains():
+    """The scoring process itself is the parent that must reap: it never leaves a zombie or a jailed process."""
+    code = DRIVER.format(tests=str(Path(__file__).parent))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["100", "0", "0"]
+    assert sandbox_processes() == []
+
+
+# ---- the weaker mode, by name ---------------------------------------------------------------------------------
+
+
+def test_unjailed_mode_still_judges_apart_and_warns(caplog, monkeypatch):
+    monkeypatch.setattr(jail, "_warned", set())
+    ok = run("import re, heapq, collections\ndef add(a, b):\n    return a + b",
+             asserts=("assert add(1, 2) == 3", "assert add(1, 1) == 3"), mode="unjailed")
+    assert (ok.status, ok.passed) == ("ok", frozenset({0}))
+    hang = run("while True:\n    pass", asserts=("assert True",), limits=Limits(timeout_s=1.0), mode="unjailed")
+    assert hang.status == "timeout" and not hang.passed
+    forged = run("print('pass 0')\nimport os\nos._exit(0)", asserts=("assert True",), mode="unjailed")
+    assert not forged.passed
+    assert "reward.sandbox=unjailed" in caplog.text
+
+
+def test_an_unknown_mode_is_refused():
+    with pytest.raises(ValueError, match="sandbox"):
+        Code(sandbox="docker")

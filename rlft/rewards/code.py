@@ -55,6 +55,11 @@ from rlft.rewards.sandbox import MODES, Limits, RunResult, run
 
 MAX_PROGRAM_CHARS = 100_000
 FOLD_LIMIT = 200  # longest string the static check builds while folding literals
+# Where a task bans names, the ways of computing a name at run time are refused too: a name check cannot see
+# through them. Policy, not the security boundary (the jail is).
+RUNTIME_NAMES = ("importlib", "__import__", "eval", "exec", "compile", "globals", "vars", "locals", "builtins",
+                 "__builtins__", "__dict__", "__getattribute__", "__subclasses__", "__globals__", "__code__",
+                 "__closure__", "modules", "_getframe", "f_globals", "f_locals", "f_builtins", "marshal", "pickle")
 _FENCE = re.compile(r"^[ \t]*```[^\n`]*\n(.*?)^[ \t]*```", re.DOTALL | re.MULTILINE)
 _OPEN = re.compile(r"^[ \t]*```[^\n`]*\n", re.MULTILINE)
 
@@ -190,14 +195,31 @@ def _too_long():
 
 
 def forbidden_use(tree: ast.AST, forbidden: Iterable[str]) -> str | None:
-    """The first forbidden name the program refers to, else None.
+    """The first forbidden name the program refers to, else None; where a task bans any name, also the first way
+    of computing names at run time (``RUNTIME_NAMES``, ``getattr`` with a computed name).
 
     >>> tree = ast.parse("osmosis = 1\\nimport importlib\\nm = importlib.import_module('o' + 's')")
     >>> forbidden_use(tree, ["os"]), forbidden_use(tree, ["sys"]), forbidden_use(tree, ["importlib.import_module"])
-    ('os', None, 'importlib.import_module')
+    ('os', 'importlib', 'importlib.import_module')
+    >>> forbidden_use(ast.parse("import math\\ny = getattr(math, 'pi')"), ["sys"]), forbidden_use(tree, [])
+    (None, None)
     """
+    forbidden = tuple(forbidden)
     names = referenced_names(tree)
-    return next((f for f in forbidden if f in names), None)
+    hit = next((f for f in forbidden if f in names), None)
+    if hit is not None or not forbidden:
+        return hit
+    return next((f for f in RUNTIME_NAMES if f in names), None) or _computed_attribute(tree)
+
+
+def _computed_attribute(tree: ast.AST) -> str | None:
+    """``getattr``/``setattr``/``hasattr``/``delattr`` with a name that is not a literal string, else None."""
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                and node.func.id in ("getattr", "setattr", "hasattr", "delattr")
+                and (len(node.args) < 2 or fold_string(node.args[1]) is None)):
+            return f"{node.func.id} with a computed name"
+    return None
 
 
 def defines(tree: ast.Module, name: str) -> bool:

@@ -205,7 +205,7 @@ class Slot:
         self.index, self._fd = -1, -1
         if os.geteuid() != 0:
             return
-        folder = Path(tempfile.gettempdir()) / "rlft-sandbox-slots"
+        folder = Path(tempfile.gettempdir()) / "rlft-jail-slots"
         folder.mkdir(mode=0o700, exist_ok=True)
         start = int.from_bytes(os.urandom(2), "big") % SLOTS
         for k in range(SLOTS):
