@@ -1,5 +1,11 @@
 """Checkpoints: policy (HF format), optimizer, scheduler, RNG states and the data position.
 
+``state.pt`` holds only tensors, numbers, strings and containers of them, and is read back with
+``torch.load(weights_only=True)``: a checkpoint that would need anything else (a planted or foreign file
+whose unpickling could run code) is refused with a :class:`~rlft.config.ConfigError` naming it, never loaded
+with full unpickling. The one non-plain type allowed is numpy's uint32 array, which checkpoints written before
+the numpy RNG state was stored as a list hold.
+
 Each checkpoint is written to a temporary directory and renamed into place, so a
 crash or a failed write (a full disk: :class:`~rlft.errors.WriteFailed`) never leaves
 a half-written ``step_N``, and the older ones are pruned only once it is whole.
@@ -8,7 +14,10 @@ a half-written ``step_N``, and the older ones are pruned only once it is whole.
 
 from __future__ import annotations
 
+import contextlib
+import pickle
 import random
+import re
 import shutil
 from pathlib import Path
 from typing import Any, Callable
@@ -16,18 +25,27 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from rlft.config.checks import ConfigError
 from rlft.disk import flush_to_disk
 from rlft.errors import writing
 
 
 def rng_state() -> dict[str, Any]:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """This process's random states, in plain types and tensors (what ``weights_only`` loading accepts)."""
+    state = {"python": random.getstate(), "numpy": _numpy_state(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
 
+def _numpy_state() -> tuple:
+    """numpy's global random state with its key as a list of ints instead of an array."""
+    name, key, pos, has_gauss, gauss = np.random.get_state()
+    return name, key.tolist(), int(pos), int(has_gauss), float(gauss)
+
+
 def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore :func:`rng_state`'s states (the numpy key as a list, or an array from an older checkpoint)."""
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
@@ -94,4 +112,50 @@ def latest(run_dir: Path) -> Path | None:
 
 
 def load_state(ckpt: Path) -> dict[str, Any]:
-    return torch.load(ckpt / "state.pt", weights_only=False)
+    """``ckpt``'s ``state.pt``, unpickled with ``weights_only=True``; a :class:`ConfigError` naming the file when
+    it would need more than tensors, plain types and numpy's uint32 array (nothing in it is run)."""
+    path = Path(ckpt) / "state.pt"
+    try:
+        with _allowed(_NUMPY_RNG_KEY):
+            return torch.load(path, weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise ConfigError(f"train.resume: {path} would need unsafe unpickling ({_unsafe_part(path, e)}), so it "
+                          "was not loaded: a checkpoint written by rlft holds only tensors, numbers, strings and "
+                          "containers; delete the file or resume from a checkpoint you wrote") from None
+
+
+def _numpy_rng_key_types() -> list:
+    """What unpickles a uint32 numpy array (the numpy RNG key of checkpoints from before it was a list): the array
+    rebuild function under numpy 1's and numpy 2's module names, the array and dtype classes, and uint32's dtype
+    class (which alone may receive a dtype's pickled state, so no other dtype can be completed)."""
+    try:
+        from numpy._core.multiarray import _reconstruct  # numpy 2
+    except ImportError:
+        from numpy.core.multiarray import _reconstruct
+    names = ("numpy.core.multiarray._reconstruct", "numpy._core.multiarray._reconstruct")
+    return [*((_reconstruct, name) for name in names), np.ndarray, np.dtype, type(np.dtype(np.uint32))]
+
+
+_NUMPY_RNG_KEY = _numpy_rng_key_types()
+
+
+def _allowed(types: list):
+    """torch's ``safe_globals`` context for ``types``; nothing (plain types and tensors only) on a torch before
+    2.5, which lacks it."""
+    safe = getattr(torch.serialization, "safe_globals", None)
+    return safe(types) if safe is not None else contextlib.nullcontext()
+
+
+def _unsafe_part(path: Path, e: Exception) -> str:
+    """What in ``path`` is not allowed: the names it imports (read without unpickling), or torch's reason."""
+    find = getattr(torch.serialization, "get_unsafe_globals_in_checkpoint", None)
+    if find is not None:
+        with contextlib.suppress(Exception), _allowed(_NUMPY_RNG_KEY):  # what the load allowed, left out
+            names = sorted(find(path))
+            if names:
+                return "it imports " + ", ".join(names)
+    named = re.findall(r"GLOBAL ([\w.]+)", str(e))
+    if named:
+        return "it imports " + named[0]
+    reason = [line for line in str(e).split("WeightsUnpickler error:")[-1].splitlines() if line.strip()]
+    return f"torch's reader: {reason[0].strip()}" if reason else type(e).__name__

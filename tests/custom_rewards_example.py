@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import functools
 import os
+import subprocess
 
 from rlft.rewards import group_level
 
 NOT_CALLABLE = 3
+
+# Primitives re-exported under innocent names: refused by what they are, not by the spec's module
+innocent = exec
+quick_check = subprocess.run
+looks_fine = functools.partial(os.system, "true")
 
 
 def length_over_10(completion: str, sample) -> float | None:

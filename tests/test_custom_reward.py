@@ -155,3 +155,138 @@ def test_config_entry_is_checked_at_parse_time(reward_file):
     with pytest.raises(ConfigError, match=r"reward\.fns\[0\]\.kind: must be one of"):
         load_config(None, [f"reward.fns=[{{name: custom, fn: {MODULE}:length_over_10, kind: pairs}}]",
                            "reward.weights=[1.0]"])
+
+
+# ----------------------------------------------------------------------------- refused targets
+
+
+@pytest.mark.parametrize("spec, what", [
+    ("builtins:exec", "module 'builtins'"),
+    ("builtins:eval", "module 'builtins'"),
+    ("os:system", "module 'os'"),
+    ("subprocess:run", "module 'subprocess'"),
+    ("importlib:import_module", "module 'importlib'"),
+    ("os.path:join", "module 'os.path'"),
+    (f"{MODULE}:innocent", "'innocent' is builtins.exec"),  # exec re-exported under another name
+    (f"{MODULE}:quick_check", "'quick_check' is subprocess.run"),
+    (f"{MODULE}:looks_fine", "'looks_fine' is os.system"),  # a partial: judged by what it calls
+    ("functools:reduce", "'reduce' is a builtin_function_or_method"),  # not a Python function
+    ("rlft.rewards.pool:RewardPool", "'RewardPool' is a class"),  # a class, not a function
+])
+def test_code_execution_and_process_primitives_are_refused(spec, what):
+    """A primitive is refused at build time, by its module or by what the object found is, naming fn and the spec."""
+    with pytest.raises(ValueError, match="^fn: ") as err:
+        build(spec)
+    assert repr(spec) in str(err.value) and "refused: " in str(err.value) and what in str(err.value)
+
+
+def test_a_refused_target_is_a_config_error_naming_the_field(tmp_path):
+    """In a recipe: a ConfigError naming reward.fns[i].fn and the target, whether sandboxed or not."""
+    for entry in ("{name: custom, fn: builtins:exec}", f"{{name: custom, fn: {MODULE}:innocent, sandboxed: true}}"):
+        with pytest.raises(ConfigError, match=r"^reward\.fns\[1\]\.fn: '[\w:]+': refused: "):
+            load_config(None, [f"reward.fns=[final_answer, {entry}]", "reward.weights=[1.0, 1.0]"])
+
+
+def test_the_example_module_still_gives_plain_functions_and_instances(reward_file):
+    """Functions and callable instances of the user's classes (rlft's own rewards too) still build."""
+    assert build(f"{MODULE}:length_over_10")("abcde", {}) == 0.5
+    assert build("rlft.rewards.math:format_reward")("#### 5", {}) == 1.0
+    assert build(f"{reward_file}:vowels")("aei", {}) == 3.0
+
+
+# ----------------------------------------------------------------------------- sandboxed: a process per call
+
+
+@pytest.fixture
+def light_file(tmp_path):
+    """Rewards with no rlft import (so a child starts in milliseconds); importing the file records the pid."""
+    imports = tmp_path / "imported_by.txt"
+    path = tmp_path / "light_rewards.py"
+    path.write_text(textwrap.dedent(f"""
+        import os, time
+
+        with open({str(imports)!r}, "a") as f:
+            f.write(f"{{os.getpid()}}\\n")
+
+        def vowels(completion, sample):
+            return None if sample.get("skip") else float(sum(c in "aeiou" for c in completion))
+
+        def longest(completions, samples):
+            best = max(map(len, completions))
+            return [float(len(c) == best) for c in completions]
+
+        def meddles(completion, sample):
+            os.environ["RLFT_MEDDLED"] = "yes"  # the trainer's state, were it in the trainer
+            return float(os.getpid())
+
+        class Planted:
+            def __reduce__(self):  # would run in whatever process unpickles it
+                return os.system, ("touch " + {str(tmp_path / "planted_ran")!r},)
+
+        def fragile(completion, sample):
+            if completion == "exit":
+                os._exit(1)
+            if completion == "hang":
+                time.sleep(60)
+            if completion == "raise":
+                raise RuntimeError("bad sample")
+            if completion == "object":
+                return Planted()
+            return len(completion) // 2  # an int, scored as a float
+    """))
+    return path, imports
+
+
+def test_sandboxed_gives_the_same_scores_in_another_process(light_file):
+    """Per-sample (with its None) and group-level: the values of the in-process reward, from a child process."""
+    path, _ = light_file
+    texts, samples = ["banana", "sky", "aeiou", "io"], [{}, {}, {"skip": True}, {}]
+    inline, boxed = build(f"{path}:vowels"), build(f"{path}:vowels", sandboxed=True)
+    assert boxed.sandboxed and not boxed.runs_in_pool and boxed.deadline_s > boxed.timeout_s
+    want = score_batch(texts, samples, [("v", inline)], [1.0])
+    got = score_batch(texts, samples, [("v", boxed)], [1.0])
+    assert got.per_fn == want.per_fn == {"v": [3.0, 0.0, None, 2.0]} and got.errors == {"v": 0}
+    group = build(f"{path}:longest", kind="group", sandboxed=True)
+    assert score_batch(texts, [{}] * 4, [("g", group)], [1.0], group_size=2).per_fn["g"] == [1.0, 0.0, 1.0, 0.0]
+
+
+def test_sandboxed_never_runs_in_the_trainer(light_file, monkeypatch):
+    """Neither the module's import (at build) nor the function runs in this process; what it changes stays there."""
+    path, imports = light_file
+    monkeypatch.delenv("RLFT_MEDDLED", raising=False)
+    fn = build(f"{path}:meddles", sandboxed=True)
+    pids = [fn("x", {}) for _ in range(2)]
+    assert os.getpid() not in pids and pids[0] != pids[1]  # a fresh process per call
+    assert "RLFT_MEDDLED" not in os.environ
+    assert str(os.getpid()) not in imports.read_text().split()
+
+
+def test_a_sandboxed_crash_hang_or_error_costs_only_its_sample(light_file):
+    """os._exit, a hang past timeout_s (the reward's own, not reward.timeout_s), an exception and a returned
+    object: that sample is None and counted; the others score."""
+    path, _ = light_file
+    fn = build(f"{path}:fragile", sandboxed=True, timeout_s=1.5)
+    texts = ["ok", "exit", "hang", "raise", "object", "fine"]
+    got = score_batch(texts, [{}] * 6, [("f", fn)], [1.0], timeout_s=0.5)
+    assert got.per_fn["f"] == [1.0, None, None, None, None, 2.0] and got.errors["f"] == 4
+    with pytest.raises(RuntimeError, match=r"process died \(exit code 1\)"):
+        fn("exit", {})
+    with pytest.raises(RuntimeError, match="raised RuntimeError: bad sample"):
+        fn("raise", {})
+    with pytest.raises(RuntimeError, match="returned a Planted, which cannot be sent back"):
+        fn("object", {})  # the reply is JSON: an object is never unpickled here
+    assert not (path.parent / "planted_ran").exists()
+
+
+def test_sandboxed_settings_are_checked(light_file):
+    """timeout_s must be positive; slow and sandboxed together are a contradiction, not a silent choice; what
+    the child finds wrong with the spec is raised here."""
+    path, _ = light_file
+    with pytest.raises(ValueError, match="^timeout_s: must be > 0"):
+        build(f"{path}:vowels", sandboxed=True, timeout_s=0)
+    with pytest.raises(ValueError, match="^slow: .* sandboxed"):
+        build(f"{path}:vowels", sandboxed=True, slow=True)
+    with pytest.raises(ValueError, match=f"^fn: '{path}:missing': no attribute 'missing'"):
+        build(f"{path}:missing", sandboxed=True)
+    with pytest.raises(ValueError, match="^fn: 'builtins:exec': refused: "):
+        build("builtins:exec", sandboxed=True)

@@ -21,30 +21,42 @@ function, so a decorated function needs nothing more; ``sample``, ``group`` or
 ``slow: true`` (or a ``runs_in_pool`` marker) runs a per-sample function in the
 run's worker processes with a deadline per sample.
 
+``sandboxed: true`` runs every call (one sample, or one group or batch) in a
+short-lived child process of its own, killed after ``timeout_s`` seconds (its
+start included); a crash, an exception or a hang there costs only that call's
+samples, scored None like any failing reward. The child is a fresh interpreter,
+not a fork of the trainer, and replies in JSON, so the function cannot
+ordinarily read or change the trainer's memory and state; the spec is checked
+in such a child too, so the trainer never imports the function's module. It is
+not a sandbox for the host, nor a boundary against hostile code: the child runs
+as the same user with the same files, network and environment (``rlft.userfn``
+says more; untrusted programs belong in the code sandbox). Each call pays a
+process start: tens of milliseconds, plus what the function's module imports.
+A sandboxed function never runs in the worker pool: its ``runs_in_pool`` marker
+is ignored, and ``slow: true`` with ``sandboxed: true`` is an error.
+
 The spec is checked when the entry is built, at config parse time: a malformed
 spec, a module or file that fails to import (its own exception is quoted), a
-missing attribute or something not callable is a ``ValueError`` naming the
-spec. Importing runs the module's top-level code, as ``python -m`` would.
-The reward stores only the spec (a file path made absolute), so it pickles to
-worker processes, which import the function once each (cached per process).
+missing attribute, something not callable, or a refused target is a
+``ValueError`` naming the spec. Refused: anything from modules such as
+``builtins``, ``os``, ``subprocess``, ``sys``, ``importlib`` or ``pickle``
+(``builtins:exec`` would run every completion in the trainer), also when a
+module of the user's re-exports it under another name, and anything but a
+Python function or a callable instance of a Python class (see
+``rlft.userfn``). Importing runs the module's top-level code, as ``python -m``
+would. The reward stores only the spec (a file path made absolute), so it
+pickles to worker processes, which import the function once each (cached per
+process).
 """
 
 from __future__ import annotations
 
-import hashlib
-import importlib
-import importlib.util
-import sys
-import threading
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from rlft.rewards.base import REWARDS, check_choices
-
-_RESOLVED: dict[str, Callable] = {}  # target ("module:attr" or "/abs/file.py:attr") -> the user's function
-_LOCK = threading.RLock()
+from rlft.userfn import call_in_child, markers, markers_in_child, resolve
 
 
 @REWARDS.register("custom")
@@ -58,6 +70,9 @@ class Custom:
     >>> Custom("rlft.rewards.math:nope")
     Traceback (most recent call last):
     ValueError: fn: 'rlft.rewards.math:nope': no attribute 'nope' in rlft.rewards.math
+    >>> Custom("builtins:exec")
+    Traceback (most recent call last):
+    ValueError: fn: 'builtins:exec': refused: module 'builtins' holds code-execution and process/system primitives, ...
     """
 
     fn: str
@@ -66,18 +81,28 @@ class Custom:
     """Its shape: per-sample, group-level or batched; auto reads rlft's markers on the function."""
     slow: bool = False
     """Run it in the worker pool with a deadline per sample (per-sample functions only)."""
+    sandboxed: bool = False
+    """Run each call in a short-lived child process with a deadline: protects the trainer, not the host."""
+    timeout_s: float = 10.0
+    """With sandboxed: each call's deadline in seconds, the child process's start included."""
 
     def __post_init__(self) -> None:
         """Import the function now (errors at parse time) and record its shape and whether it is slow."""
         check_choices(self)
+        if not self.timeout_s > 0:
+            raise ValueError(f"timeout_s: must be > 0, got {self.timeout_s}")
+        if self.slow and self.sandboxed:
+            raise ValueError(f"slow: {self.fn!r} is sandboxed, so each call runs in a process of its own, not in "
+                             "the worker pool; set slow or sandboxed, not both")
         target = _target(self.fn)
-        user_fn = resolve(target, self.fn)
-        marked = "group" if getattr(user_fn, "group_level", False) else \
-            "batch" if getattr(user_fn, "batched", False) else None
+        marks = markers_in_child(target, self.fn, self.timeout_s) if self.sandboxed else \
+            markers(resolve(target, self.fn))  # sandboxed: the module is never imported by the trainer
+        marked = "group" if marks["group_level"] else "batch" if marks["batched"] else None
         if self.kind != "auto" and marked is not None and marked != self.kind:
             raise ValueError(f"kind: {self.fn!r} is marked as a {marked}-level reward, not kind={self.kind}")
         shape = marked or ("sample" if self.kind == "auto" else self.kind)
-        in_pool = self.slow or bool(getattr(user_fn, "runs_in_pool", False))
+        # sandboxed: a process per call instead of the pool (whose workers cannot start processes of their own)
+        in_pool = not self.sandboxed and (self.slow or marks["runs_in_pool"])
         if in_pool and shape != "sample":
             raise ValueError(f"slow: only per-sample rewards run in the worker pool; {self.fn!r} is {shape}-level")
         # plain instance attributes (not fields): what score_batch and the trainer read; pickled with the instance
@@ -86,8 +111,17 @@ class Custom:
         object.__setattr__(self, "batched", shape == "batch")
         object.__setattr__(self, "runs_in_pool", in_pool)
 
+    @property
+    def deadline_s(self) -> float | None:
+        """Sandboxed: what ``score_batch`` allows one call instead of ``reward.timeout_s``, a little over
+        ``timeout_s`` so the child's own deadline decides; None (``reward.timeout_s``) otherwise."""
+        return self.timeout_s + 1.0 if self.sandboxed else None
+
     def __call__(self, *args):
-        """The user's function on ``(completion, sample)`` or ``(completions, samples)``."""
+        """The user's function on ``(completion, sample)`` or ``(completions, samples)``; sandboxed: in a child
+        process, where a crash or the deadline raises here."""
+        if self.sandboxed:
+            return call_in_child(self.target, self.fn, args, self.timeout_s)
         return resolve(self.target, self.fn)(*args)
 
 
@@ -104,40 +138,3 @@ def _target(spec: str) -> str:
     if not all(part.isidentifier() for part in where.split(".")):
         raise ValueError(f"fn: {spec!r}: {where!r} is not a module name (or a path ending in .py)")
     return spec
-
-
-def resolve(target: str, spec: str) -> Callable:
-    """The callable at ``target`` (imported once per process); a ValueError naming ``spec`` otherwise."""
-    with _LOCK:
-        if target not in _RESOLVED:
-            where, _, attr = target.rpartition(":")
-            obj = _import(where, spec)
-            for part in attr.split("."):
-                if not hasattr(obj, part):
-                    raise ValueError(f"fn: {spec!r}: no attribute {attr!r} in {where}")
-                obj = getattr(obj, part)
-            if not callable(obj):
-                raise ValueError(f"fn: {spec!r}: {attr!r} is a {type(obj).__name__}, not a function")
-            _RESOLVED[target] = obj
-        return _RESOLVED[target]
-
-
-def _import(where: str, spec: str):
-    """The module named ``where`` (a module name or an absolute file path), or a ValueError quoting the failure."""
-    try:
-        if not where.endswith(".py") and "/" not in where and "\\" not in where:
-            return importlib.import_module(where)
-        name = "rlft_custom_" + hashlib.sha1(where.encode()).hexdigest()[:12]
-        if name in sys.modules:
-            return sys.modules[name]
-        module_spec = importlib.util.spec_from_file_location(name, where)
-        module = importlib.util.module_from_spec(module_spec)
-        sys.modules[name] = module  # dataclasses and pickling look the module up by name
-        try:
-            module_spec.loader.exec_module(module)
-        except BaseException:
-            del sys.modules[name]
-            raise
-        return module
-    except (Exception, SystemExit) as e:
-        raise ValueError(f"fn: {spec!r}: {type(e).__name__}: {e} (while importing {where})") from None

@@ -1,0 +1,264 @@
+"""A user's function named by where it lives (the ``custom`` reward's ``fn``), found, checked and called.
+
+:func:`resolve` imports ``package.module:function`` or ``/abs/file.py:function`` once per process and refuses
+what is not a reward but a code-execution or process/system primitive: anything from the modules in
+:data:`BLOCKED_MODULES` (``builtins``, ``os``, ``subprocess``, ``sys``, ``importlib``, ``pickle``, ...), named
+directly or re-exported under another name (the object found is checked, by identity and by the module it
+comes from, not only the spec), and anything that is not a Python function or a callable instance of a Python
+class (a ``builtin_function_or_method`` such as ``exec``, a class). ``functools.partial`` objects and bound
+methods are judged by the function they wrap. These checks stop a recipe from naming ``builtins:exec`` as a
+reward (which would run every completion in the trainer); they do not judge what a function of the user's own
+does.
+
+:func:`call_in_child` calls the function in a short-lived child process with a deadline (the ``custom`` reward's
+``sandboxed: true``). The child starts from multiprocessing's fork server where the platform has one (a fresh
+interpreter, never a fork of the trainer), else with ``spawn``, and replies in JSON (numbers, None, text and
+lists; never a pickle, whose decoding could run code in the caller). It keeps the trainer's memory and state
+(the model, optimizer, random states, imported modules) out of the function's ordinary reach, and a crash
+(``os._exit``, a segfault) or a hang costs only that call: the child is killed at the deadline. It does
+**not** protect the host, and it is no boundary against hostile code: the child runs as the same user, with
+the same files, network and environment, so a function that deletes files or opens connections still does,
+and it may signal the trainer or, where the kernel lets a user's processes trace each other, read it. Run
+untrusted code in the code sandbox (``rlft.rewards.sandbox``) instead.
+
+This module imports neither torch nor ``rlft.rewards``, so a child starts in tens of milliseconds, plus what
+the user's module imports (on every call: nothing is cached between children).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib
+import importlib.util
+import json
+import multiprocessing
+import numbers
+import sys
+import threading
+import types
+from collections.abc import Callable, Sequence
+
+BLOCKED_MODULES = frozenset({
+    "builtins", "__builtin__", "os", "posix", "nt", "subprocess", "sys", "importlib", "runpy", "code", "codeop",
+    "pty", "shutil", "ctypes", "pickle", "marshal", "shelve",
+    # where the C parts of those live: open is _io.open, pickle.loads _pickle.loads, ...
+    "io", "_io", "_pickle", "_posixsubprocess", "_ctypes", "_imp", "_frozen_importlib", "_frozen_importlib_external",
+})
+"""Modules (and their submodules) whose functions and classes are never a reward."""
+
+_MAX_REPLY = 16 << 20  # bytes of a child's reply: a batch reward's list of floats fits many times over
+_RESOLVED: dict[str, Callable] = {}  # target ("module:attr" or "/abs/file.py:attr") -> the user's function
+_LOCK = threading.RLock()
+
+
+def resolve(target: str, spec: str) -> Callable:
+    """The function at ``target`` (imported once per process); a ValueError naming ``spec`` when it is missing,
+    not callable, or a refused target (see the module's docstring)."""
+    with _LOCK:
+        if target not in _RESOLVED:
+            where, _, attr = target.rpartition(":")
+            check_module(target, spec)
+            obj = _import(where, spec)
+            for part in attr.split("."):
+                if not hasattr(obj, part):
+                    raise ValueError(f"fn: {spec!r}: no attribute {attr!r} in {where}")
+                obj = getattr(obj, part)
+            if not callable(obj):
+                raise ValueError(f"fn: {spec!r}: {attr!r} is a {type(obj).__name__}, not a function")
+            check_plain(obj, attr, spec)
+            _RESOLVED[target] = obj
+        return _RESOLVED[target]
+
+
+def check_module(target: str, spec: str) -> None:
+    """A ValueError naming ``spec`` when ``target`` names a module of :data:`BLOCKED_MODULES` (before importing)."""
+    where = target.rpartition(":")[0]
+    if not _is_file(where) and _blocked(where):
+        raise ValueError(f"fn: {spec!r}: refused: module {where!r} holds code-execution and process/system "
+                         "primitives, not rewards; name a function of your own")
+
+
+def check_plain(obj: Callable, attr: str, spec: str) -> None:
+    """A ValueError naming ``spec`` unless ``obj`` is a Python function or a callable instance of a Python class
+    from a module outside :data:`BLOCKED_MODULES` (a partial or a bound method: the function it wraps)."""
+    inner = _unwrapped(obj)
+    known = _primitives().get(id(inner))
+    if known is not None and known[1] is inner:
+        raise ValueError(f"fn: {spec!r}: refused: {attr!r} is {known[0]}, a code-execution or process/system "
+                         "primitive, not a reward; name a function of your own")
+    if isinstance(inner, types.FunctionType):
+        module = inner.__module__
+    elif isinstance(inner, type):
+        raise ValueError(f"fn: {spec!r}: refused: {attr!r} is a class; name a function or an instance")
+    elif isinstance(getattr(type(inner), "__call__", None), types.FunctionType):
+        check_plain(type(inner).__call__, f"{attr}.__call__", spec)  # a primitive assigned as __call__
+        module = type(inner).__module__
+    else:
+        named = f" ({_name(inner)})" if hasattr(inner, "__qualname__") else ""
+        raise ValueError(f"fn: {spec!r}: refused: {attr!r} is a {type(inner).__name__}{named}, not a Python "
+                         "function or a callable instance of a class of your own")
+    if _blocked(module or ""):
+        raise ValueError(f"fn: {spec!r}: refused: {attr!r} is {_name(inner)} from module {module!r}, which holds "
+                         "code-execution and process/system primitives, not rewards; name a function of your own")
+
+
+def _unwrapped(obj):
+    """The function a ``functools.partial`` or a bound method calls (through any number of them), else ``obj``."""
+    while True:
+        if isinstance(obj, functools.partial):
+            obj = obj.func
+        elif isinstance(obj, types.MethodType):
+            obj = obj.__func__
+        else:
+            return obj
+
+
+def _blocked(module: str) -> bool:
+    """``module`` is one of :data:`BLOCKED_MODULES` or inside one."""
+    return module.split(".")[0] in BLOCKED_MODULES
+
+
+@functools.lru_cache(maxsize=1)
+def _primitives() -> dict[int, tuple[str, object]]:
+    """id -> (name, object) of the code-execution and process primitives refused wherever they are found."""
+    import builtins
+    import os
+    import subprocess
+
+    found = {f"builtins.{n}": getattr(builtins, n) for n in ("eval", "exec", "compile", "__import__", "open",
+                                                               "breakpoint")}
+    found.update({f"os.{n}": getattr(os, n) for n in dir(os)
+                  if n.startswith(("system", "popen", "exec", "spawn", "fork", "posix_spawn", "kill", "_exit"))})
+    found.update({f"subprocess.{n}": getattr(subprocess, n) for n in subprocess.__all__})
+    return {id(obj): (name, obj) for name, obj in found.items() if callable(obj)}
+
+
+def _name(obj) -> str:
+    """``module.qualname`` of a function or class, else its type's name."""
+    qual = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None)
+    module = getattr(obj, "__module__", None)
+    return f"{module}.{qual}" if qual and module else (qual or type(obj).__name__)
+
+
+def _is_file(where: str) -> bool:
+    return where.endswith(".py") or "/" in where or "\\" in where
+
+
+def _import(where: str, spec: str):
+    """The module named ``where`` (a module name or an absolute file path), or a ValueError quoting the failure."""
+    try:
+        if not _is_file(where):
+            return importlib.import_module(where)
+        name = "rlft_custom_" + hashlib.sha1(where.encode()).hexdigest()[:12]
+        if name in sys.modules:
+            return sys.modules[name]
+        module_spec = importlib.util.spec_from_file_location(name, where)
+        module = importlib.util.module_from_spec(module_spec)
+        sys.modules[name] = module  # dataclasses and pickling look the module up by name
+        try:
+            module_spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[name]
+            raise
+        return module
+    except (Exception, SystemExit) as e:
+        raise ValueError(f"fn: {spec!r}: {type(e).__name__}: {e} (while importing {where})") from None
+
+
+MARKERS = ("group_level", "batched", "runs_in_pool")
+"""The attributes rlft's decorators set on a reward function (its shape, and whether it is slow)."""
+
+
+def markers(fn: Callable) -> dict[str, bool]:
+    """Which of :data:`MARKERS` ``fn`` carries."""
+    return {name: bool(getattr(fn, name, False)) for name in MARKERS}
+
+
+def markers_in_child(target: str, spec: str, timeout_s: float) -> dict[str, bool]:
+    """:func:`markers` of the function at ``target``, found in a child process (as :func:`call_in_child`), so
+    this process never imports its module; a ValueError naming ``spec`` when it is missing or refused, or when
+    the import fails, dies or outlasts ``timeout_s``."""
+    check_module(target, spec)  # no process for what the spec alone refuses
+    try:
+        found = _in_child(_markers, (target, spec), f"importing {spec!r}", timeout_s)
+    except (RuntimeError, TimeoutError) as e:
+        raise ValueError(f"fn: {spec!r}: {e}") from None
+    if isinstance(found, str):  # resolve's ValueError, as its message
+        raise ValueError(found)
+    return found
+
+
+def call_in_child(target: str, spec: str, args: Sequence, timeout_s: float):
+    """``resolve(target, spec)(*args)`` in a child process of its own, killed after ``timeout_s`` seconds (its
+    start included); what the function returns, or a RuntimeError / TimeoutError saying why there is nothing."""
+    return _in_child(_call, (target, spec, tuple(args)), f"sandboxed {spec!r}", timeout_s)
+
+
+def _in_child(work: Callable, args: tuple, what: str, timeout_s: float):
+    """``work(*args)`` in a fresh child process with a deadline; ``what`` names it in the errors."""
+    methods = multiprocessing.get_all_start_methods()
+    context = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+    receive, send = context.Pipe(duplex=False)
+    child = context.Process(target=_child, args=(work, args, send), daemon=True, name=f"rlft-userfn:{what}")
+    try:
+        child.start()
+        send.close()  # the child holds the only writer: its death reads as the end of the pipe
+        if not receive.poll(timeout_s):
+            raise TimeoutError(f"{what} did not finish within {timeout_s}s; its process was killed")
+        try:
+            ok, value = json.loads(receive.recv_bytes(_MAX_REPLY))  # JSON, not pickle: decoding runs nothing
+        except EOFError:
+            child.join(1.0)
+            raise RuntimeError(f"{what}: its process died (exit code {child.exitcode}) before it finished") from None
+        except (OSError, ValueError, TypeError) as e:  # longer than _MAX_REPLY, or not what _child writes
+            raise RuntimeError(f"{what}: its process sent an unreadable reply ({type(e).__name__})") from None
+    finally:  # also on the caller's own timeout (scoring's RewardTimeout) while it waits
+        send.close()
+        receive.close()
+        if child.is_alive():
+            child.kill()
+        if child.pid is not None:
+            child.join()
+    if not ok:
+        raise RuntimeError(f"{what} raised {value}")
+    return value
+
+
+def _call(target: str, spec: str, args: tuple):
+    """In the child: the user's function on ``args``."""
+    return resolve(target, spec)(*args)
+
+
+def _markers(target: str, spec: str) -> dict[str, bool] | str:
+    """In the child: the function's markers, or the message of the ValueError that refuses it."""
+    try:
+        return markers(resolve(target, spec))
+    except ValueError as e:
+        return str(e)
+
+
+def _child(work: Callable, args: tuple, send) -> None:
+    """In the child: writes ``[true, value]`` (:func:`_plain` of what ``work(*args)`` returns) or
+    ``[false, "<error>"]`` as JSON."""
+    try:
+        result = [True, _plain(work(*args))]
+    except BaseException as e:  # SystemExit, KeyboardInterrupt too: reported, not a silent death
+        result = [False, f"{type(e).__name__}: {e}"]
+    send.send_bytes(json.dumps(result).encode())
+
+
+def _plain(value):
+    """``value`` as JSON can carry it: None, a bool, a number as a float, a str, or a list or dict of those; a
+    TypeError for anything else (a reward returns numbers, None or lists of them; the caller checks which)."""
+    if value is None or isinstance(value, bool):  # kept a bool, which the caller refuses as a reward value
+        return value
+    if isinstance(value, str):
+        return str(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+        return {str(k): _plain(v) for k, v in value.items()}
+    raise TypeError(f"returned a {type(value).__name__}, which cannot be sent back (numbers, None, text, lists)")
