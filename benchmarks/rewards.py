@@ -13,6 +13,13 @@
 - HumanEval: the 164 canonical solutions, each run with its tests in the code
   sandbox (``code`` reward) through the same pool; then the 164 prompts alone
   (no solution), which must all fail.
+- The sandbox's own cost per sample: an empty program with one trivial test,
+  scored ``--overhead-runs`` times in this process (median and quartiles).
+
+``--only code`` runs the last two alone. It uses only ``Code`` and
+``RewardPool``, so the same file measures an older checkout too, in the same
+session (``PYTHONPATH=/path/to/old/checkout python benchmarks/rewards.py --only
+code``): that is how the closing note's ratios were taken.
 
 Prints the median of ``--repeats`` runs and how many samples scored 1.0.
 """
@@ -55,7 +62,14 @@ def main() -> None:
     ap.add_argument("--data", type=Path, default=Path("../shared/data"))
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--only", choices=["all", "code"], default="all")
+    ap.add_argument("--overhead-runs", type=int, default=100)
     a = ap.parse_args()
+    if a.only == "code":
+        with RewardPool(workers=a.workers, deadline_s=30.0) as pool:
+            humaneval(a, pool)
+        overhead(a)
+        return
 
     gsm = read_jsonl(a.data / "gsm8k" / "test.jsonl")
     texts = [r["answer"] for r in gsm]
@@ -77,6 +91,21 @@ def main() -> None:
             print(f"MATH-500 ({label}): {len(texts)} answers through {a.workers} workers in {sec:.2f} s "
                   f"(median of {a.repeats}); correct: {sum(v == 1.0 for v in res.values)}, lost: {res.errors}")
         humaneval(a, pool)
+    overhead(a)
+
+
+def overhead(a: argparse.Namespace) -> None:
+    """One sample's cost in the sandbox, with nothing to run: start, contain, judge, stop."""
+    reward, sample = Code(timeout_s=10.0), {"extra": {"test_list": ["assert True"]}}
+    reward("", sample)  # imports and the jail's filter built once, outside the timing
+    times = []
+    for _ in range(a.overhead_runs):
+        t0 = time.perf_counter()
+        assert reward("", sample) == 1.0
+        times.append(time.perf_counter() - t0)
+    q1, med, q3 = statistics.quantiles(times, n=4)
+    print(f"Sandbox overhead (empty program, one test): median {med * 1000:.1f} ms (quartiles {q1 * 1000:.1f}-"
+          f"{q3 * 1000:.1f} ms) over {a.overhead_runs} runs")
 
 
 def humaneval(a: argparse.Namespace, pool: RewardPool) -> None:

@@ -59,6 +59,7 @@ from rlft.models.loading import check_model_path, load_policy, quiet_transformer
 from rlft.models.lora import AdaptersOff, add_lora, is_adapter_dir, is_peft, load_adapters, merged_copy, save_policy
 from rlft.models.tiny import build_tiny_model
 from rlft.rewards import REWARDS
+from rlft.rewards.jail import JailUnavailable
 from rlft.rewards.pool import RewardPool
 from rlft.tracking import MetricsLog, truncate_jsonl, write_atomic
 from rlft.trainers.optim import make_optimizer, make_scheduler
@@ -287,6 +288,12 @@ def _reward_pool(cfg: Config):
     rules = [cfg.eval.correct_fn, cfg.eval.format_fn,
              *(name for s in cfg.eval.sets for name in (s.correct_fn, s.format_fn) if name)]  # every set's rules
     fns = [fn for _, fn in cfg.reward.built()] + [REWARDS.get(name) for name in rules]
+    for fn in fns:
+        if hasattr(fn, "preflight"):
+            try:
+                fn.preflight()
+            except JailUnavailable as e:
+                raise ConfigError(f"reward.sandbox={getattr(fn, 'sandbox', '?')}: {e}") from None
     if not any(getattr(fn, "runs_in_pool", False) for fn in fns):
         return contextlib.nullcontext()
     return RewardPool(workers=cfg.reward.workers, deadline_s=cfg.reward.timeout_s).activated()

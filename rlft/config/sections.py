@@ -223,6 +223,15 @@ class RewardTerm:
         return {"name": self.name, **{k: _plain(v) for k, v in extra.items()}} if extra else self.name
 
 
+def _sandboxed(term: RewardTerm, sandbox: str):
+    """The term's callable, with ``sandbox`` set where it has such a field and the term did not set it."""
+    fn = term.fn
+    if (dataclasses.is_dataclass(fn) and "sandbox" in {f.name for f in dataclasses.fields(fn)}
+            and "sandbox" not in dict(term.params) and getattr(fn, "sandbox") != sandbox):
+        fn = dataclasses.replace(fn, sandbox=sandbox)
+    return fn
+
+
 @dataclass(frozen=True)
 class RewardConfig:
     fns: tuple[RewardTerm, ...] = (RewardTerm("final_answer"), RewardTerm("format_final"))
@@ -233,6 +242,10 @@ class RewardConfig:
     """A reward call slower than this costs its sample (scored as unscorable, counted)."""
     workers: int = 2
     """Worker processes for slow rewards (marked runs_in_pool); the pool is started only when one is used."""
+    sandbox: Literal["jail", "unjailed"] = "jail"
+    """How code rewards run programs: 'jail' (bubblewrap + seccomp, a uid and limits per sample; the run stops
+    at start where it cannot work, saying what to install) or 'unjailed' (plain processes with rlimits: the
+    program can read this machine's files and use its network; logged). An entry's own sandbox wins."""
 
     def __post_init__(self) -> None:
         _check(len(self.fns) >= 1, "reward.fns", "needs at least one reward function")
@@ -260,8 +273,9 @@ class RewardConfig:
         return tuple(t.key for t in self.fns)
 
     def built(self) -> list[tuple[str, Any]]:
-        """(label, reward callable) per entry, as ``score_batch`` takes them."""
-        return [(t.key, t.fn) for t in self.fns]
+        """(label, reward callable) per entry, as ``score_batch`` takes them; rewards that run programs get
+        ``reward.sandbox`` unless their entry sets its own."""
+        return [(t.key, _sandboxed(t, self.sandbox)) for t in self.fns]
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,7 @@ either mode means every test passed; ``code_pass`` is the same reward with
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -51,7 +52,7 @@ from typing import Literal
 
 from rlft.rewards.base import REWARDS, check_choices
 from rlft.rewards.pool import runs_in_pool
-from rlft.rewards.sandbox import MODES, Limits, RunResult, run
+from rlft.rewards.sandbox import MODES, JailUnavailable, Limits, RunResult, run
 
 MAX_PROGRAM_CHARS = 100_000
 FOLD_LIMIT = 200  # longest string the static check builds while folding literals
@@ -360,6 +361,11 @@ class Code:
         """The pool's deadline: well past the sandbox's own timeout, so a hang scores 0.0 rather than None."""
         return 2 * self.timeout_s + 10.0
 
+    def preflight(self) -> None:
+        """Raise :class:`~rlft.rewards.jail.JailUnavailable`, saying what to install, where this reward's sandbox
+        cannot run a correct program here (checked once per process and mode, before a run starts)."""
+        _preflight(self.sandbox)
+
     def __call__(self, completion: str, sample: Mapping) -> float | None:
         result = self.check(completion, sample)
         if result is None:
@@ -381,6 +387,15 @@ class Code:
             return run_tests(extract_code(completion), asserts=asserts, setup=fields.get("test_setup_code") or "",
                              forbidden=self.forbidden, limits=limits, sandbox=self.sandbox)
         return None
+
+
+@functools.lru_cache(maxsize=None)
+def _preflight(sandbox: str) -> None:
+    result = run_tests("def f(x):\n    return x + 1\n", asserts=("assert f(1) == 2",), limits=Limits(timeout_s=30.0),
+                       sandbox=sandbox)
+    if not result["passed"]:
+        raise JailUnavailable(f"the code sandbox ({sandbox}) did not pass a correct program here: {result['status']} "
+                              f"({result['reason'] or 'no reason given'})")
 
 
 def _as_list(value) -> list[str]:
