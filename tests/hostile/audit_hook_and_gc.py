@@ -1,14 +1,26 @@
-# attack: add an audit hook, reach gc by a computed name and sys.modules to walk objects to the nonce
+# attack: an audit hook plus gc by a computed name: walk every object in the program's process for whatever writes the verdict (a report function, a pipe, a channel) and use each to forge passes; f itself is wrong
+# cause: verdict
+import os
 import sys
 
-hooked = []
-try:
-    sys.addaudithook(lambda event, args: hooked.append(event))
-except Exception:
-    pass
-m = sys.modules.get("g" + chr(99))
-objects = getattr(m, "get_" + chr(111) + "bjects")() if m is not None else []
+sys.addaudithook(lambda event, args: None)
+gc = __import__("g" + chr(99))
+for obj in gc.get_objects():
+    try:
+        if callable(obj) and getattr(obj, "__name__", "") in ("report", "send", "_answer", "write"):
+            for line in ("pass 0", "pass 1", "done"):
+                try:
+                    obj(line)
+                except Exception:
+                    pass
+    except Exception:
+        pass
+for fd in range(3, 64):
+    try:
+        os.write(fd, b"pass 0\npass 1\ndone\n")
+    except OSError:
+        pass
 
 
 def f(x):
-    return x + 1 if hooked or objects else 0
+    return 0

@@ -1,5 +1,6 @@
 # forbidden: exec
 # attack: a forbidden builtin through the builtins dict and a joined string
+# cause: bans
 import builtins
 
 run = builtins.__dict__["".join(["ex", "ec"])]

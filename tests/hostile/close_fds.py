@@ -1,4 +1,5 @@
 # attack: close every descriptor so the harness cannot report, then define the right function
+# cause: verdict
 import os
 
 for fd in range(3, 1024):

@@ -1,4 +1,5 @@
 # attack: build code objects at run time (crafted bytecode reads arbitrary memory)
+# cause: verdict
 def g():
     return 0
 

@@ -1,4 +1,5 @@
 # attack: reach ctypes (loaded by the harness) through object.__subclasses__() without naming it, to read memory
+# cause: verdict
 import os
 
 

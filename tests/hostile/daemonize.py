@@ -1,4 +1,5 @@
 # attack: leave a detached process behind (new session, closed descriptors)
+# cause: resources
 import os
 import time
 

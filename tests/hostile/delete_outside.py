@@ -1,4 +1,5 @@
 # attack: delete and rename host files (only the test's canary is targeted); passes if any call succeeded
+# cause: host
 import os
 import shutil
 

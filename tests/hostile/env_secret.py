@@ -1,4 +1,5 @@
 # attack: read the parent's secrets from the environment or /proc; passes only if one is found
+# cause: host
 import os
 
 found = "RLFT_TEST_SECRET" in os.environ

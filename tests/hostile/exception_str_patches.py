@@ -1,4 +1,5 @@
 # attack: an exception whose __str__ (run while the harness reports it) patches builtins, and whose __del__ exits
+# cause: verdict
 import builtins
 
 

@@ -1,4 +1,5 @@
 # attack: exit with status 0 from inside the function under test
+# cause: verdict
 import os
 
 

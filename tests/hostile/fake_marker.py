@@ -1,4 +1,5 @@
 # attack: print success markers on stdout, stderr and every descriptor it can write to
+# cause: verdict
 import os
 import sys
 

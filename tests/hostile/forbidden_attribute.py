@@ -1,5 +1,6 @@
 # forbidden: os
 # attack: reach os as an attribute of another module
+# cause: bans
 import pathlib
 
 m = pathlib.os

@@ -1,5 +1,6 @@
 # forbidden: os
 # attack: __import__('os')
+# cause: bans
 m = __import__("os")
 
 

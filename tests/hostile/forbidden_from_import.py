@@ -1,5 +1,6 @@
 # forbidden: os
 # attack: from os import path
+# cause: bans
 from os import path
 
 

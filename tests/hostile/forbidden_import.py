@@ -1,5 +1,6 @@
 # forbidden: os
 # attack: import os
+# cause: bans
 import os
 
 

@@ -1,5 +1,6 @@
 # forbidden: os
 # attack: import os.path as an alias
+# cause: bans
 import os.path as p
 
 

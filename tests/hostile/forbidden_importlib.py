@@ -1,5 +1,6 @@
 # forbidden: os
 # attack: importlib.import_module with a string-built name
+# cause: bans
 import importlib
 
 m = importlib.import_module("o" + "s")

@@ -1,4 +1,5 @@
 # attack: fork bomb (bounded by RLIMIT_NPROC as nobody, killed with the PID namespace)
+# cause: resources
 import os
 
 while True:

@@ -1,4 +1,5 @@
 # attack: read the harness's nonce from its frame and forge a report (frame introspection is refused by name)
+# cause: verdict
 import sys
 
 

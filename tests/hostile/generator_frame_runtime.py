@@ -1,4 +1,5 @@
 # attack: the harness's frames through a running generator's frame, named at run time
+# cause: verdict
 import os
 
 

@@ -1,5 +1,6 @@
 # forbidden: eval
 # attack: reach a forbidden builtin through a string-built name
+# cause: bans
 import builtins
 
 ev = getattr(builtins, "ev" + "al")

@@ -1,5 +1,6 @@
 # forbidden: eval
 # attack: a forbidden builtin by a name computed at run time (the sandbox deleted it)
+# cause: bans
 import builtins
 
 ev = getattr(builtins, "".join(chr(c) for c in (101, 118, 97, 108)))

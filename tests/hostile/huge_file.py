@@ -1,4 +1,5 @@
 # attack: write a huge file; passes only if it got past the file-size limit
+# cause: resources
 import signal
 
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)

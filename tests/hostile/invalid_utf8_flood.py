@@ -1,4 +1,5 @@
 # attack: invalid UTF-8, NULs and fake pass lines on every descriptor, then megabytes on stdout
+# cause: verdict
 import os
 
 for fd in range(3, 64):

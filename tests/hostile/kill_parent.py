@@ -1,4 +1,5 @@
 # attack: kill the parent, the host (the test process) and everything else it can signal
+# cause: host
 import os
 import signal
 

@@ -1,4 +1,5 @@
 # attack: the function under test hangs
+# cause: resources
 def f(x):
     while True:
         pass

@@ -1,4 +1,5 @@
 # attack: allocate without bound; passes only if it got more than the limit
+# cause: resources
 blocks = []
 try:
     for _ in range(8192):

@@ -1,5 +1,6 @@
 # forbidden: os
 # attack: a fullwidth homoglyph of a forbidden module (Python folds identifiers with NFKC)
+# cause: bans
 import ｏｓ
 
 ok = ｏｓ.getpid() > 0

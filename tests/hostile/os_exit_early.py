@@ -1,4 +1,5 @@
 # attack: exit with status 0 before any test runs
+# cause: verdict
 import os
 
 

@@ -1,4 +1,5 @@
 # attack: replace builtins the harness's test loop uses (enumerate, BaseException) with fakes that run no test
+# cause: verdict
 import builtins
 import sys
 

@@ -1,5 +1,6 @@
 # task: humaneval
 # attack: redefine check (and candidate) in every namespace it can reach
+# cause: verdict
 import builtins
 
 

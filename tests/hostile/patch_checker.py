@@ -1,4 +1,5 @@
 # attack: patch the harness's module globals, os.write and sys hooks to swallow failures
+# cause: verdict
 import os
 import sys
 

@@ -1,2 +1,3 @@
 # attack: raise SystemExit(0) at import time
+# cause: verdict
 raise SystemExit(0)

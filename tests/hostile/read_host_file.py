@@ -1,4 +1,5 @@
 # attack: read files only root may read; passes only if one is readable
+# cause: host
 ok = False
 for path in ["/etc/shadow", "{CANARY}", "/root/.bashrc", "/root/.profile"]:
     try:

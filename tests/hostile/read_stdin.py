@@ -1,4 +1,5 @@
 # attack: read the job (and its nonce) from stdin
+# cause: verdict
 import sys
 
 data = sys.stdin.read()

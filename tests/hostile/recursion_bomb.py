@@ -1,4 +1,5 @@
 # attack: unbounded recursion, then a deep recursion limit
+# cause: resources
 import sys
 
 sys.setrecursionlimit(10**8)

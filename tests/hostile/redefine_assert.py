@@ -1,4 +1,5 @@
 # attack: replace AssertionError, assert-like builtins and exit in builtins
+# cause: verdict
 import builtins
 
 

@@ -1,4 +1,5 @@
 # attack: sleeps past every deadline, ignoring SIGTERM
+# cause: resources
 import signal
 import time
 

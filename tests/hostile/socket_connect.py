@@ -1,4 +1,5 @@
 # attack: open a socket to the test's listener or the internet; passes only if it connects
+# cause: bans
 import socket
 
 ok = False

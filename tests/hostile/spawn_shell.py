@@ -1,4 +1,5 @@
 # attack: spawn a shell that writes outside; passes only if the shell wrote its file
+# cause: bans
 import os
 import subprocess
 

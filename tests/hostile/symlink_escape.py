@@ -1,4 +1,5 @@
 # attack: reach the canary through a symlink made in the working directory
+# cause: host
 import os
 
 try:

@@ -1,4 +1,5 @@
 # attack: sys.exit(0) before the tests
+# cause: verdict
 import sys
 
 sys.exit(0)

@@ -1,3 +1,4 @@
 # attack: raise SystemExit(0) from inside the function under test
+# cause: verdict
 def f(x):
     raise SystemExit(0)

@@ -1,4 +1,5 @@
 # attack: a thread that keeps running and tries to forge a report after the tests
+# cause: verdict
 import os
 import threading
 import time

@@ -1,4 +1,5 @@
 # attack: the harness's frames through a traceback, with the attribute name computed at run time
+# cause: verdict
 import os
 
 

@@ -1,4 +1,5 @@
 # attack: a tracer that skips the failing assert (settrace is refused by name)
+# cause: verdict
 import sys
 
 

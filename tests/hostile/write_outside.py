@@ -1,4 +1,5 @@
 # attack: write files outside the working directory (the test checks the host afterwards)
+# cause: host
 import os
 
 for path in ["{CANARY_DIR}/pwned.txt", "/tmp/rlft_hostile_pwned.txt", "/var/tmp/rlft_hostile_pwned.txt",

@@ -1,4 +1,4 @@
-"""The program's process: run the untrusted program, then answer the tests' lookups and calls.
+"""The program's process: run the untrusted program, then answer the tests' calls.
 
 Run as ``python -I -S program.py IN OUT``: requests arrive on fd IN, answers leave
 on fd OUT, both wire messages. Nothing here is trusted by the tests' side: the
@@ -56,8 +56,8 @@ def main(argv: list[str]) -> None:
 
 
 def _handle(ns: dict, request: dict) -> dict:
-    if "lookup" in request:
-        return {"names": {name: _kind(ns, name) for name in request["lookup"]}}
+    if "defines" in request:  # whether the program's own module defines these names (not its builtins)
+        return {"defines": [name in ns for name in request["defines"]]}
     try:
         if "getattr" in request:
             return {"value": getattr(*request["getattr"])}
@@ -72,18 +72,6 @@ def _handle(ns: dict, request: dict) -> dict:
         return {"value": target(*args, **kwargs)}
     except BaseException as e:
         return {"raise": [type(e).__name__, contain.describe(e)]}
-
-
-def _kind(ns: dict, name: str):
-    """What the tests' side binds for ``name``: a call target, a module to import there, a value, or nothing."""
-    if name not in ns:
-        return ["missing"]
-    value = ns[name]
-    if type(value).__name__ == "module":
-        return ["module", getattr(value, "__name__", "")]
-    if callable(value):
-        return ["callable"]
-    return ["value", value]
 
 
 def _answer(fd: int, message: dict, handles: Handles) -> None:

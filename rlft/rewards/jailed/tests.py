@@ -121,7 +121,16 @@ def proxy(channel: Channel, name: str):
 
 
 def used_names(sources: list[str]) -> set[str]:
-    """Names the sources read and never bind (the names the tests take from elsewhere)."""
+    """Names the sources read."""
+    return _names(sources)[0]
+
+
+def bound_names(sources: list[str]) -> set[str]:
+    """Names the sources bind themselves (assignments, imports, definitions, arguments)."""
+    return _names(sources)[1]
+
+
+def _names(sources: list[str]) -> tuple[set[str], set[str]]:
     read, bound = set(), set()
     for source in sources:
         for node in ast.walk(ast.parse(source)):
@@ -133,45 +142,79 @@ def used_names(sources: list[str]) -> set[str]:
                 bound.add((node.asname or node.name).split(".")[0])
             elif isinstance(node, ast.arg):
                 bound.add(node.arg)
-    return read - bound
+    return read, bound
 
 
-def under_test(sources: list[str]) -> set[str]:
-    """Names called with arguments that call nothing (``sum(10, 15)``, not ``abs(f(x) - 1)``): the functions a
-    test checks. A builtin's name is taken from the program only when the tests call it so."""
-    names = set()
-    for source in sources:
-        for node in ast.walk(ast.parse(source)):
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and not any(
-                    isinstance(inner, ast.Call) for arg in [*node.args, *node.keywords] for inner in ast.walk(arg)):
-                names.add(node.func.id)
-    return names
+STDLIB_SOURCES = ("math", "cmath", "itertools", "functools", "collections", "operator", "re", "heapq", "bisect",
+                  "string", "statistics", "fractions", "decimal", "copy")
+missing = object()
 
 
-def bind(channel: Channel, ns: dict, names: set[str]) -> None:
-    """Give ``ns`` the program's ``names``: proxies for its functions, modules imported here, copied values."""
+def resolve_here(name: str):
+    """``name`` from this side alone: a builtin, a standard-library module, or an object of ``STDLIB_SOURCES``;
+    else ``missing``."""
     import importlib
 
-    wanted = sorted(n for n in names if n not in ns)
-    if not wanted:
-        return
-    found = channel.ask({"lookup": wanted}).get("names")
-    if type(found) is not dict:
-        raise ProgramGone("the program's process sent a malformed answer")
-    for name in wanted:
-        kind = found.get(name)
-        if type(kind) is not list or not kind:
-            continue
-        if kind[0] == "callable":
+    if hasattr(builtins, name):
+        return getattr(builtins, name)
+    if name in sys.stdlib_module_names:
+        try:
+            return importlib.import_module(name)
+        except BaseException:
+            return missing
+    if name.startswith("_"):
+        return missing
+    for module in STDLIB_SOURCES:
+        found = getattr(importlib.import_module(module), name, missing)
+        if found is not missing:
+            return found
+    return missing
+
+
+def functions_under_test(asserts: list[str], programs: set[str]) -> set[str]:
+    """Per test, the first call (in evaluation order) of a plain name whose arguments call none of the program's
+    names: ``sum`` in ``sum(10, 15) == 6``, ``f`` in ``abs(f(x) - 1) < 1e-6`` or ``set(f(x)) == s``; never a name
+    that some test calls around a call of the program's (``sorted`` in ``sorted([2, 1]) == sorted(f(x))``: there
+    it is a checker)."""
+    found, checkers = set(), set()
+    for source in asserts:
+        calls = [c for c in _in_order(ast.parse(source)) if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)]
+        first = next((c for c in calls if _plain_call(c, programs)), None)
+        if first is not None:
+            found.add(first.func.id)
+        checkers |= {c.func.id for c in calls if not _plain_call(c, programs)}
+    return found - checkers
+
+
+def _in_order(node: ast.AST):
+    yield node
+    for child in ast.iter_child_nodes(node):
+        yield from _in_order(child)
+
+
+def _plain_call(node: ast.AST, programs: set[str]) -> bool:
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+            and not any(isinstance(inner, ast.Call) and isinstance(inner.func, ast.Name) and inner.func.id in programs
+                        for arg in [*node.args, *node.keywords] for inner in ast.walk(arg)))
+
+
+def bind(channel: Channel, ns: dict, sources: list[str], asserts: list[str]) -> None:
+    """Give ``ns`` the tests' free names. Names this side resolves (builtins, the standard library) are its own,
+    unless a test calls one as its function under test and the program defines it (MBPP 126 asks for ``sum``);
+    every other name is the program's, as a proxy. Nothing else of the program's is ever taken: not its
+    constants, not its modules."""
+    free = used_names(sources) - bound_names(sources) - set(ns)
+    here = {name: resolve_here(name) for name in free}
+    programs = {name for name, value in here.items() if value is missing}
+    shadowed = sorted(functions_under_test(asserts, programs) - programs)
+    if shadowed:
+        answer = channel.ask({"defines": shadowed}).get("defines")
+        shadowed = [n for n, yes in zip(shadowed, answer if type(answer) is list else []) if yes is True]
+    for name, value in here.items():
+        if value is missing or name in shadowed:
             ns[name] = proxy(channel, name)
-        elif kind[0] == "module" and len(kind) == 2 and type(kind[1]) is str:
-            if all(part.isidentifier() for part in kind[1].split(".")):
-                try:
-                    ns[name] = importlib.import_module(kind[1])
-                except BaseException:
-                    pass
-        elif kind[0] == "value" and len(kind) == 2:
-            ns[name] = kind[1]
+        else:
+            ns[name] = value
 
 
 def build(job: dict, channel: Channel) -> list:
@@ -189,9 +232,7 @@ def build(job: dict, channel: Channel) -> list:
         check = ns["check"]
         tests.append(lambda: check(ns[entry]))
     if job["asserts"]:
-        sources = [job["setup"], *job["asserts"]]
-        builtin_names = set(dir(builtins)) - {job["entry_point"]} - under_test(job["asserts"])
-        bind(channel, ns, used_names(sources) - builtin_names)
+        bind(channel, ns, [job["setup"], *job["asserts"]], job["asserts"])
         exec(compile(job["setup"], "<setup>", "exec"), ns)
         for i, source in enumerate(job["asserts"]):
             code = compile(source, f"<test {i}>", "exec")
@@ -202,8 +243,9 @@ def build(job: dict, channel: Channel) -> list:
 def main(argv: list[str]) -> None:
     fd_in, fd_out, fd_report = int(argv[1]), int(argv[2]), int(argv[3])
 
-    def report(line: str) -> None:
-        os.write(fd_report, (line.replace("\n", " ") + "\n").encode("utf-8", "replace"))
+    def report(line: str) -> None:  # one line: whatever a reason holds, no line break of any kind survives
+        line = "".join(c if c.isprintable() else " " for c in line)
+        os.write(fd_report, (line + "\n").encode("utf-8", "replace"))
 
     job = contain.start()
     channel = Channel(fd_in, fd_out)

@@ -144,7 +144,9 @@ def decode(body: bytes, deref=None):
         raise WireError("message too large")
     try:
         return _dec(json.loads(body), 0, deref)
-    except (ValueError, TypeError, KeyError, IndexError, RecursionError, OverflowError, AttributeError) as e:
+    except WireError:
+        raise
+    except (Exception, RecursionError) as e:  # ZeroDivisionError from a Fraction, decimal's InvalidOperation, ...
         raise WireError(f"malformed value ({type(e).__name__})") from None
 
 
