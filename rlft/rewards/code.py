@@ -287,7 +287,7 @@ def score(prompt: str, completion: str, test: str, entry_point: str, timeout_s: 
     """Run a HumanEval-style completion against ``test`` (which defines ``check(candidate)``).
 
     Returns ``passed`` (every test passed), ``fraction``, ``n_tests``, ``n_passed``, ``status`` (ok,
-    error, timeout, crashed, syntax_error, forbidden), ``reason`` and ``n_not_plain`` (tests failed by a
+    error, timeout, crashed, limit, syntax_error, forbidden), ``reason`` and ``n_not_plain`` (tests failed by a
     value that cannot cross between the program's process and the tests').
 
     >>> score("def add(a, b):\\n", "    return a + b\\n", "def check(f):\\n    assert f(2, 3) == 5\\n", "add", 5.0, [])

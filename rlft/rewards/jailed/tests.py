@@ -6,13 +6,14 @@ to fd REPORT, one line per event, which only the host reads:
 ``tests N``, ``pass I``, ``fail I REASON``, ``error REASON``, ``crash REASON``, ``done``.
 
 The tests' namespace is built here, from the task alone: HumanEval's prompt (its
-imports and helper functions) and ``check``; MBPP's setup code and asserts. From
-the program it takes only the names the tests use and do not define themselves
-(never a builtin, save the task's entry point): a function becomes a proxy that
-sends its arguments as plain data and returns the plain data that comes back; a
-module the program imported is imported again here, from this interpreter's own
-standard library; a plain value is copied. Comparisons, tolerances and helpers
-all run here, on genuine built-in objects.
+imports and helper functions) and ``check``; MBPP's setup code and asserts. Every
+free name of the tests resolves here (builtins, standard-library modules, names of
+``STDLIB_SOURCES``), save the functions under test (HumanEval's entry point; per
+MBPP test, the first call whose arguments call none of the program's names, see
+:func:`bind`): those are proxies that send their arguments as plain data and
+return the plain data that comes back; an object that is not plain data stays in
+the program's process as a :class:`Remote` handle. Comparisons, tolerances and
+helpers all run here, on genuine built-in objects.
 """
 
 from __future__ import annotations
