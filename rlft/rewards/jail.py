@@ -48,6 +48,7 @@ import glob
 import json
 import logging
 import os
+import select
 import selectors
 import shutil
 import signal
@@ -94,6 +95,7 @@ class Jailed:
     proc: subprocess.Popen
     init_pid: int | None
     init_fd: int | None = None  # a pidfd of init_pid: signalling it cannot hit a process that reused the pid
+    tmp_fd: int | None = None  # the jail's /tmp, once it is mounted (see files_in_tmp)
 
 
 def warn_once(message: str) -> None:
@@ -324,19 +326,35 @@ def _map_ids(pid: int, uid: int) -> None:
         pass  # bwrap died already: the run reports no verdict
 
 
-def files_in_tmp(jailed: Jailed) -> int:
-    """How many inodes the jail's ``/tmp`` holds now (0 when it cannot be read: not started, or gone)."""
-    if jailed.init_pid is None:
+def files_in_tmp(jailed: Jailed, limits: Limits) -> int:
+    """How many inodes the jail's ``/tmp`` holds now; 0 until it is mounted, or when the jail is gone.
+
+    The directory is opened once through ``/proc/<PID 1>/root`` and kept only when it is the jail's own tmpfs
+    (its size is ``4 * file_mb``, it is not the host's ``/tmp``) and PID 1 was still alive after the open (its
+    pid cannot have been reused), so a count never reads another filesystem."""
+    if jailed.tmp_fd is None and jailed.init_fd is not None:
+        try:
+            fd = os.open(f"/proc/{jailed.init_pid}/root/tmp", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            return 0
+        st, host = os.fstatvfs(fd), os.stat(tempfile.gettempdir())
+        ours = st.f_blocks * st.f_frsize == 4 * limits.file_mb << 20 and os.fstat(fd).st_dev != host.st_dev
+        if ours and not select.select([jailed.init_fd], [], [], 0)[0]:  # a pidfd is readable once it exited
+            jailed.tmp_fd = fd
+        else:
+            os.close(fd)
+            return 0
+    if jailed.tmp_fd is None:
         return 0
-    try:
-        st = os.statvfs(f"/proc/{jailed.init_pid}/root/tmp")
-    except OSError:
-        return 0
+    st = os.fstatvfs(jailed.tmp_fd)
     return st.f_files - st.f_ffree
 
 
 def stop(jailed: Jailed) -> None:
     """Kill the namespace (its PID 1, so every process in it dies), then bwrap, and reap bwrap."""
+    if jailed.tmp_fd is not None:
+        os.close(jailed.tmp_fd)
+        jailed.tmp_fd = None
     if jailed.init_fd is not None:
         try:
             signal.pidfd_send_signal(jailed.init_fd, signal.SIGKILL)

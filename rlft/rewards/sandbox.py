@@ -54,6 +54,7 @@ import selectors
 import time
 from dataclasses import dataclass, field
 
+from rlft.rewards.bindings import bindings, defined_names
 from rlft.rewards.jail import MODES, JailUnavailable, Jailed, Limits, Slot, files_in_tmp, start, stop, warn_once
 from rlft.rewards.jailed import wire
 
@@ -98,9 +99,20 @@ def run(program: str, *, check_module: str | None = None, entry_point: str | Non
     base = {"limits": limits.as_job(), "drop": drop}
     p_job = {**base, "program": program}
     t_job = {**base, "check_module": check_module or "", "entry_point": entry_point or "", "prompt": prompt,
-             "asserts": list(asserts), "setup": setup, "n_tests": n_tests}
+             "asserts": list(asserts), "setup": setup, "n_tests": n_tests,
+             "bindings": _bindings(setup, tuple(asserts), prompt, check_module or "")}
     out, complete = _execute(p_job, t_job, limits, mode, deadline)
     return _parse(out, n_tests, timed_out=not complete, timeout_s=limits.timeout_s)
+
+
+def _bindings(setup: str, asserts: tuple[str, ...], prompt: str, check_module: str) -> list:
+    """Where the tests' free names come from (``rlft.rewards.bindings``); none for tests that do not parse."""
+    if not asserts:
+        return []
+    try:
+        return bindings(setup, asserts, defined_names(prompt, check_module))
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return []
 
 
 def _execute(p_job: dict, t_job: dict, limits: Limits, mode: str, deadline: float) -> tuple[bytes, bool]:
@@ -145,7 +157,7 @@ def _over_limits(started: list[Jailed], limits: Limits) -> str:
     """Why the run must stop now, or "": a jail's /tmp holds more than ``max_files`` files (no tmpfs option
     that bwrap sets bounds them, and each costs kernel memory)."""
     for jailed in started:
-        if files_in_tmp(jailed) > limits.max_files:
+        if files_in_tmp(jailed, limits) > limits.max_files:
             return f"limit made more than {limits.max_files} files in /tmp"
     return ""
 

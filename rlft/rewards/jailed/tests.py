@@ -18,7 +18,6 @@ helpers all run here, on genuine built-in objects.
 
 from __future__ import annotations
 
-import ast
 import builtins
 import os
 import sys
@@ -121,101 +120,28 @@ def proxy(channel: Channel, name: str):
     return call
 
 
-def used_names(sources: list[str]) -> set[str]:
-    """Names the sources read."""
-    return _names(sources)[0]
-
-
-def bound_names(sources: list[str]) -> set[str]:
-    """Names the sources bind themselves (assignments, imports, definitions, arguments)."""
-    return _names(sources)[1]
-
-
-def _names(sources: list[str]) -> tuple[set[str], set[str]]:
-    read, bound = set(), set()
-    for source in sources:
-        for node in ast.walk(ast.parse(source)):
-            if isinstance(node, ast.Name):
-                (read if isinstance(node.ctx, ast.Load) else bound).add(node.id)
-            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                bound.add(node.name)
-            elif isinstance(node, ast.alias):
-                bound.add((node.asname or node.name).split(".")[0])
-            elif isinstance(node, ast.arg):
-                bound.add(node.arg)
-    return read, bound
-
-
-STDLIB_SOURCES = ("math", "cmath", "itertools", "functools", "collections", "operator", "re", "heapq", "bisect",
-                  "string", "statistics", "fractions", "decimal", "copy")
-missing = object()
-
-
-def resolve_here(name: str):
-    """``name`` from this side alone: a builtin, a standard-library module, or an object of ``STDLIB_SOURCES``;
-    else ``missing``."""
+def bind(channel: Channel, ns: dict, bindings: list) -> None:
+    """Give ``ns`` the tests' free names as the host worked them out from the task's text
+    (``rlft.rewards.bindings``): the program's functions as proxies, everything else from this interpreter's
+    own builtins and standard library; a ``shadow`` name is the program's only where its module defines it."""
     import importlib
 
-    if hasattr(builtins, name):
-        return getattr(builtins, name)
-    if name in sys.stdlib_module_names:
-        try:
-            return importlib.import_module(name)
-        except BaseException:
-            return missing
-    if name.startswith("_"):
-        return missing
-    for module in STDLIB_SOURCES:
-        found = getattr(importlib.import_module(module), name, missing)
-        if found is not missing:
-            return found
-    return missing
-
-
-def functions_under_test(asserts: list[str], programs: set[str]) -> set[str]:
-    """Per test, the first call (in evaluation order) of a plain name whose arguments call none of the program's
-    names: ``sum`` in ``sum(10, 15) == 6``, ``f`` in ``abs(f(x) - 1) < 1e-6`` or ``set(f(x)) == s``; never a name
-    that some test calls around a call of the program's (``sorted`` in ``sorted([2, 1]) == sorted(f(x))``: there
-    it is a checker)."""
-    found, checkers = set(), set()
-    for source in asserts:
-        calls = [c for c in _in_order(ast.parse(source)) if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)]
-        first = next((c for c in calls if _plain_call(c, programs)), None)
-        if first is not None:
-            found.add(first.func.id)
-        checkers |= {c.func.id for c in calls if not _plain_call(c, programs)}
-    return found - checkers
-
-
-def _in_order(node: ast.AST):
-    yield node
-    for child in ast.iter_child_nodes(node):
-        yield from _in_order(child)
-
-
-def _plain_call(node: ast.AST, programs: set[str]) -> bool:
-    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
-            and not any(isinstance(inner, ast.Call) and isinstance(inner.func, ast.Name) and inner.func.id in programs
-                        for arg in [*node.args, *node.keywords] for inner in ast.walk(arg)))
-
-
-def bind(channel: Channel, ns: dict, sources: list[str], asserts: list[str]) -> None:
-    """Give ``ns`` the tests' free names. Names this side resolves (builtins, the standard library) are its own,
-    unless a test calls one as its function under test and the program defines it (MBPP 126 asks for ``sum``);
-    every other name is the program's, as a proxy. Nothing else of the program's is ever taken: not its
-    constants, not its modules."""
-    free = used_names(sources) - bound_names(sources) - set(ns)
-    here = {name: resolve_here(name) for name in free}
-    programs = {name for name, value in here.items() if value is missing}
-    shadowed = sorted(functions_under_test(asserts, programs) - programs)
+    shadowed = [b[0] for b in bindings if b[1] == "shadow"]
     if shadowed:
         answer = channel.ask({"defines": shadowed}).get("defines")
         shadowed = [n for n, yes in zip(shadowed, answer if type(answer) is list else []) if yes is True]
-    for name, value in here.items():
-        if value is missing or name in shadowed:
+    for name, kind, *where in bindings:
+        if kind == "shadow":
+            if name in shadowed:
+                kind = "program"
+            else:
+                kind, where = where[0], where[1:]
+        if kind == "program":
             ns[name] = proxy(channel, name)
-        else:
-            ns[name] = value
+        elif kind == "module":
+            ns[name] = importlib.import_module(where[0])
+        elif kind == "stdlib":
+            ns[name] = getattr(importlib.import_module(where[0]), name)
 
 
 def build(job: dict, channel: Channel) -> list:
@@ -233,7 +159,7 @@ def build(job: dict, channel: Channel) -> list:
         check = ns["check"]
         tests.append(lambda: check(ns[entry]))
     if job["asserts"]:
-        bind(channel, ns, [job["setup"], *job["asserts"]], job["asserts"])
+        bind(channel, ns, job["bindings"])
         exec(compile(job["setup"], "<setup>", "exec"), ns)
         for i, source in enumerate(job["asserts"]):
             code = compile(source, f"<test {i}>", "exec")

@@ -33,6 +33,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import sys
 
 MAX_MESSAGE = 16 << 20  # bytes of one message
 MAX_DEPTH = 200  # nesting of containers
@@ -91,10 +92,14 @@ def _enc(v, depth: int, ref=None):
 
 
 def _enc_container(v, d: int, ref=None):
-    import collections
-    import decimal
-    import fractions
-
+    if type(v) is list:
+        return [_enc(x, d, ref) for x in v]
+    if type(v) is tuple:
+        return {"t": [_enc(x, d, ref) for x in v]}
+    if type(v) is dict:
+        return {"d": _pairs(v, d, ref)}
+    # The standard library's value types, from sys.modules: a value cannot be one of a module not imported.
+    decimal, fractions, collections = (sys.modules.get(m, _Absent) for m in ("decimal", "fractions", "collections"))
     name = type(v).__name__
     if isinstance(v, decimal.Decimal):
         return {"dec": str(v)}
@@ -132,6 +137,12 @@ def _enc_container(v, d: int, ref=None):
     if ref is not None:
         return {"h": ref(v)}
     raise WireError(f"a value of type {name!r} cannot cross (plain data only)")
+
+
+class _Absent:
+    """Stands for a module that is not imported: none of its types can match."""
+
+    Decimal = Fraction = deque = Counter = OrderedDict = defaultdict = type("Never", (), {})
 
 
 def _pairs(v, d: int, ref=None) -> list:
