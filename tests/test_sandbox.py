@@ -193,9 +193,9 @@ def test_a_value_that_cannot_cross_fails_its_test_and_is_counted():
      "        for _ in range(64):\n            fh.write(b'x' * (1 << 20))\n            fh.flush()\n            n += 1\n"
      "except OSError:\n    pass\n", Limits(file_mb=2), "n == 2"),
     ("import os, sys\nn = (os.getuid(), os.getpid(), os.getcwd(), sorted(os.environ), sorted(os.listdir('/')),\n"
-     "     [p for p in sys.path if os.path.isdir(p) and 'site-packages' in p and os.listdir(p)])\n", Limits(),
-     "n[:4] == (65534, 2, '/tmp', ['LC_CTYPE', 'PWD']) and set(n[4]) <= {'dev', 'lib', 'lib64', 'lib32', 'libx32', "
-     "'proc', 'root', 'sandbox', 'tmp', 'usr', 'home', 'opt'} and n[5] == []"),
+     "     [p for p in sys.path if os.path.isdir(p) and 'site-packages' in p and os.listdir(p)], os.getgroups())\n",
+     Limits(), "n[:4] == (65534, 2, '/tmp', ['LC_CTYPE', 'PWD']) and set(n[4]) <= {'dev', 'lib', 'lib64', 'lib32', "
+     "'libx32', 'proc', 'root', 'sandbox', 'tmp', 'usr', 'home', 'opt'} and n[5] == [] and n[6] == []"),
 ])
 def test_limits_with_benign_programs(program, limits, expect):
     r = run(program + "\ndef got():\n    return n\n", asserts=(f"n = got()\nassert {expect}, n",), limits=limits)

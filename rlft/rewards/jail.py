@@ -266,7 +266,8 @@ def _start_bwrap(script, argv, pass_fds, limits: Limits, uid, deadline) -> Jaile
     cmd += [interpreter(), "-I", "-S", f"/sandbox/{script}", *argv]
     try:
         proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                env={}, cwd="/", pass_fds=(*pass_fds, *own), start_new_session=True)
+                                env={}, cwd="/", pass_fds=(*pass_fds, *own), start_new_session=True,
+                                extra_groups=[] if uid is not None else None)  # no host group survives the drop
     finally:
         for fd in own:
             os.close(fd)
