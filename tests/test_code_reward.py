@@ -183,7 +183,7 @@ def test_score_batch_in_process_and_in_the_pool():
     with RewardPool(workers=2, deadline_s=1.0).activated():  # the reward's deadline_s overrides the pool's 1 s
         pooled = score_batch(completions, samples, fns, [1.0], timeout_s=5.0)
     assert pooled.per_fn["code"] == [1.0, 0.0, None] and pooled.errors["code"] == 0  # a hang is 0.0, not lost
-    assert time.monotonic() - t0 < 15
+    assert time.monotonic() - t0 < 2 * fns[0][1].deadline_s  # each scoring ends by the reward's own deadline
     assert no_sandbox_process_left()
 
 
