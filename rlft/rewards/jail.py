@@ -351,25 +351,29 @@ def files_in_tmp(jailed: Jailed, limits: Limits) -> int:
     return st.f_files - st.f_ffree
 
 
-def stop(jailed: Jailed) -> None:
-    """Kill the namespace (its PID 1, so every process in it dies), then bwrap, and reap bwrap."""
-    if jailed.tmp_fd is not None:
-        os.close(jailed.tmp_fd)
-        jailed.tmp_fd = None
-    if jailed.init_fd is not None:
+def stop(*jails: Jailed) -> None:
+    """Kill each namespace (its PID 1, so every process in it dies), then reap bwrap, which reaps its PID 1;
+    a bwrap that has not exited 2 s after is killed with its process group. All are signalled before any wait."""
+    for jailed in jails:
+        if jailed.tmp_fd is not None:
+            os.close(jailed.tmp_fd)
+            jailed.tmp_fd = None
+        if jailed.init_fd is not None:
+            try:
+                signal.pidfd_send_signal(jailed.init_fd, signal.SIGKILL)
+            except OSError:
+                pass
+    for jailed in jails:
+        if jailed.init_fd is not None:
+            os.close(jailed.init_fd)
+            jailed.init_fd = None
+            try:
+                jailed.proc.wait(timeout=2.0)
+                continue
+            except subprocess.TimeoutExpired:
+                pass
         try:
-            signal.pidfd_send_signal(jailed.init_fd, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError, OSError):
+            os.killpg(jailed.proc.pid, signal.SIGKILL)  # bwrap is unreaped: its group id cannot have been reused
+        except (ProcessLookupError, PermissionError):
             pass
-        os.close(jailed.init_fd)
-        jailed.init_fd = None
-        try:
-            jailed.proc.wait(timeout=2.0)  # bwrap reaps its PID 1 and exits
-            return
-        except subprocess.TimeoutExpired:
-            pass
-    try:
-        os.killpg(jailed.proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    jailed.proc.wait()
+        jailed.proc.wait()

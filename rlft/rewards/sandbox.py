@@ -134,8 +134,8 @@ def _execute(p_job: dict, t_job: dict, limits: Limits, mode: str, deadline: floa
             _give(jailed, job)
         return _read(report_r, deadline, lambda: _over_limits(started, limits))
     finally:
+        stop(*started)
         for jailed in started:
-            stop(jailed)
             for stream in (jailed.proc.stdin, jailed.proc.stderr):
                 if stream is not None:
                     stream.close()
