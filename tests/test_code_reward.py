@@ -320,3 +320,33 @@ def test_mbpp_tasks_that_build_the_programs_objects_are_scored_through_handles()
 def _called(asserts: list[str]) -> set[str]:
     return {n.func.id for a in asserts for n in ast.walk(ast.parse(a))
             if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id not in dir(__builtins__)}
+
+
+def test_programs_parse_one_thread_at_a_time():
+    """CPython 3.11 keeps the AST's recursion depth per interpreter: a thread switch inside ``ast.parse`` (here
+    forced by a garbage-collector callback and a tiny switch interval; in the corpus run by chance) made a
+    parallel parse fail with SystemError ("AST constructor recursion depth mismatch"), about one in five here.
+    The static check parses one thread at a time."""
+    import gc
+    import sys
+    from concurrent.futures import ThreadPoolExecutor
+
+    from rlft.rewards.code import _static_problem
+
+    def busy(phase, info):
+        for _ in range(20):
+            pass
+
+    deep = ("x = " + "(" * 90 + "1" + ")" * 90 + "\n") * 3
+    threshold, interval = gc.get_threshold(), sys.getswitchinterval()
+    gc.callbacks.append(busy)
+    gc.set_threshold(5)
+    sys.setswitchinterval(1e-6)
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            problems = list(pool.map(lambda _: _static_problem(deep, ("os",)), range(1000)))
+    finally:
+        gc.callbacks.remove(busy)
+        gc.set_threshold(*threshold)
+        sys.setswitchinterval(interval)
+    assert problems == [None] * 1000

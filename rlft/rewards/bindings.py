@@ -21,6 +21,22 @@ import builtins
 import functools
 import importlib
 import sys
+import threading
+
+_PARSING = threading.Lock()
+
+
+def parse(source: str) -> ast.Module:
+    """``ast.parse``, one thread at a time: CPython 3.11 keeps the AST's recursion depth per interpreter, and
+    two threads parsing deeply nested code at once fail with "AST constructor recursion depth mismatch"
+    (a SystemError, seen in the hostile corpus). Raises SyntaxError for that error too, should code outside
+    rlft parse at the same moment."""
+    with _PARSING:
+        try:
+            return ast.parse(source)
+        except SystemError as e:
+            raise SyntaxError(f"the parser failed: {e}") from None
+
 
 STDLIB_SOURCES = ("math", "cmath", "itertools", "functools", "collections", "operator", "re", "heapq", "bisect",
                   "string", "statistics", "fractions", "decimal", "copy")
@@ -33,7 +49,7 @@ def bindings(setup: str, asserts: tuple[str, ...], defined: frozenset[str] = fro
     ``[name, "stdlib", module]``, or ``[name, "shadow", kind, module]`` (the program's if its module defines
     ``name``, else the binding ``[name, kind, module]``; a builtin's kind is ``builtin``). Plain builtins need
     no entry. Raises SyntaxError for tests that do not parse (the tests' process then reports them)."""
-    trees = [ast.parse(source) for source in (setup, *asserts)]
+    trees = [parse(source) for source in (setup, *asserts)]
     read, bound = _names(trees)
     free = sorted(read - bound - defined)
     where = {name: _where(name) for name in free}
@@ -119,7 +135,7 @@ def defined_names(*sources: str) -> frozenset[str]:
     names = set()
     for source in sources:
         try:
-            names |= _names([ast.parse(source)])[1]
+            names |= _names([parse(source)])[1]
         except (SyntaxError, ValueError, RecursionError, MemoryError):
             pass
     return frozenset(names)

@@ -51,6 +51,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from rlft.rewards.base import REWARDS, check_choices
+from rlft.rewards.bindings import parse
 from rlft.rewards.pool import runs_in_pool
 from rlft.rewards.sandbox import MODES, JailUnavailable, Limits, RunResult, run
 
@@ -274,7 +275,7 @@ def humaneval_program(prompt: str, completion: str, entry_point: str) -> str:
     """
     code = extract_code(completion)
     try:
-        full = defines(ast.parse(code), entry_point)
+        full = defines(parse(code), entry_point)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         full = False
     if full:
@@ -315,7 +316,7 @@ def _static_problem(program: str, forbidden: tuple[str, ...]) -> tuple[str, str]
     if len(program) > MAX_PROGRAM_CHARS:
         return "syntax_error", f"program longer than {MAX_PROGRAM_CHARS} characters"
     try:
-        tree = ast.parse(program)
+        tree = parse(program)
     except (SyntaxError, ValueError, RecursionError, MemoryError) as e:
         return "syntax_error", f"{type(e).__name__}: {e}"[:200]
     name = forbidden_use(tree, forbidden) if forbidden else None
