@@ -456,3 +456,17 @@ def test_a_task_whose_function_is_named_like_a_builtin_still_tests_the_program()
     right = run("def sum(a, b):\n    return a - b\n", asserts=("assert sum(10, 15) == -5",))
     wrong = run("def f(x):\n    return x\n", asserts=("assert sum(10, 15) == 25",))
     assert (right.passed, wrong.passed) == (frozenset({0}), frozenset())
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="slots are taken as root only")
+def test_a_planted_slot_directory_is_refused(tmp_path, monkeypatch):
+    """The slots' lock files live in the temporary directory: a link planted there must not steer root's writes."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    shared = tmp_path / "tmp"
+    shared.mkdir()
+    (shared / "rlft-jail-slots").symlink_to(elsewhere)
+    monkeypatch.setattr(jail.tempfile, "gettempdir", lambda: str(shared))
+    with pytest.raises(jail.JailUnavailable, match="private directory"):
+        jail.Slot()
+    assert list(elsewhere.iterdir()) == []

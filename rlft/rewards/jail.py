@@ -53,6 +53,7 @@ import selectors
 import shutil
 import signal
 import site
+import stat
 import subprocess
 import sys
 import tempfile
@@ -210,6 +211,9 @@ class Slot:
             return
         folder = Path(tempfile.gettempdir()) / "rlft-jail-slots"
         folder.mkdir(mode=0o700, exist_ok=True)
+        st = os.lstat(folder)  # a directory of root's own, not a link planted in a shared /tmp
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o077:
+            raise JailUnavailable(f"{folder} is not a private directory of root's (mode 0700): remove it")
         start = int.from_bytes(os.urandom(2), "big") % SLOTS
         for k in range(SLOTS):
             index = (start + k) % SLOTS
