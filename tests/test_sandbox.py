@@ -470,3 +470,26 @@ def test_a_planted_slot_directory_is_refused(tmp_path, monkeypatch):
     with pytest.raises(jail.JailUnavailable, match="private directory"):
         jail.Slot()
     assert list(elsewhere.iterdir()) == []
+
+
+def _running(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] not in "ZX"
+
+
+def test_unjailed_a_timeout_kills_the_programs_whole_process_group(tmp_path):
+    """Without a PID namespace, the deadline must reach the program's children too (its process group), not
+    only the process the host started."""
+    marker = tmp_path / "child.pid"
+    program = (f"import subprocess, sys, time\np = subprocess.Popen([sys.executable, '-c', 'import time; "
+               f"time.sleep(60)'])\nopen({str(marker)!r}, 'w').write(str(p.pid))\ntime.sleep(60)\n")
+    r = run(program, asserts=("assert True",), limits=Limits(timeout_s=2.0), mode="unjailed")
+    assert r.status == "timeout"
+    child = int(marker.read_text())
+    deadline = time.monotonic() + MARGIN_S
+    while _running(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _running(child)
