@@ -1,0 +1,145 @@
+"""The shape of the house, read from the code's own imports (every ``import`` in every function body included).
+
+    python scripts/house.py            # the figures issue 31 asks for, before and after each move
+
+Prints the modules at the top of ``rlft/``, the import circles (strongly connected components of more than
+one module), the imports into ``rlft/config/`` from outside it, the longest chain of imports without a
+circle, and the largest modules by lines. ``tests/test_house.py`` asserts on the same graph.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from functools import lru_cache
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1] / "rlft"
+CONFIG_MAY_IMPORT = ("rlft.config", "rlft.errors", "rlft.registry")
+
+
+def modules(root: Path = ROOT) -> dict[str, Path]:
+    """Dotted module name -> file, for every ``.py`` under ``root`` (packages by their ``__init__``)."""
+    out = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = path.relative_to(root.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        out[name] = path
+    return out
+
+
+def imports(name: str, path: Path, known: dict[str, Path]) -> set[str]:
+    """The rlft modules ``name`` imports anywhere in its file (top level and inside functions)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, *([base] if base else [])])
+            subs = [f"{base}.{a.name}" for a in node.names]  # `from rlft import d`: the module rlft.d
+            targets = [t for t in subs if t in known] + ([base] if any(t not in known for t in subs) else [])
+        else:
+            continue
+        for target in targets:
+            while target and target not in known:  # `from rlft.rewards import REWARDS` -> rlft.rewards
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                found.add(target)
+    return found
+
+
+def graph(root: Path = ROOT) -> dict[str, set[str]]:
+    known = modules(root)
+    return {name: imports(name, path, known) for name, path in known.items()}
+
+
+def circles(g: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan's algorithm, iterative)."""
+    index, low, on_stack, stack, out, counter = {}, {}, set(), [], [], [0]
+    for start in g:
+        if start in index:
+            continue
+        work = [(start, iter(sorted(g[start])))]
+        index[start] = low[start] = counter[0]
+        counter[0] += 1
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, edges = work[-1]
+            nxt = next((e for e in edges if e in g), None)
+            if nxt is not None:
+                if nxt not in index:
+                    index[nxt] = low[nxt] = counter[0]
+                    counter[0] += 1
+                    stack.append(nxt)
+                    on_stack.add(nxt)
+                    work.append((nxt, iter(sorted(g[nxt]))))
+                elif nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    out.append(sorted(component))
+    return sorted(out, key=len, reverse=True)
+
+
+def into_config(g: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """(importer, imported) for imports by ``rlft.config*`` of modules outside config, errors and registry."""
+    return sorted((a, b) for a, targets in g.items() if a.startswith("rlft.config") for b in targets
+                  if not b.startswith(CONFIG_MAY_IMPORT))
+
+
+def longest_chain(g: dict[str, set[str]]) -> list[str]:
+    """The longest path of imports through the graph with each circle collapsed to one node."""
+    component = {m: i for i, c in enumerate(circles(g)) for m in c}
+
+    def node(m: str) -> str:
+        return f"circle{component[m]}" if m in component else m
+
+    dag: dict[str, set[str]] = {}
+    for a, targets in g.items():
+        dag.setdefault(node(a), set()).update(node(b) for b in targets if node(b) != node(a))
+
+    @lru_cache(maxsize=None)
+    def from_(n: str) -> tuple[str, ...]:
+        return max(((n, *from_(m)) for m in dag.get(n, ())), key=len, default=(n,))
+
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10_000))
+    return list(max((from_(n) for n in dag), key=len))
+
+
+def main() -> None:
+    g = graph()
+    top = sorted(p.stem for p in ROOT.glob("*.py") if p.stem != "__init__")
+    found = circles(g)
+    print(f"modules at the top of rlft/: {len(top)} ({', '.join(top)})")
+    print(f"import circles: {len(found)}, sizes {[len(c) for c in found]}")
+    for c in found:
+        print(f"  {len(c)} modules: {', '.join(c[:12])}{' ...' if len(c) > 12 else ''}")
+    bad = into_config(g)
+    print(f"imports by rlft.config of modules outside config/errors/registry: {len(bad)}")
+    for a, b in bad:
+        print(f"  {a} -> {b}")
+    chain = longest_chain(g)
+    print(f"longest chain of imports (circles collapsed): {len(chain)} modules: {' -> '.join(chain)}")
+    sizes = sorted(((len(p.read_text(encoding='utf-8').splitlines()), n) for n, p in modules().items()),
+                   reverse=True)[:3]
+    print("largest modules: " + ", ".join(f"{n} {lines} lines" for lines, n in sizes))
+
+
+if __name__ == "__main__":
+    main()
