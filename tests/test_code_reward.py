@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from rlft.rewards import REWARDS, score_batch
-from rlft.rewards.code import Code, extract_code, forbidden_use, humaneval_program, score, task_fields
+from rlft.rewards.code import Code, extract_code, humaneval_program, score, task_fields
+from rlft.rewards.static import forbidden_use
 from rlft.rewards.pool import RewardPool, active_pool
 from test_sandbox import needs_jail, sandbox_processes
 
@@ -331,7 +332,7 @@ def test_programs_parse_one_thread_at_a_time():
     import sys
     from concurrent.futures import ThreadPoolExecutor
 
-    from rlft.rewards.code import _static_problem
+    from rlft.rewards.static import static_problem
 
     def busy(phase, info):
         for _ in range(20):
@@ -344,7 +345,7 @@ def test_programs_parse_one_thread_at_a_time():
     sys.setswitchinterval(1e-6)
     try:
         with ThreadPoolExecutor(4) as pool:
-            problems = list(pool.map(lambda _: _static_problem(deep, ("os",)), range(1000)))
+            problems = list(pool.map(lambda _: static_problem(deep, ("os",)), range(1000)))
     finally:
         gc.callbacks.remove(busy)
         gc.set_threshold(*threshold)
