@@ -48,7 +48,7 @@ def _kl(monitor: "HealthMonitor", h) -> bool:
 
 
 def _entropy(monitor: "HealthMonitor", h) -> bool:
-    v = _mean(monitor, "actor/entropy")
+    v = monitor.window[-1].get("actor/entropy")
     return v is not None and v < h.entropy_min
 
 

@@ -31,6 +31,8 @@ limited to ``bool``, ``int``, ``float``, ``str``, ``Literal[...]`` and
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 import typing
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
@@ -124,3 +126,14 @@ def _default(f: dataclasses.Field) -> Any:
 
 
 REWARDS = RewardRegistry("reward function")
+
+
+def checked_value(value: object) -> float | None:
+    """A reward value as a float, or None; raises on anything else (bool, text, NaN, inf)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"returned {type(value).__name__} {value!r}, expected a float or None")
+    if not math.isfinite(value):
+        raise ValueError(f"returned non-finite value {value!r}")
+    return float(value)

@@ -42,6 +42,8 @@ from dataclasses import dataclass
 
 from pebble import ProcessExpired, ProcessPool
 
+from rlft.rewards.base import checked_value
+
 logger = logging.getLogger("rlft.rewards")
 
 _active: "RewardPool | None" = None  # the pool of the running job, visible from every thread
@@ -85,8 +87,6 @@ class RewardPool:
     def score(self, fn: Callable[[str, Mapping], float | None], completions: Sequence[str],
               samples: Sequence[Mapping], name: str = "") -> PoolResult:
         """``fn`` on every (completion, sample) pair, in order; a lost sample is ``None`` and counted."""
-        from rlft.rewards.scoring import checked_value
-
         if len(completions) != len(samples):
             raise ValueError(f"got {len(completions)} completions but {len(samples)} samples")
         deadline = getattr(fn, "deadline_s", None) or self.deadline_s  # a checker with its own inner timeout

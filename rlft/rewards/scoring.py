@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from rlft.registry import Registry
-from rlft.rewards.base import REWARDS, is_batched, is_group_level, is_step_level
+from rlft.rewards.base import REWARDS, checked_value, is_batched, is_group_level, is_step_level
 from rlft.rewards.pool import active_pool
 
 logger = logging.getLogger("rlft.rewards")
@@ -200,17 +200,6 @@ def _score_lists(name, fn, completions, samples, size, timeout_s) -> tuple[list[
 def _warn(name: str, n_errors: int, n: int, first_error: str | None) -> None:
     if n_errors:
         logger.warning("reward %r failed on %d/%d samples (scored None); first: %s", name, n_errors, n, first_error)
-
-
-def checked_value(value: object) -> float | None:
-    """A reward value as a float, or None; raises on anything else (bool, text, NaN, inf)."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"returned {type(value).__name__} {value!r}, expected a float or None")
-    if not math.isfinite(value):
-        raise ValueError(f"returned non-finite value {value!r}")
-    return float(value)
 
 
 def _alarm_available() -> bool:
