@@ -48,7 +48,7 @@ def _kl(monitor: "HealthMonitor", h) -> bool:
 
 
 def _entropy(monitor: "HealthMonitor", h) -> bool:
-    v = monitor.window[-1].get("actor/entropy")
+    v = _mean(monitor, "actor/entropy")
     return v is not None and v < h.entropy_min
 
 
