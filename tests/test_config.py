@@ -301,3 +301,11 @@ def test_a_key_given_twice_in_a_recipe_is_an_error_naming_it(tmp_path):
     recipe.write_text("optim:\n  lr: 1.0e-4\ntrain:\n  lr_like: 1\n")  # equal keys in different sections are fine
     with pytest.raises(ConfigError, match="train.lr_like"):
         load_config(recipe, [])
+
+
+def test_a_negative_entropy_coefficient_is_refused_not_ignored():
+    """The update adds the entropy term only for a positive coefficient: a negative one must not pass silently."""
+    from rlft.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="algo.entropy_coef"):
+        load_config(None, ["algo.entropy_coef=-0.01"])

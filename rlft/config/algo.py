@@ -55,7 +55,7 @@ class AlgoConfig:
     """policy_loss=kimi_omd: tau of the (tau/2) (log pi(y)/pi_old(y))^2 regulariser (Kimi k1.5 §2.3.2); pair it with
     advantage=group_mean and loss_agg=seq-mean-token-sum."""
     entropy_coef: float = 0.0
-    """Entropy bonus coefficient."""
+    """Entropy bonus coefficient (>= 0; the bonus is aggregated over tokens with algo.loss_agg, as verl does)."""
     adv_eps: float = 1e-6
     """Epsilon added to the group std."""
     gamma: float = 1.0
@@ -107,6 +107,7 @@ class AlgoConfig:
         _check(self.group_size >= 1, "algo.group_size", "must be >= 1")
         _check(self.clip_low >= 0 and self.clip_high >= 0, "algo.clip_low/clip_high", "must be >= 0")
         _check(self.kl_coef >= 0, "algo.kl_coef", "must be >= 0")
+        _check(self.entropy_coef >= 0, "algo.entropy_coef", "must be >= 0 (a bonus; the update applies no penalty)")
         _check(self.clip_c == 0 or self.clip_c > 1, "algo.clip_c", "must be 0 (off) or > 1")
         _check(0 <= self.gamma <= 1, "algo.gamma", "must be in [0, 1]")
         _check(0 <= self.lam <= 1, "algo.lam", "must be in [0, 1]")
