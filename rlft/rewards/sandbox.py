@@ -60,7 +60,6 @@ from rlft.rewards.jailed import wire
 
 __all__ = ["MODES", "JailUnavailable", "Limits", "RunResult", "run"]
 MAX_REPORT_BYTES = 1 << 20
-NOT_PLAIN = "cannot cross:"
 WATCH_S = 0.05  # how often the host counts the files in each jail's /tmp
 
 
@@ -188,7 +187,7 @@ def _read(fd: int, deadline: float, over_limits=lambda: "") -> tuple[bytes, bool
 def _parse(out: bytes, n_tests: int, timed_out: bool, timeout_s: float) -> RunResult:
     """The verdict from T's report. A test passes only when its one result line says so."""
     results: dict[int, list[str]] = {}
-    first_fail, error, crash, limit, done, announced = "", "", "", "", False, None
+    error, crash, limit, done, announced = "", "", "", False, None
     for line in out.decode("utf-8", "replace").split("\n"):  # only T's own newline ends a line
         kind, _, rest = line.partition(" ")
         if kind in ("pass", "fail"):
@@ -208,7 +207,7 @@ def _parse(out: bytes, n_tests: int, timed_out: bool, timeout_s: float) -> RunRe
     passed = frozenset(i for i, r in results.items() if r == ["pass"])
     fails = [w for r in results.values() for w in r if w != "pass"]
     first_fail = next(iter(fails), "")
-    not_plain = sum(w.startswith(NOT_PLAIN) for w in fails)
+    not_plain = sum(w.startswith(wire.NOT_PLAIN) for w in fails)
     if limit:  # the host's own line (T's lines never start with "limit"): the run was stopped, nothing passes
         status, reason, passed = "limit", limit, frozenset()
     elif announced != str(n_tests) and not timed_out:

@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import contain  # noqa: E402
 import wire  # noqa: E402
 
-NOT_PLAIN = "cannot cross:"
+NOT_PLAIN = wire.NOT_PLAIN
 
 
 class Channel:
@@ -93,7 +93,7 @@ class Remote:
     @staticmethod
     def handle_of(value):
         if type(value) is not Remote:
-            raise wire.WireError(f"a value of type {type(value).__name__!r} cannot cross (plain data only)")
+            raise wire.not_plain(value)
         return object.__getattribute__(value, "_id")
 
     def __getattr__(self, name: str):

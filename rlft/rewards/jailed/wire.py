@@ -43,8 +43,16 @@ _BUILTIN_FACTORIES = {"int": int, "float": float, "str": str, "list": list, "dic
                       "tuple": tuple, "bytes": bytes, "frozenset": frozenset, "bool": bool, "complex": complex}
 
 
+NOT_PLAIN = "cannot cross:"  # starts the reason of a test failed by a value that cannot cross (counted by the host)
+
+
 class WireError(Exception):
     """A value that cannot cross the channel, or a message that is not a valid one."""
+
+
+def not_plain(value) -> WireError:
+    """The error for a value of a type that has no plain-data form."""
+    return WireError(f"a value of type {type(value).__name__!r} cannot cross (plain data only)")
 
 
 _TYPES = {t.__name__: t for t in (int, float, complex, str, bytes, bytearray, bool, list, tuple, dict, set,
@@ -136,7 +144,7 @@ def _enc_container(v, d: int, ref=None):
         return {"it": items}
     if ref is not None:
         return {"h": ref(v)}
-    raise WireError(f"a value of type {name!r} cannot cross (plain data only)")
+    raise not_plain(v)
 
 
 class _Absent:
