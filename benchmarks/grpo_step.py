@@ -43,7 +43,7 @@ from pathlib import Path
 
 import torch
 
-from rlft.config import load_config
+from rlft.recipe import load_config
 from rlft.data.schema import Example
 from rlft.data.templates import encode_prompts
 from rlft.models.loading import quiet_transformers

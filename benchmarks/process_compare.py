@@ -72,7 +72,7 @@ def held_out(policy_dir: Path, overrides: list[str]) -> dict[str, float]:
     recipe's data split under ``overrides`` (the same problems for every run and step)."""
     import torch
 
-    from rlft.config import load_config
+    from rlft.recipe import load_config
     from rlft.data.templates import encode_prompts, encode_response
     from rlft.models.forward import response_logprobs
     from rlft.models.loading import load_policy

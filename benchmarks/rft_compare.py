@@ -73,7 +73,7 @@ def rft_run(cfg, out: Path, model: str, start: dict, mode: str, seed: int) -> di
 
 
 def main() -> None:
-    from rlft.config import load_config
+    from rlft.recipe import load_config
     from rlft.models.loading import quiet_transformers
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

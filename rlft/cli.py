@@ -20,7 +20,8 @@ import argparse
 import json
 import sys
 
-from rlft.config import ConfigError, help_text, load_config
+from rlft.config import ConfigError
+from rlft.recipe import help_text, load_config
 from rlft.data.schema import DataError
 from rlft.errors import TrainingHalted
 

@@ -61,6 +61,7 @@ from rlft.models.tiny import build_tiny_model
 from rlft.rewards import REWARDS
 from rlft.rewards.jail import JailUnavailable
 from rlft.rewards.pool import RewardPool
+from rlft.rewards.terms import built
 from rlft.tracking import MetricsLog, truncate_jsonl, write_atomic
 from rlft.trainers.optim import make_optimizer, make_scheduler
 from rlft.trainers.rl import PromptSampler, RLState, penalty_controller, rl_step, sample_records
@@ -287,7 +288,7 @@ def _reward_pool(cfg: Config):
     """Worker processes for the run's slow rewards (training and evaluation), or nothing when none is slow."""
     rules = [cfg.eval.correct_fn, cfg.eval.format_fn,
              *(name for s in cfg.eval.sets for name in (s.correct_fn, s.format_fn) if name)]  # every set's rules
-    fns = [fn for _, fn in cfg.reward.built()] + [REWARDS.get(name) for name in rules]
+    fns = [fn for _, fn in built(cfg.reward)] + [REWARDS.get(name) for name in rules]
     for fn in fns:
         if hasattr(fn, "preflight"):
             try:

@@ -23,7 +23,8 @@ import sys
 import time
 from pathlib import Path
 
-from rlft.config import ConfigError, load_config
+from rlft.config import ConfigError
+from rlft.recipe import load_config
 
 
 def split_top(value: str) -> list[str]:

@@ -47,7 +47,7 @@ from numerics import AbsGradSum  # noqa: E402
 
 from rlft import dist as rdist  # noqa: E402
 from rlft import run  # noqa: E402
-from rlft.config import load_config  # noqa: E402
+from rlft.recipe import load_config  # noqa: E402
 from rlft.data.templates import encode_prompts  # noqa: E402
 from rlft.fsdp import full_model_state, full_optimizer_state, is_sharded, load_optimizer_state  # noqa: E402
 from rlft.models.loading import load_policy  # noqa: E402

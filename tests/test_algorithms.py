@@ -8,10 +8,10 @@ import math
 import pytest
 import torch
 
-from rlft.config import load_config
+from rlft.recipe import load_config
 from rlft.models.critic import Critic, load_critic
 from rlft.models.loading import load_model, load_tokenizer
-from rlft.presets import PRESETS
+from rlft.recipe.presets import PRESETS
 from rlft.rollout.batch import Batch, cat_batches
 from rlft.run import train
 from rlft.trainers import rl
@@ -275,7 +275,7 @@ def kl_in_reward_batch() -> Batch:
 
 
 def test_kl_in_reward_shifts_group_outcomes(ds_state, monkeypatch):
-    from rlft.config import load_config as lc
+    from rlft.recipe import load_config as lc
 
     state, _ = ds_state([], max_rounds=0)
     cfg = lc(None, ["algo=rloo", "algo.group_size=2", "algo.kl_coef=0.5"])
@@ -293,7 +293,7 @@ def test_kl_in_reward_shifts_group_outcomes(ds_state, monkeypatch):
 
 def test_reinforce_pp_baseline_config_and_training(run):
     from rlft.config import ConfigError
-    from rlft.config import load_config as lc
+    from rlft.recipe import load_config as lc
 
     a = lc(None, ["algo.advantage=reinforce_pp_baseline", "algo.group_size=4"]).algo
     assert a.uses_groups and a.sequence_constant_adv and not a.needs_critic
@@ -308,7 +308,7 @@ def test_reinforce_pp_baseline_config_and_training(run):
 
 
 def test_reinforce_pp_baseline_through_the_trainer(ds_state):
-    from rlft.config import load_config as lc
+    from rlft.recipe import load_config as lc
     from rlft.core.kl import make_kl_controller
 
     state, _ = ds_state([], max_rounds=0)

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from rlft.chat import ChatSession, chat_loop
-from rlft.config import load_config
+from rlft.recipe import load_config
 from rlft.models.loading import load_policy
 
 REPO = Path(__file__).resolve().parents[1]

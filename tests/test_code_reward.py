@@ -221,7 +221,7 @@ def _mbpp_rows(n: int, first_id: int) -> list[dict]:
 
 
 def test_a_run_trains_on_mbpp_rows_with_the_code_reward(tmp_path, tiny_size_overrides):
-    from rlft.config import load_config
+    from rlft.recipe import load_config
     from rlft.data.code_tasks import prepare_mbpp
     from rlft.run import train
 

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from rlft.config import Config, ConfigError, help_text, load_config, parse_override, with_name
+from rlft.config import Config, ConfigError, with_name
+from rlft.recipe import help_text, load_config, parse_override
 from rlft.core.advantages import ADVANTAGES
 from rlft.core.losses import AGGREGATIONS
 
@@ -305,7 +306,8 @@ def test_a_key_given_twice_in_a_recipe_is_an_error_naming_it(tmp_path):
 
 def test_a_negative_entropy_coefficient_is_refused_not_ignored():
     """The update adds the entropy term only for a positive coefficient: a negative one must not pass silently."""
-    from rlft.config import ConfigError, load_config
+    from rlft.config import ConfigError
+    from rlft.recipe import load_config
 
     with pytest.raises(ConfigError, match="algo.entropy_coef"):
         load_config(None, ["algo.entropy_coef=-0.01"])

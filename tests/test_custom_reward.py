@@ -8,7 +8,8 @@ import textwrap
 
 import pytest
 
-from rlft.config import load_config
+from rlft.rewards.terms import built
+from rlft.recipe import load_config
 from rlft.config.sections import ConfigError
 from rlft.rewards import REWARDS, is_batched, is_group_level, score_batch
 from rlft.rewards.pool import RewardPool
@@ -147,7 +148,7 @@ def test_config_entry_is_checked_at_parse_time(reward_file):
     """A reward.fns entry builds at parse time; a bad one names reward.fns[0].<field>."""
     cfg = load_config(None, [f"reward.fns=[{{name: custom, fn: {reward_file}:vowels, slow: true}}]",
                              "reward.weights=[1.0]"])
-    ((label, fn),) = cfg.reward.built()
+    ((label, fn),) = built(cfg.reward)
     assert label == "custom" and fn.runs_in_pool and fn("aei", {}) == 3.0
     missing = rf"reward\.fns\[0\]\.fn: '{MODULE}:missing': no attribute 'missing' in {MODULE}$"
     with pytest.raises(ConfigError, match=missing):

@@ -21,7 +21,7 @@ import pytest
 
 from conftest import TINY_DEMO
 from rlft.cli import main
-from rlft.config import load_config
+from rlft.recipe import load_config
 from rlft.errors import WriteFailed
 
 HERE = Path(__file__).resolve().parent

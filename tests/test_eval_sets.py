@@ -11,7 +11,8 @@ import pytest
 import yaml
 
 from rlft import eval as ev
-from rlft.config import ConfigError, load_config
+from rlft.config import ConfigError
+from rlft.recipe import load_config
 from rlft.config.sections import EvalSet
 from rlft.data.schema import Example
 from rlft.health import HealthMonitor

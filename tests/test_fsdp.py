@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from rlft import fsdp
-from rlft.config import ConfigError, load_config
+from rlft.config import ConfigError
+from rlft.recipe import load_config
 from rlft.dist import Dist
 from rlft.fsdp import ShardPlan, plan_from_env
 

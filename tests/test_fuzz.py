@@ -33,7 +33,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rlft.config import Config, ConfigError, load_config
+from rlft.config import Config, ConfigError
+from rlft.recipe import load_config
 from rlft.config.sections import EvalSet
 from rlft.data import gsm8k
 from rlft.data.loaders import load_examples, load_rows

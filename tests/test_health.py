@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from rlft.config import load_config
+from rlft.recipe import load_config
 from rlft.health import RULES, HealthMonitor
 
 CALM = {"actor/kl_loss": 0.1, "actor/grad_norm": 3.0, "actor/entropy": 0.4, "frac_reward_zero_std": 0.3,

@@ -27,7 +27,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from rlft.config import load_config
+from rlft.recipe import load_config
 from rlft.dist import Dist
 from rlft.health import RULES, HealthMonitor
 from rlft.trainers.rl import count_skips

@@ -10,7 +10,8 @@ import torch
 
 pytest.importorskip("peft", reason="LoRA needs the lora extra (pip install -e '.[lora]')")
 
-from rlft.config import ConfigError, load_config  # noqa: E402
+from rlft.config import ConfigError  # noqa: E402
+from rlft.recipe import load_config
 from rlft.models.forward import response_logprobs  # noqa: E402
 from rlft.models.loading import load_model, load_policy, load_tokenizer  # noqa: E402
 from rlft.models.lora import AdaptersOff, add_lora, core_model, is_adapter_dir, save_policy  # noqa: E402

@@ -8,7 +8,8 @@ import sys
 import pytest
 
 from rlft import malloc
-from rlft.config import ConfigError, load_config
+from rlft.config import ConfigError
+from rlft.recipe import load_config
 
 GLIBC = sys.platform.startswith("linux") and hasattr(ctypes.CDLL(None), "mallopt")
 

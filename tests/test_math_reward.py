@@ -121,7 +121,7 @@ def test_math500_reference_answers_are_equivalent_to_themselves():
 
 def test_a_run_trains_with_the_math_reward(tmp_path, tiny_size_overrides):
     """MATH-500-style rows (problem text, LaTeX answer) with the math reward, scored in the run's worker pool."""
-    from rlft.config import load_config
+    from rlft.recipe import load_config
     from rlft.rewards.pool import active_pool
     from rlft.run import train
 

@@ -13,7 +13,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from rlft.config import ConfigError, load_config, with_name
+from rlft.config import ConfigError, with_name
+from rlft.recipe import load_config
 from rlft.run import train
 from conftest import RECIPES
 from numerics import MODEL_DEPTH, assert_rounding_close

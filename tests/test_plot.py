@@ -57,7 +57,7 @@ def test_plot_command_and_its_errors(tmp_path, capsys):
 def test_a_run_with_validation_writes_its_curves_report_and_plots(tmp_path, tiny_overrides):
     """Issue 13's acceptance on the embedded demo's settings: eval.every gives validation curves, and the run ends
     with report.html and plots/*.png (log.plots) without any other command."""
-    from rlft.config import load_config
+    from rlft.recipe import load_config
     from rlft.run import train
 
     cfg = load_config(None, tiny_overrides(tmp_path, "train.steps=4", "eval.every=2", "log.plots=true", "log.name=v"))

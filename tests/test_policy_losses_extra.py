@@ -10,7 +10,8 @@ import math
 import pytest
 import torch
 
-from rlft.config import AlgoConfig, ConfigError, load_config
+from rlft.config import AlgoConfig, ConfigError
+from rlft.recipe import load_config
 from rlft.core.kl import PenaltyCoefController
 from rlft.trainers import rl
 from test_algorithms import run  # noqa: F401  (the fixture: a 3-step demo run on the tiny model)

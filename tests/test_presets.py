@@ -9,11 +9,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlft.config import AlgoConfig, Config, ConfigError, help_text, load_config
+from rlft.config import AlgoConfig, Config, ConfigError
+from rlft.recipe import help_text, load_config
 from rlft.core.advantages import ADVANTAGES
 from rlft.core.kl import KL_ESTIMATORS
 from rlft.core.losses import AGGREGATIONS, POLICY_LOSSES
-from rlft.presets import DEFINES, PRESETS, conflict
+from rlft.recipe.presets import DEFINES, PRESETS, conflict
 
 NAMES = ["dapo", "dr_grpo", "grpo", "gspo", "ppo", "reinforce", "reinforce_pp", "rloo", "vapo"]
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"

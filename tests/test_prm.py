@@ -12,7 +12,8 @@ import pytest
 import torch
 import yaml
 
-from rlft.config import ConfigError, load_config
+from rlft.config import ConfigError
+from rlft.recipe import load_config
 from rlft.data.synthetic import synthetic_task
 from rlft.models.prm_head import encode_steps, line_steps
 from rlft.models.tiny import build_tokenizer

@@ -10,7 +10,8 @@ import math
 import pytest
 import torch
 
-from rlft.config import ConfigError, load_config
+from rlft.config import ConfigError
+from rlft.recipe import load_config
 from rlft.data.synthetic import chain_steps_of, synthetic_task
 from rlft.models.tiny import build_tokenizer
 from rlft.rewards import REWARDS, score_batch, step_level

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from rlft.config import load_config
+from rlft.recipe import load_config
 from rlft.data.schema import DataError
 from rlft.models.loading import load_policy
 from rlft.run import load_task, train

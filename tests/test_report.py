@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 from rlft.cli import main
-from rlft.config import load_config
+from rlft.recipe import load_config
 from rlft.run import train
 
 

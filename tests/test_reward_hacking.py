@@ -100,7 +100,7 @@ def test_doctests(name):
 
 
 def test_rule_verdict_reuses_the_training_reward_only_when_it_is_the_same_function():
-    from rlft.config import load_config
+    from rlft.recipe import load_config
     from rlft.data.schema import Example
     from rlft.rewards.scoring import ScoreResult
     from rlft.trainers.hacking import rule_correct

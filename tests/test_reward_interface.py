@@ -10,7 +10,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from rlft.config import ConfigError, load_config
+from rlft.rewards.terms import built
+from rlft.config import ConfigError
+from rlft.recipe import load_config
 from rlft.rewards import REWARDS, score_batch
 from rlft.rewards.base import RewardRegistry, batched, group_level, is_batched, is_group_level
 from rlft.rewards.group import PartialCredit, Vote
@@ -178,9 +180,9 @@ reward:
     cfg = load_config(recipe, [])
     assert cfg.reward.keys == ("math", "gsm8k_strict", "near", "vote")
     assert cfg.reward.resolved_weights == (1.0, 1.0, 0.5, 1.0)
-    built = dict(cfg.reward.built())
-    assert built["near"] == PartialCredit(tolerance=1.0, partial=0.25) and built["vote"] == Vote(min_votes=3)
-    assert type(built["near"].tolerance) is float  # the YAML int 1 is coerced to the field's float
+    fns = dict(built(cfg.reward))
+    assert fns["near"] == PartialCredit(tolerance=1.0, partial=0.25) and fns["vote"] == Vote(min_votes=3)
+    assert type(fns["near"].tolerance) is float  # the YAML int 1 is coerced to the field's float
 
 
 def test_saved_config_loads_back_to_the_same_rewards(tmp_path):

@@ -13,7 +13,8 @@ import pickle
 import pytest
 import torch
 
-from rlft.config import load_config
+from rlft.rewards.terms import built
+from rlft.recipe import load_config
 from rlft.config.sections import ConfigError
 from rlft.models.tiny import build_tokenizer
 from rlft.rewards import REWARDS, is_batched, score_batch
@@ -197,7 +198,7 @@ def test_bad_parameters(rm_dir, params, message):
 def test_config_entry_is_checked_at_parse_time(rm_dir, tmp_path):
     """reward.fns entries build at parse time; errors name the entry's key."""
     cfg = load_config(None, [f"reward.fns=[{{name: reward_model, path: {rm_dir}}}]"])
-    ((label, fn),) = cfg.reward.built()
+    ((label, fn),) = built(cfg.reward)
     assert label == "reward_model" and fn.path == rm_dir and fn.device == "auto"
     two = save_classifier(tmp_path / "two", num_labels=2)
     with pytest.raises(ConfigError, match=r"reward\.fns\[0\]\.path: the model in .* has num_labels=2"):

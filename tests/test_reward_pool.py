@@ -123,7 +123,7 @@ def _pid_of_cheap(completion, sample):
 
 def test_a_run_scores_slow_rewards_in_the_pool(tmp_path, tiny_overrides, monkeypatch):
     from pool_checkers import digit_share_in_worker
-    from rlft.config import load_config
+    from rlft.recipe import load_config
     from rlft.rewards import REWARDS
     from rlft.rewards import pool as pool_module
     from rlft.run import train

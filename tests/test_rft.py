@@ -10,7 +10,8 @@ import math
 import pytest
 import torch
 
-from rlft.config import ConfigError, load_config
+from rlft.config import ConfigError
+from rlft.recipe import load_config
 from rlft.trainers import rft as rft_trainer
 from rlft.trainers.rft import select_completions
 

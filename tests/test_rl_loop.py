@@ -9,7 +9,8 @@ from typing import NamedTuple
 import pytest
 import torch
 
-from rlft.config import ConfigError, load_config
+from rlft.config import ConfigError
+from rlft.recipe import load_config
 from rlft.core.advantages import group_norm
 from rlft.core.kl import make_kl_controller
 from rlft.core.losses import AGGREGATIONS, POLICY_LOSSES, aggregate

@@ -10,7 +10,9 @@ import json
 import pytest
 import torch
 
-from rlft.config import ConfigError, load_config
+from rlft.rewards.terms import build
+from rlft.config import ConfigError
+from rlft.recipe import load_config
 from rlft.data.synthetic import synthetic_task
 
 RULE = "test_even_length"
@@ -50,7 +52,7 @@ def test_refresh_retrains_the_model_the_reward_scores_with(tmp_path, rm_dir):
     from rlft.trainers.rm_refresh import RMRefresh, own_reward_model
 
     cfg = own_reward_model(refresh_config(tmp_path, rm_dir), tmp_path / "run")
-    reward = cfg.reward.fns[0].fn
+    reward = build(cfg.reward.fns[0])
     assert reward.path == str(tmp_path / "run" / "reward_model")  # the run's own copy, not the rm stage's
     refresher = RMRefresh(cfg)
     examples = synthetic_task("max", n_train=6, n_eval=1, max_operand=20, seed=1)[0]

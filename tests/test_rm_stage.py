@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from rlft.cli import main
-from rlft.config import ConfigError, load_config
+from rlft.config import ConfigError
+from rlft.recipe import load_config
 
 HH = Path(__file__).resolve().parents[2] / "shared" / "data" / "hh-rlhf" / "harmless-base-test.jsonl"
 

@@ -15,7 +15,8 @@ import torch
 
 from rlft import checkpoint
 from rlft.cli import main
-from rlft.config import ConfigError, load_config
+from rlft.config import ConfigError
+from rlft.recipe import load_config
 from rlft.run import train
 
 COMMON = ("log.name=r", "train.save_every=1", "sft.steps=0", "eval.before_rl=false", "eval.ks=[]")

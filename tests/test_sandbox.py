@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from rlft.rewards.terms import built
 from rlft.rewards import jail
 from rlft.rewards.code import Code
 from rlft.rewards.jailed import wire
@@ -396,17 +397,18 @@ def test_an_unknown_mode_is_refused():
 
 
 def test_reward_sandbox_reaches_every_code_reward_unless_an_entry_sets_its_own():
-    from rlft.config import load_config
+    from rlft.recipe import load_config
 
     cfg = load_config(None, ["reward.fns=[code, {name: code_pass, label: strict}, {name: code, label: own, "
                              "sandbox: jail}]", "reward.weights=[]", "reward.sandbox=unjailed"])
-    built = dict(cfg.reward.built())
-    assert (built["code"].sandbox, built["strict"].sandbox, built["own"].sandbox) == ("unjailed", "unjailed", "jail")
+    fns = dict(built(cfg.reward))
+    assert (fns["code"].sandbox, fns["strict"].sandbox, fns["own"].sandbox) == ("unjailed", "unjailed", "jail")
 
 
 def test_a_run_stops_at_start_where_the_jail_cannot_work(monkeypatch, tmp_path):
     """No bwrap here (simulated): the run stops before training with what to install, never scoring 0s."""
-    from rlft.config import ConfigError, load_config
+    from rlft.config import ConfigError
+    from rlft.recipe import load_config
     from rlft.rewards import code
     from rlft.run import _reward_pool
 

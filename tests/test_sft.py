@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from numerics import FORWARD_DEPTH, assert_rounding_close
-from rlft.config import load_config
+from rlft.recipe import load_config
 from rlft.data.schema import DataError, Example
 from rlft.data.sft_data import answer_span, load_sft_examples, response_weights, with_system_prompt
 from rlft.models.loading import load_model, load_tokenizer

@@ -8,7 +8,7 @@ import json
 import pytest
 import yaml
 
-from rlft.config import load_config
+from rlft.recipe import load_config
 from rlft.stages.pipeline import run_pipeline
 
 SMALL = ["data.synth_train_size=24", "train.steps=2", "rm.steps=3", "rm.batch_size=4", "dpo.steps=3",

@@ -59,7 +59,7 @@ def test_sweep_two_values_two_seeds_writes_table_and_plot(tmp_path, tiny_overrid
 
 def test_best_validation_reads_the_primary_set_only(tmp_path):
     """With eval.sets the metrics hold several val/<set>/exact_match series; the sweep compares the primary one."""
-    from rlft.config import load_config
+    from rlft.recipe import load_config
     from rlft.sweep import _results
 
     cfg = load_config(None, ["eval.sets=[synthetic:chain]"])

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from rlft.config import load_config
+from rlft.recipe import load_config
 from rlft.rewards.pool import active_pool
 from rlft.run import train
 

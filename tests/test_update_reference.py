@@ -36,7 +36,7 @@ import pytest
 import torch
 
 from numerics import FORWARD_DEPTH, MODEL_DEPTH, model_reduction_len, rounding_tol, unit_roundoff
-from rlft.config import load_config
+from rlft.recipe import load_config
 from rlft.core.kl import make_kl_controller
 from rlft.core.losses import AGGREGATIONS
 from rlft.models.critic import Critic

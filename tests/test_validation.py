@@ -8,7 +8,7 @@ import json
 import pytest
 
 from rlft import eval as ev
-from rlft.config import load_config
+from rlft.recipe import load_config
 from rlft.data.schema import Example
 from rlft.config.sections import primary_name as eval_set_name
 from rlft.run import train

@@ -13,7 +13,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from rlft.config import ConfigError, load_config
+from rlft.config import ConfigError
+from rlft.recipe import load_config
 from rlft.models.loading import load_model
 from rlft.rollout import vllm_engine
 from rlft.rollout.decode import sample

@@ -10,7 +10,8 @@ import json
 import pytest
 
 from rlft import zero
-from rlft.config import ConfigError, load_config
+from rlft.config import ConfigError
+from rlft.recipe import load_config
 from rlft.zero import ZeroPlan, plan_from_env
 
 DS = {"ACCELERATE_USE_DEEPSPEED": "true"}

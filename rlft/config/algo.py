@@ -96,14 +96,6 @@ class AlgoConfig:
     """Optimizer steps per epoch (the batch is split into this many mini-batches)."""
 
     def __post_init__(self) -> None:
-        from rlft.core.advantages import ADVANTAGES
-        from rlft.core.kl import KL_ESTIMATORS
-        from rlft.core.losses import AGGREGATIONS, POLICY_LOSSES
-
-        for key, reg in (("advantage", ADVANTAGES), ("policy_loss", POLICY_LOSSES),
-                         ("loss_agg", AGGREGATIONS), ("kl_estimator", KL_ESTIMATORS)):
-            _check(getattr(self, key) in reg, f"algo.{key}",
-                   f"unknown {getattr(self, key)!r}; allowed: {', '.join(reg.names())}")
         _check(self.group_size >= 1, "algo.group_size", "must be >= 1")
         _check(self.clip_low >= 0 and self.clip_high >= 0, "algo.clip_low/clip_high", "must be >= 0")
         _check(self.kl_coef >= 0, "algo.kl_coef", "must be >= 0")

@@ -1,4 +1,7 @@
-"""The sections of the configuration tree: frozen dataclasses that validate themselves.
+"""The sections of the configuration tree: frozen dataclasses of plain data that check their own types and ranges.
+
+The rules that need a registry (reward, stage, estimator and task names) are checked above, by
+``rlft.recipe.validate``.
 
 Each field's docstring is its help text (``rlft config``). The defaults are the embedded demo: a tiny model built in the run directory and
 a synthetic arithmetic task, tuned to train on a laptop CPU in a few minutes.
@@ -8,7 +11,6 @@ Recipes under ``recipes/`` set the values for real models.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import typing
 from dataclasses import dataclass, field
@@ -17,7 +19,7 @@ from typing import Any, Literal
 
 import yaml
 
-from rlft.config.algo import STEP_LEVEL_ADVANTAGES, AlgoConfig, CriticConfig
+from rlft.config.algo import AlgoConfig, CriticConfig
 from rlft.config.checks import ConfigError, _check, template_problem
 from rlft.config.stages import DPOConfig, PRMConfig, RFTConfig, RMConfig, SFTConfig
 
@@ -121,12 +123,6 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         _check(bool(self.source), "data.source", "empty; name a file, a directory, 'synthetic:<task>' or 'hf:<name>'")
-        if self.source.startswith("synthetic:"):
-            from rlft.data.synthetic import SYNTHETIC_TASKS
-
-            task = self.source.split(":", 1)[1]
-            _check(task in SYNTHETIC_TASKS, "data.source",
-                   f"unknown synthetic task {task!r}; allowed: {', '.join(SYNTHETIC_TASKS.names())}")
         why = template_problem(self.template)
         _check(why is None, "data.template", why)
         _check(self.max_prompt_tokens >= 1, "data.max_prompt_tokens", "must be >= 1")
@@ -193,43 +189,19 @@ class RewardTerm:
     params: tuple[tuple[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
-        from rlft.rewards import REWARDS
-
-        _check(self.name in REWARDS, "name", f"unknown reward {self.name!r}; allowed: {', '.join(REWARDS.names())}")
+        _check(bool(self.name), "name", "missing; every entry needs the reward's name")
         _check(self.weight is None or math.isfinite(self.weight),
                "weight", f"must be a finite number, got {self.weight!r}")
-        self.fn  # built (and its parameters checked) now, not at the first step
 
     @property
     def key(self) -> str:
         return self.label or self.name
-
-    @functools.cached_property
-    def fn(self):
-        """The reward callable with these parameters, built once (a reward model's config is read once)."""
-        from rlft.rewards import REWARDS
-
-        try:
-            return REWARDS.build(self.name, dict(self.params))
-        except KeyError as e:
-            raise ConfigError(e.args[0]) from None
-        except (ValueError, TypeError) as e:
-            raise ConfigError(str(e)) from None
 
     def to_plain(self) -> str | dict[str, Any]:
         """The recipe form: the bare name when nothing else is set."""
         extra = {**({"weight": self.weight} if self.weight is not None else {}),
                  **({"label": self.label} if self.label else {}), **dict(self.params)}
         return {"name": self.name, **{k: _plain(v) for k, v in extra.items()}} if extra else self.name
-
-
-def _sandboxed(term: RewardTerm, sandbox: str):
-    """The term's callable, with ``sandbox`` set where it has such a field and the term did not set it."""
-    fn = term.fn
-    if (dataclasses.is_dataclass(fn) and "sandbox" in {f.name for f in dataclasses.fields(fn)}
-            and "sandbox" not in dict(term.params) and getattr(fn, "sandbox") != sandbox):
-        fn = dataclasses.replace(fn, sandbox=sandbox)
-    return fn
 
 
 @dataclass(frozen=True)
@@ -271,11 +243,6 @@ class RewardConfig:
     @property
     def keys(self) -> tuple[str, ...]:
         return tuple(t.key for t in self.fns)
-
-    def built(self) -> list[tuple[str, Any]]:
-        """(label, reward callable) per entry, as ``score_batch`` takes them; rewards that run programs get
-        ``reward.sandbox`` unless their entry sets its own."""
-        return [(t.key, _sandboxed(t, self.sandbox)) for t in self.fns]
 
 
 @dataclass(frozen=True)
@@ -390,24 +357,12 @@ class EvalSet:
     """How maj@k reads each sample's answer on this set: strict, final, flexible or math, as eval.vote_extractor (empty: eval.vote_extractor)."""
 
     def __post_init__(self) -> None:
-        from rlft.rewards import REWARDS
-
         _check(bool(self.source), "source", "missing; every set needs its problems: a file, a directory, "
                "'synthetic:<task>' or 'hf:<name>'")
-        if self.source.startswith("synthetic:"):
-            from rlft.data.synthetic import SYNTHETIC_TASKS
-
-            task = self.source.split(":", 1)[1]
-            _check(task in SYNTHETIC_TASKS, "source",
-                   f"unknown synthetic task {task!r}; allowed: {', '.join(SYNTHETIC_TASKS.names())}")
         _check(bool(self.key), "name", f"empty, and none can be read from source {self.source!r}")
         _check(self.limit >= 0, "limit", "must be >= 0 (0: all)")
         why = template_problem(self.template, ("", "chat", "raw"))
         _check(why is None, "template", f"{why} (empty: data.template)")
-        for key in ("correct_fn", "format_fn"):
-            value = getattr(self, key)
-            _check(not value or value in REWARDS, key,
-                   f"unknown reward {value!r}; allowed: {', '.join(REWARDS.names())} (empty: eval.{key})")
         allowed = typing.get_args(typing.get_type_hints(EvalConfig)["vote_extractor"])
         _check(self.vote_extractor in ("", *allowed), "vote_extractor",
                f"must be one of {', '.join(allowed)} (empty: eval.vote_extractor), got {self.vote_extractor!r}")
@@ -441,13 +396,8 @@ class EvalConfig:
     """Extra held-out sets evaluated with the primary one (data.source, named eval.name), each logged as val/<name>/<metric> with its own correctness reward: mappings {name, source, split, limit, prompt_key, answer_key, template, correct_fn, format_fn, vote_extractor}, or bare sources. See rlft.config.sections.EvalSet."""
 
     def __post_init__(self) -> None:
-        from rlft.rewards import REWARDS
-
         _check(all(k >= 1 for k in self.ks), "eval.ks", f"every k must be >= 1, got {self.ks}")
         _check(self.temperature > 0, "eval.temperature", "must be > 0")
-        for key in ("correct_fn", "format_fn"):
-            _check(getattr(self, key) in REWARDS, f"eval.{key}",
-                   f"unknown {getattr(self, key)!r}; allowed: {', '.join(REWARDS.names())}")
         _check(self.batch_size >= 1, "eval.batch_size", "must be >= 1")
         _check(self.every >= 0, "eval.every", "must be >= 0 (0: only before and after RL)")
         self.check_set_names(self.name)
@@ -557,43 +507,9 @@ class Config:
                "needs data.ptx_source (the pretraining texts)")
         _check(self.critic.pretrain_steps == 0 or self.algo.needs_critic, "critic.pretrain_steps",
                f"needs a critic, but algo.advantage={self.algo.advantage!r} uses none (gae does)")
-        self._check_step_rewards()
-        self._check_stages()
         n_rm = sum(t.name == "reward_model" for t in self.reward.fns)
         _check(not self.rm.refresh_every or n_rm == 1, "rm.refresh_every",
                f"retrains the reward_model reward, so reward.fns needs exactly one reward_model entry, found {n_rm}")
-
-    def _check_step_rewards(self) -> None:
-        """A step-level advantage (process) reads step rewards only: every weighted reward must be step-level."""
-        from rlft.rewards import is_step_level
-
-        if self.algo.advantage not in STEP_LEVEL_ADVANTAGES:
-            return
-        weighted = [t for t, w in zip(self.reward.fns, self.reward.resolved_weights) if w != 0]
-        other = [t.key for t in weighted if not is_step_level(t.fn)]
-        _check(bool(weighted) and not other, "reward.fns",
-               f"algo.advantage={self.algo.advantage!r} needs step-level rewards (e.g. chain_steps) and reads only "
-               f"them; " + (f"{', '.join(other)} would be ignored: give them weight 0 or use an outcome advantage"
-                            if other else "there is none with a non-zero weight"))
-
-    def _check_stages(self) -> None:
-        from rlft.presets import PRESETS
-        from rlft.rewards.model import PIPELINE_RM
-        from rlft.rewards.prm import PIPELINE_PRM
-        from rlft.stages import STAGES
-
-        for i, name in enumerate(self.stages):
-            _check(name in STAGES or name in PRESETS, f"stages[{i}]",
-                   f"unknown stage {name!r}; allowed: {', '.join(STAGES.names())} or a preset ({', '.join(PRESETS.names())})")
-        rl = [i for i, name in enumerate(self.stages) if name == "rl" or name in PRESETS]
-        _check(len(rl) <= 1, "stages", f"has {len(rl)} RL stages; a pipeline holds at most one")
-        needs_rm = any(dict(t.params).get("path") == PIPELINE_RM for t in self.reward.fns)
-        rm_first = "rm" in self.stages[: rl[0]] if rl else False
-        _check(not needs_rm or rm_first, "reward.fns",
-               f"a reward_model with path {PIPELINE_RM!r} needs an rm stage before the RL stage in `stages`")
-        needs_prm = any(dict(t.params).get("path") == PIPELINE_PRM for t in self.reward.fns)
-        _check(not needs_prm or ("prm" in self.stages[: rl[0]] if rl else False), "reward.fns",
-               f"a process_reward_model with path {PIPELINE_PRM!r} needs a prm stage before the RL stage in `stages`")
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -602,6 +518,11 @@ class Config:
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(_plain(self.to_dict()), sort_keys=False)
+
+
+def with_name(cfg: Config, name: str) -> Config:
+    """The same config with ``log.name`` resolved (a new frozen object)."""
+    return dataclasses.replace(cfg, log=dataclasses.replace(cfg.log, name=name))
 
 
 def _plain(x: Any) -> Any:

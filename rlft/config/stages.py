@@ -161,15 +161,11 @@ class PRMConfig:
     """Longest prompt + solution in tokens (the prompt's start is cut first)."""
 
     def __post_init__(self) -> None:
-        from rlft.rewards import REWARDS, is_step_level
-
         _check(self.steps >= 0, "prm.steps", "must be >= 0")
         _check(self.batch_size >= 1, "prm.batch_size", "must be >= 1")
         _check(self.lr > 0, "prm.lr", "must be > 0")
         _check(0 <= self.perturb <= 1, "prm.perturb", "must be in [0, 1]")
         _check(self.max_tokens >= 2, "prm.max_tokens", "must be >= 2")
-        _check(self.labels in REWARDS and is_step_level(REWARDS.factory(self.labels)), "prm.labels",
-               f"must be a step-level reward (e.g. chain_steps), got {self.labels!r}")
 
 
 @dataclass(frozen=True)

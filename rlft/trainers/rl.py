@@ -1,7 +1,7 @@
 """The RL loop: rollout -> reward -> (log-probs, values) -> advantage -> update, one named phase each.
 
 Every algorithm is the same loop with different registry entries and switches
-(``rlft.presets``). With one update pass per batch whose advantages do not need
+(``rlft.recipe.presets``). With one update pass per batch whose advantages do not need
 the rollout policy's log-probs (``algo.single_pass``), the old log-probs are the
 detached log-probs of the loss's own forward pass, so no separate forward runs;
 a reference model exists only when a KL term needs it, a critic only when the
@@ -32,6 +32,7 @@ from rlft.models.forward import autocast
 from rlft.rewards import score_batch
 from rlft.rewards.scoring import ScoreResult
 from rlft.rewards.steps import step_metrics, step_tensors
+from rlft.rewards.terms import built
 from rlft.rollout.batch import Batch, cat_batches
 from rlft.rollout.hf import generate, sampling_args
 from rlft.trainers import hacking
@@ -316,7 +317,7 @@ def score(batch: Batch, examples: Sequence[Example], cfg: Config) -> ScoreResult
     G = batch.group_size
     lengths = batch.response_lengths.tolist()  # (B,) response tokens, for length-shaping rewards
     samples = [{**ex.to_mapping(), "num_tokens": lengths[i * G + j]} for i, ex in enumerate(examples) for j in range(G)]
-    scored = score_batch(batch.texts, samples, cfg.reward.built(), cfg.reward.resolved_weights,
+    scored = score_batch(batch.texts, samples, built(cfg.reward), cfg.reward.resolved_weights,
                          timeout_s=cfg.reward.timeout_s, group_size=G)
     scores = torch.tensor([math.nan if s is None else s for s in scored.total])  # (B,)
     a = cfg.algo

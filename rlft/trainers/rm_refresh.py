@@ -36,6 +36,7 @@ from torch import Tensor
 from rlft.config import Config, ConfigError
 from rlft.data.preferences import Ranking
 from rlft.data.schema import Example
+from rlft.rewards.terms import build
 
 RUN_RM = "reward_model"  # the run's own copy of the reward model, under the run directory
 EVAL_PAIRS = 512  # the accuracy before/after is measured on at most this many of the new pairs (a seeded sample)
@@ -83,7 +84,7 @@ class RMRefresh:
     """Rollouts since the last refresh, and the reward model they retrain (shared with the reward that scores)."""
 
     def __init__(self, cfg: Config):
-        self.reward = reward_model_term(cfg).fn
+        self.reward = build(reward_model_term(cfg))
         self.model, self.tokenizer, _ = self.reward.shared()
         self.groups: list[tuple] = []  # (prompt, texts, correct) of groups with both outcomes
         self.refreshes = 0

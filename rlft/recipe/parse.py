@@ -1,8 +1,9 @@
-"""Parsing: YAML recipe + dotted overrides -> the frozen :class:`~rlft.config.sections.Config`, and ``rlft config``.
+"""Parsing: YAML recipe + dotted overrides -> the frozen, checked :class:`~rlft.config.sections.Config`.
 
 Values are type-checked against the field annotations and only lossless
 conversions happen (int -> float, list -> tuple, '1e-5' -> 1e-5); presets are
-applied to the algo section before it is built.
+applied to the algo section before it is built, and the built tree goes through
+:func:`rlft.recipe.validate.validate` (the rules that need the registries).
 """
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ import yaml
 
 from rlft.config.sections import AlgoConfig, Config, ConfigError, EvalSet, RewardTerm, _check
 from rlft.errors import utf8_text
+from rlft.recipe.presets import PRESETS, conflict
+from rlft.recipe.validate import validate
+from rlft.rewards import REWARDS
 
 
 def _coerce(value: Any, tp: Any, key: str) -> Any:
@@ -81,8 +85,6 @@ def _shown(value: Any, limit: int = 80) -> str:
 
 def _reward_term(value: Any, key: str) -> RewardTerm:
     """``math`` or ``{name: partial_credit, weight: 1, tolerance: 1}`` -> a RewardTerm with type-checked parameters."""
-    from rlft.rewards import REWARDS
-
     if isinstance(value, RewardTerm):
         return value
     if isinstance(value, str):
@@ -212,7 +214,7 @@ def load_config(recipe: str | Path | None = None, overrides: list[str] | tuple[s
     try:
         if "algo" in tree:
             tree["algo"] = _apply_preset(tree["algo"])
-        return _build(Config, tree, "")
+        return validate(_build(Config, tree, ""))
     except ConfigError:
         raise
     except (KeyError, ValueError) as e:  # registry lookups and range checks inside sections
@@ -221,8 +223,6 @@ def load_config(recipe: str | Path | None = None, overrides: list[str] | tuple[s
 
 def _preset_from_stages(tree: dict) -> None:
     """A preset named in ``stages`` (``[sft, grpo]``) selects ``algo.preset``; a different explicit one is an error."""
-    from rlft.presets import PRESETS
-
     stages = tree.get("stages")
     named = [s for s in stages if isinstance(s, str) and s in PRESETS] if isinstance(stages, (list, tuple)) else []
     if not named:
@@ -241,8 +241,6 @@ def _apply_preset(section: Any) -> Any:
     """
     if not isinstance(section, Mapping) or "preset" not in section:
         return section
-    from rlft.presets import PRESETS, conflict
-
     name = section["preset"]
     _check(isinstance(name, str) and name in PRESETS, "algo.preset",
            f"unknown preset {name!r}; allowed: {', '.join(PRESETS.names())}")
@@ -255,71 +253,3 @@ def _apply_preset(section: Any) -> Any:
             _check(why is None, f"algo.{key}",
                    f"{value!r} conflicts with preset {name}, {why}; drop the preset or the override")
     return {**PRESETS.get(name)(), **explicit}
-
-
-def with_name(cfg: Config, name: str) -> Config:
-    """The same config with ``log.name`` resolved (a new frozen object)."""
-    return dataclasses.replace(cfg, log=dataclasses.replace(cfg.log, name=name))
-
-
-def help_text() -> str:
-    """Every key with its type, default and docstring (the CLI's ``rlft config --help``)."""
-    import ast
-    import inspect
-
-    lines = []
-    top_docs = _field_docs(Config, ast, inspect)
-    for section in fields(Config):
-        cls = typing.get_type_hints(Config)[section.name]
-        if not dataclasses.is_dataclass(cls):  # a top-level key (stages)
-            lines.append(f"{section.name} = {list(section.default)!r}    {top_docs.get(section.name, '')}".rstrip())
-            continue
-        docs = _field_docs(cls, ast, inspect)
-        lines.append(f"{section.name}:")
-        default = cls()
-        for f in fields(cls):
-            value = getattr(default, f.name)
-            if isinstance(value, tuple) and value and isinstance(value[0], RewardTerm):
-                value = [t.to_plain() for t in value]
-            lines.append(f"  {section.name}.{f.name} = {value!r}    {docs.get(f.name, '')}".rstrip())
-        if section.name == "algo":
-            from rlft.presets import help_lines
-
-            lines.extend(help_lines())
-        if section.name == "reward":
-            lines.extend(_reward_lines(ast, inspect))
-        if section.name == "eval":
-            docs = _field_docs(EvalSet, ast, inspect)
-            lines.append("  eval.sets entries: a source, or a mapping of:")
-            lines.extend(f"    {f.name} = {f.default!r}    {docs.get(f.name, '')}".rstrip() for f in fields(EvalSet))
-    return "\n".join(lines)
-
-
-def _reward_lines(ast, inspect) -> list[str]:
-    """Every registered reward, its shape and its parameters (``{name: <reward>, <param>: value}``)."""
-    from rlft.rewards import REWARDS, is_batched, is_group_level, is_step_level
-
-    lines = ["  reward.fns entries: a name, or {name: <reward>, weight: w, label: l, <parameter>: value}:"]
-    for name in REWARDS.names():
-        factory = REWARDS.factory(name)
-        doc = (factory.__doc__ or "").strip().splitlines()
-        shape = ("group-level" if is_group_level(factory) else "batched" if is_batched(factory)
-                 else "step-level" if is_step_level(factory) else "per-sample")
-        lines.append(f"    {name:<16}{shape}: {doc[0] if doc else ''}".rstrip())
-        docs = _field_docs(factory, ast, inspect) if dataclasses.is_dataclass(factory) else {}
-        for key, (_, default) in REWARDS.parameters(name).items():
-            shown = "required" if default is dataclasses.MISSING else f"{default!r}"
-            lines.append(f"      {key} = {shown}    {docs.get(key, '')}".rstrip())
-    return lines
-
-
-def _field_docs(cls: type, ast, inspect) -> dict[str, str]:
-    """Field docstrings of a dataclass and its dataclass bases (a subclass's own win)."""
-    docs = {}
-    for klass in reversed([k for k in cls.__mro__ if dataclasses.is_dataclass(k)]):
-        body = ast.parse(inspect.getsource(klass)).body[0].body
-        for a, b in zip(body, body[1:]):
-            if (isinstance(a, ast.AnnAssign) and isinstance(b, ast.Expr)
-                    and isinstance(getattr(b, "value", None), ast.Constant)):
-                docs[a.target.id] = str(b.value.value)
-    return docs

@@ -1,0 +1,46 @@
+"""``reward.fns`` -> the reward callables: built here, once per entry, outside the configuration (which holds the
+entries as plain data: a name, a weight, a label, parameters)."""
+
+from __future__ import annotations
+
+import dataclasses
+import weakref
+from typing import Any, Callable
+
+from rlft.config.checks import ConfigError
+from rlft.config.sections import RewardConfig, RewardTerm
+from rlft.rewards.base import REWARDS
+
+_BUILT: dict[int, tuple[weakref.ref, Callable]] = {}  # id(term) -> (the term, its callable), while the term lives
+
+
+def build(term: RewardTerm) -> Callable:
+    """The reward callable of ``term`` with its parameters, built once per entry (a reward model's directory and
+    config are read once); a bad parameter is a :class:`ConfigError` naming it."""
+    hit = _BUILT.get(id(term))
+    if hit is not None and hit[0]() is term:
+        return hit[1]
+    try:
+        fn = REWARDS.build(term.name, dict(term.params))
+    except KeyError as e:
+        raise ConfigError(e.args[0]) from None
+    except (ValueError, TypeError) as e:
+        raise ConfigError(str(e)) from None
+    key = id(term)
+    _BUILT[key] = (weakref.ref(term, lambda _, key=key: _BUILT.pop(key, None)), fn)
+    return fn
+
+
+def built(reward: RewardConfig) -> list[tuple[str, Any]]:
+    """(label, reward callable) per entry, as ``score_batch`` takes them; rewards that run programs get
+    ``reward.sandbox`` unless their entry sets its own."""
+    return [(t.key, _sandboxed(t, reward.sandbox)) for t in reward.fns]
+
+
+def _sandboxed(term: RewardTerm, sandbox: str):
+    """The term's callable, with ``sandbox`` set where it has such a field and the term did not set it."""
+    fn = build(term)
+    if (dataclasses.is_dataclass(fn) and "sandbox" in {f.name for f in dataclasses.fields(fn)}
+            and "sandbox" not in dict(term.params) and getattr(fn, "sandbox") != sandbox):
+        fn = dataclasses.replace(fn, sandbox=sandbox)
+    return fn
