@@ -7,4 +7,4 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q torch==2.13.0
-.venv/bin/python -m pip install -q -e ".[dev,lang,lora,deepspeed]"
+.venv/bin/python -m pip install -q -e ".[dev,lang,lora,deepspeed,docs]"

@@ -4,6 +4,8 @@
 # - rerun the numerics tests (core math, aggregation, micro-batching, masking) under other float arithmetic:
 #   CPU kernels for another instruction set (ATEN_CPU_CAPABILITY), MKL's conservative code path (MKL_CBWR)
 #   and 1 or 2 threads, so a tolerance that only this machine's rounding meets fails here, not on the next one.
+# - build the documentation site (mkdocs.yml) with --strict into .site/ (ignored by git): a link to a missing page
+#   or heading fails, first, in seconds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -12,6 +14,7 @@ bash scripts/cxx.sh
 if [ "$#" -gt 0 ]; then  # the tests asked for, and nothing more
   exec .venv/bin/python -m pytest --durations=15 "$@"
 fi
+.venv/bin/mkdocs build --strict --site-dir .site  # not --quiet: it hides the warnings that --strict counts
 # two workers (pytest-xdist): most tests use one core; tests/conftest.py keeps the ones that must not run beside
 # each other in one worker
 .venv/bin/python -m pytest -n 2 --dist loadgroup --durations=15
