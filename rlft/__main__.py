@@ -1,3 +1,3 @@
-from rlft.cli import entry
+from rlft.cli.main import entry
 
 entry()

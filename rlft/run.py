@@ -17,7 +17,7 @@ Run directory layout::
     runs/<name>/report.html        the run on one page
     runs/<name>/plots/             its curves as PNG files (log.plots, with matplotlib)
 
-Under ``accelerate launch`` / ``torchrun`` the RL steps are data-parallel (``rlft.dist``); the SFT warm-up
+Under ``accelerate launch`` / ``torchrun`` the RL steps are data-parallel (``rlft.parallel.dist``); the SFT warm-up
 and the evaluations run in the main process while the others wait, and only the main process writes.
 """
 
@@ -39,22 +39,23 @@ import numpy as np
 import torch
 import yaml
 
-from rlft import checkpoint, malloc, zero
+from rlft.runs import checkpoint, malloc
+from rlft.parallel import zero
 from rlft.config import Config, ConfigError, with_name
 from rlft.core.kl import make_kl_controller
 from rlft.data.loaders import load_examples
 from rlft.data.schema import Example
 from rlft.data.synthetic import configured_task
 from rlft.data.templates import encode_prompts
-from rlft.disk import check_disk
-from rlft.dist import current, init_dist
+from rlft.runs.disk import check_disk
+from rlft.parallel.dist import current, init_dist
 from rlft.errors import TrainingHalted, WriteFailed, writing
-from rlft.fsdp import (check_supported, full_model_state, full_optimizer_state, gathered, is_sharded,
+from rlft.parallel.fsdp import (check_supported, full_model_state, full_optimizer_state, gathered, is_sharded,
                        load_optimizer_state, shard_)
-from rlft.eval import HeldOut, evaluate_sets, load_sets, primary_set, val_metrics
-from rlft.health import HealthMonitor
-from rlft.plot import write_run_plots
-from rlft.report import build_report
+from rlft.insight.eval import HeldOut, evaluate_sets, load_sets, primary_set, val_metrics
+from rlft.insight.health import HealthMonitor
+from rlft.insight.plot import write_run_plots
+from rlft.insight.report import build_report
 from rlft.models.loading import check_model_path, load_policy, quiet_transformers, resolve_device
 from rlft.models.lora import AdaptersOff, add_lora, is_adapter_dir, is_peft, load_adapters, merged_copy, save_policy
 from rlft.models.tiny import build_tiny_model
@@ -62,7 +63,7 @@ from rlft.rewards import REWARDS
 from rlft.rewards.jail import JailUnavailable
 from rlft.rewards.pool import RewardPool
 from rlft.rewards.terms import built
-from rlft.tracking import MetricsLog, truncate_jsonl, write_atomic
+from rlft.runs.tracking import MetricsLog, truncate_jsonl, write_atomic
 from rlft.trainers.optim import make_optimizer, make_scheduler
 from rlft.trainers.rl import PromptSampler, RLState, penalty_controller, rl_step, sample_records
 from rlft.trainers.rm_refresh import RUN_RM, RMRefresh, own_reward_model
@@ -247,7 +248,7 @@ def preflight(cfg: Config, stages: Sequence[str] = ()) -> tuple[list[Example], l
         sft_examples(cfg, [])
     for name in ("rm", "dpo"):
         if name in stages and getattr(cfg, name).source:
-            from rlft.stages.data import load_rankings
+            from rlft.data.rankings import load_rankings
 
             load_rankings(cfg, getattr(cfg, name), name)
     return (*load_task(cfg), load_sets(cfg))

@@ -15,7 +15,7 @@ step applied (after the sum over processes), the global batch the step trained
 on and, in a one-process run, the per-parameter sum of |gradient terms| (the
 scale of the rounding bound). Rollouts are generated one prompt at a time with
 a seed drawn from the prompt's tokens, so the global batch does not depend on
-how the prompts are shared between processes. Unsharded and under DeepSpeed (rlft.zero) it also writes the
+how the prompts are shared between processes. Unsharded and under DeepSpeed (rlft.parallel.zero) it also writes the
 policy's weights and its optimizer state (keyed by parameter name) after the step, whole, and under DeepSpeed that
 state once more after loading it back into the partitions. With ``RLFT_CHECK=fresh_load`` it runs no step: it loads a synthetic
 whole optimizer state into the fresh (sharded) optimizer, as a resume does, and writes it with what gathers back
@@ -23,8 +23,8 @@ whole optimizer state into the fresh (sharded) optimizer, as a resume does, and 
 KL reference writes how many of its parameter elements this process holds and, where it is sharded, the reference
 gathered whole before the step, and for each rollout whether its decode steps ran through the lean step.
 With ``RLFT_PLANT=no_grad_sum`` the gradients are not summed over processes, with ``RLFT_PLANT=fsdp_mean`` a
-sharded run (rlft.fsdp) averages them as FSDP does by default, with ``RLFT_PLANT=zero_mean`` a DeepSpeed run
-(rlft.zero) as DeepSpeed does (planted bugs the tests must see). With ``lora.rank`` the policy gets its adapters
+sharded run (rlft.parallel.fsdp) averages them as FSDP does by default, with ``RLFT_PLANT=zero_mean`` a DeepSpeed run
+(rlft.parallel.zero) as DeepSpeed does (planted bugs the tests must see). With ``lora.rank`` the policy gets its adapters
 as ``rlft train`` adds them.
 """
 
@@ -45,16 +45,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/numerics.py
 
 from numerics import AbsGradSum  # noqa: E402
 
-from rlft import dist as rdist  # noqa: E402
+from rlft.parallel import dist as rdist  # noqa: E402
 from rlft import run  # noqa: E402
 from rlft.recipe import load_config  # noqa: E402
 from rlft.data.templates import encode_prompts  # noqa: E402
-from rlft.fsdp import full_model_state, full_optimizer_state, is_sharded, load_optimizer_state  # noqa: E402
+from rlft.parallel.fsdp import full_model_state, full_optimizer_state, is_sharded, load_optimizer_state  # noqa: E402
 from rlft.models.loading import load_policy  # noqa: E402
 from rlft.rollout.batch import cat_batches  # noqa: E402
 from rlft.rollout.lean import LeanDecoder  # noqa: E402
 from rlft.trainers import rl, update  # noqa: E402
-from rlft.zero import engine_of, stage_of  # noqa: E402
+from rlft.parallel.zero import engine_of, stage_of  # noqa: E402
 
 
 def char_codes(completion: str, sample) -> float:
@@ -79,7 +79,7 @@ def recording(optimizer, model, grads: list[dict]):
     """Wrap ``optimizer.step`` to keep the gradients it applies to ``model``, by parameter name."""
     step = optimizer.step
 
-    def wrapped(*args, **kwargs):  # a sharded gradient (rlft.fsdp) is gathered whole, in every process
+    def wrapped(*args, **kwargs):  # a sharded gradient (rlft.parallel.fsdp) is gathered whole, in every process
         if engine_of(model) is not None:
             grads.append(zero_grads(model, optimizer))
         else:
@@ -91,7 +91,7 @@ def recording(optimizer, model, grads: list[dict]):
 
 
 def zero_grads(model, optimizer) -> dict:
-    """The whole gradient a DeepSpeed ZeRO engine (rlft.zero) hands its optimizer, by parameter name, read inside
+    """The whole gradient a DeepSpeed ZeRO engine (rlft.parallel.zero) hands its optimizer, by parameter name, read inside
     the optimizer's step (after the reduction over processes). Stage 3: DeepSpeed's ``safe_get_full_grad``; stages
     1 and 2: each group's flat partition, gathered from every process and cut at the group's parameters (in order,
     padding at the end)."""
@@ -141,7 +141,7 @@ def planted(stack: ExitStack) -> None:
     if bug == "no_grad_sum":
         stack.enter_context(patch.object(rdist.Dist, "sum_grads_", lambda self, params: None))
     if bug == "zero_mean":  # DeepSpeed's own convention: the processes' gradients averaged
-        from rlft import zero
+        from rlft.parallel import zero
         stack.enter_context(patch.object(zero, "backward",
                                          lambda engine, loss, world: engine.backward(loss, scale_wrt_gas=False)))
     if bug == "fsdp_mean":  # FSDP's default: the processes' gradients averaged

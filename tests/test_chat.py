@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from rlft.chat import ChatSession, chat_loop
+from rlft.cli.chat import ChatSession, chat_loop
 from rlft.recipe import load_config
 from rlft.models.loading import load_policy
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from rlft.cli import main
+from rlft.cli.main import main
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from conftest import TINY_DEMO
-from rlft.cli import main
+from rlft.cli.main import main
 from rlft.recipe import load_config
 from rlft.errors import WriteFailed
 
@@ -71,7 +71,7 @@ def test_an_unwritable_run_directory_is_reported_before_anything_is_written(tmp_
 
 
 def test_a_disk_without_room_for_the_run_is_reported_before_anything_is_written(tmp_path, capsys, monkeypatch):
-    from rlft import disk
+    from rlft.runs import disk
 
     cfg = load_config(None, [*RUN, f"log.run_dir={tmp_path}", "log.name=r"])
     needed, _ = disk.disk_estimate(cfg)
@@ -111,7 +111,7 @@ class FullDisk:
 
 
 def test_a_full_disk_at_the_metrics_log_stops_the_run_at_its_last_checkpoint(tmp_path, capsys, monkeypatch):
-    from rlft import tracking
+    from rlft.runs import tracking
 
     opened = tracking.MetricsLog.__init__
 
@@ -169,7 +169,7 @@ def test_a_full_disk_in_a_pipeline_stage_keeps_the_finished_stages(tmp_path, cap
 
 
 def test_a_failed_directory_write_keeps_the_previous_one_and_leaves_no_half(tmp_path):
-    from rlft.checkpoint import write_dir
+    from rlft.runs.checkpoint import write_dir
 
     final = tmp_path / "policy"
     write_dir(final, lambda tmp: (tmp / "weights").write_text("old"))
@@ -191,7 +191,7 @@ def test_a_failed_directory_write_keeps_the_previous_one_and_leaves_no_half(tmp_
 
 
 def test_a_failed_atomic_write_keeps_the_old_text(tmp_path, monkeypatch):
-    from rlft.tracking import write_atomic
+    from rlft.runs.tracking import write_atomic
 
     path = tmp_path / "eval.json"
     write_atomic(path, "old")
@@ -209,9 +209,9 @@ def test_a_failed_atomic_write_keeps_the_old_text(tmp_path, monkeypatch):
 def test_writes_reach_the_disk_before_their_rename_and_a_failed_flush_is_a_write_failure(tmp_path, monkeypatch):
     """A machine crash must not leave an empty file under the final name: each file (and directory) is fsynced
     before the rename that publishes it, and the directory holding the rename after it."""
-    from rlft import disk
-    from rlft.checkpoint import write_dir
-    from rlft.tracking import write_atomic
+    from rlft.runs import disk
+    from rlft.runs.checkpoint import write_dir
+    from rlft.runs.tracking import write_atomic
 
     events = []
     real_fsync, real_rename, real_replace = disk._fsync, Path.rename, Path.replace
@@ -252,8 +252,8 @@ def test_writes_reach_the_disk_before_their_rename_and_a_failed_flush_is_a_write
 # LIMIT bytes (SIGXFSZ ignored, so writes fail with EFBIG): the logs still fit, the next checkpoint's weights do not.
 FILE_LIMIT = """
 import resource, signal, sys
-from rlft import checkpoint
-from rlft.cli import main
+from rlft.runs import checkpoint
+from rlft.cli.main import main
 
 save, limit = checkpoint.save, int(sys.argv[1])
 
@@ -287,7 +287,7 @@ def test_a_file_size_limit_at_a_checkpoint_keeps_the_last_one_and_resume_finishe
     import torch
     from transformers import AutoModelForCausalLM
 
-    from rlft import checkpoint
+    from rlft.runs import checkpoint
 
     whole = rlft(*RUN, f"log.run_dir={tmp_path}", "log.name=whole")
     assert whole.returncode == 0, whole.stderr[-2000:]

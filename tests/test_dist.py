@@ -1,4 +1,4 @@
-"""Data-parallel RL (rlft.dist): process shares, and two CPU processes (gloo) that train like one.
+"""Data-parallel RL (rlft.parallel.dist): process shares, and two CPU processes (gloo) that train like one.
 
 The two-process checks launch real processes with ``accelerate launch`` (its torchrun launcher; rlft picks gloo
 without a GPU). Each compares one RL step of two processes with the same step of one process on the same global
@@ -23,8 +23,8 @@ import pytest
 import torch
 
 from numerics import MODEL_DEPTH, assert_rounding_close, rounding_differs, rounding_tol
-from rlft import dist as rdist
-from rlft.dist import Dist
+from rlft.parallel import dist as rdist
+from rlft.parallel.dist import Dist
 from rlft.rewards.scoring import ScoreResult
 from rlft.trainers.rl import merge_scores
 
@@ -231,7 +231,7 @@ def test_gradients_not_summed_over_processes_break_the_bound(step_runs, preset):
                                 depth=MODEL_DEPTH) for k in g1)
 
 
-# --------------------------------------------------------------------------- sharded (FSDP2, rlft.fsdp)
+# --------------------------------------------------------------------------- sharded (FSDP2, rlft.parallel.fsdp)
 
 FSDP_RUNS = {  # label: processes, environment, preset
     "zero3_three": (3, {"ACCELERATE_USE_FSDP": "true"}, "grpo"),  # 16 rows as 6/5/5: two processes add an idle pass
@@ -313,7 +313,7 @@ def test_sharded_gradients_averaged_as_fsdp_does_by_default_break_the_bound(step
     assert_every_gradient_breaks_the_bound(step_runs["grpo"]["one"], fsdp_runs["planted_mean"])
 
 
-# --------------------------------------------------------------------------- DeepSpeed ZeRO (rlft.zero)
+# --------------------------------------------------------------------------- DeepSpeed ZeRO (rlft.parallel.zero)
 
 def _needs_deepspeed() -> None:
     """Skip, saying why, where DeepSpeed cannot run on the CPU here."""

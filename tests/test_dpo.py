@@ -82,7 +82,7 @@ def test_dpo_learns_an_easy_preference_against_the_cached_reference(tiny_model_d
 
 @pytest.mark.parametrize("loss", ["sigmoid", "ipo"])
 def test_rlft_dpo_end_to_end(tmp_path, tiny_model_dir, loss):
-    from rlft.cli import main
+    from rlft.cli.main import main
 
     assert main(["dpo", f"model.path={tiny_model_dir}", f"log.run_dir={tmp_path}", "log.name=d", "model.device=cpu",
                  "dpo.steps=3", "dpo.batch_size=4", "dpo.num_eval=4", f"dpo.loss={loss}", "data.synth_train_size=16",

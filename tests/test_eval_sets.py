@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlft import eval as ev
+from rlft.insight import eval as ev
 from rlft.config import ConfigError
 from rlft.recipe import load_config
 from rlft.config.sections import EvalSet
 from rlft.data.schema import Example
-from rlft.health import HealthMonitor
-from rlft.plot import PANELS, read_metrics, series
+from rlft.insight.health import HealthMonitor
+from rlft.insight.plot import PANELS, read_metrics, series
 from rlft.rewards import REWARDS
 from rlft.run import train
 from rlft.stages.pipeline import run_pipeline

@@ -1,4 +1,4 @@
-"""rlft.fsdp in one process: the launch settings it reads, what it refuses, and the optimizer-state formats.
+"""rlft.parallel.fsdp in one process: the launch settings it reads, what it refuses, and the optimizer-state formats.
 
 The sharded training itself (2 and 3 CPU processes against one) is tested in tests/test_dist.py.
 """
@@ -8,11 +8,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlft import fsdp
+from rlft.parallel import fsdp
 from rlft.config import ConfigError
 from rlft.recipe import load_config
-from rlft.dist import Dist
-from rlft.fsdp import ShardPlan, plan_from_env
+from rlft.parallel.dist import Dist
+from rlft.parallel.fsdp import ShardPlan, plan_from_env
 
 
 def test_plan_from_env_reads_accelerates_fsdp_settings():

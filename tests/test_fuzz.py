@@ -41,7 +41,7 @@ from rlft.data.loaders import load_examples, load_rows
 from rlft.data.schema import DataError
 from rlft.data.sft_data import load_sft_examples
 from rlft.rewards import REWARDS
-from rlft.stages.data import load_rankings
+from rlft.data.rankings import load_rankings
 
 REPO = Path(__file__).resolve().parents[1]
 FUZZ = settings(max_examples=80, deadline=None, derandomize=True, database=None,
@@ -387,7 +387,7 @@ BAD_FILES = {
 
 @pytest.mark.parametrize("case", sorted(BAD_FILES))
 def test_train_on_a_bad_file_exits_2_naming_file_row_and_field(tmp_path, capsys, case):
-    from rlft.cli import main
+    from rlft.cli.main import main
 
     text, names = BAD_FILES[case]
     path = tmp_path / "bad.jsonl"

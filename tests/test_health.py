@@ -1,4 +1,4 @@
-"""Health warnings (rlft.health): each rule on hand-made metric windows, the monitor's log and report."""
+"""Health warnings (rlft.insight.health): each rule on hand-made metric windows, the monitor's log and report."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import pytest
 
 from rlft.recipe import load_config
-from rlft.health import RULES, HealthMonitor
+from rlft.insight.health import RULES, HealthMonitor
 
 CALM = {"actor/kl_loss": 0.1, "actor/grad_norm": 3.0, "actor/entropy": 0.4, "frac_reward_zero_std": 0.3,
         "response_length/mean": 8.0, "response_length/clip_ratio": 0.05, "actor/pg_clipfrac": 0.01,

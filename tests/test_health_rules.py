@@ -1,4 +1,4 @@
-"""Health rules (rlft.health) against an independent reference of their documented semantics.
+"""Health rules (rlft.insight.health) against an independent reference of their documented semantics.
 
 Each test feeds ``HealthMonitor.update(step, metrics)`` hand-built metric records, the way ``rlft.run._run_rl``
 does (``state.step`` after the step, counted from 1; the step's metrics from ``rl_step``, with
@@ -8,7 +8,7 @@ the comments, never by the code under test. The sequences are built so that the 
 steps: a rule reading only the last step instead of the mean of its window, a window one step too long or too
 short, a length baseline taken one step too early or too late, a skipped update that the ``nonfinite`` rule misses.
 
-Documented semantics (rlft/health.py's docstring, HealthConfig in rlft/config/sections.py, README):
+Documented semantics (rlft/insight/health.py's docstring, HealthConfig in rlft/config/sections.py, README):
 - every rule but ``nonfinite`` and ``reward_hacking`` compares the mean of the last ``health.window`` steps'
   finite values of its metric with its threshold, strictly (``above`` / ``below``);
 - ``length_collapse``: the window mean of response_length/mean below ``length_drop`` x the mean of the FIRST
@@ -28,8 +28,8 @@ import pytest
 import torch
 
 from rlft.recipe import load_config
-from rlft.dist import Dist
-from rlft.health import RULES, HealthMonitor
+from rlft.parallel.dist import Dist
+from rlft.insight.health import RULES, HealthMonitor
 from rlft.trainers.rl import count_skips
 from rlft.trainers.update import _optimizer_step
 

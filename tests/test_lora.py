@@ -112,7 +112,7 @@ def test_lora_run_saves_adapters_that_rlft_eval_loads(tmp_path, tiny_overrides, 
     trained, _ = load_policy(str(policy_dir), cfg.model)
     base = load_model(str(tiny_model_dir))
     assert any(not torch.equal(a, b) for a, b in zip(trained.state_dict().values(), base.state_dict().values()))
-    from rlft.cli import main
+    from rlft.cli.main import main
 
     assert main(["eval", str(policy_dir), "data.num_eval=4", "data.synth_train_size=20", "eval.ks=[]"]) in (0, None)
 

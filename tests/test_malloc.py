@@ -1,4 +1,4 @@
-"""train.malloc (rlft.malloc): what each mode resolves to, that it reaches the allocator, and what it does there."""
+"""train.malloc (rlft.runs.malloc): what each mode resolves to, that it reaches the allocator, and what it does there."""
 
 import ctypes
 import json
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from rlft import malloc
+from rlft.runs import malloc
 from rlft.config import ConfigError
 from rlft.recipe import load_config
 
@@ -18,7 +18,7 @@ GLIBC = sys.platform.startswith("linux") and hasattr(ctypes.CDLL(None), "mallopt
 PROBE = """
 import json, resource, sys
 import torch
-from rlft import malloc
+from rlft.runs import malloc
 
 def rss_mb():
     with open("/proc/self/status") as f:

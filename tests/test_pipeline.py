@@ -55,7 +55,7 @@ def check_metrics(records: list[dict], cfg) -> None:
 
 def snapshot(model, optimizer, scheduler, trainer_state: dict) -> dict:
     """A deep copy of what a checkpoint holds, taken from the live objects (RNG states included)."""
-    from rlft import checkpoint
+    from rlft.runs import checkpoint
 
     return copy.deepcopy({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                           "scheduler": scheduler.state_dict(), "trainer": trainer_state,
@@ -192,7 +192,7 @@ def test_resume_with_other_data_is_a_config_error(tmp_path, tiny_overrides):
     pytest.param(["lora.rank=4", "algo.kl_coef=0.1", "algo.epochs=2"], id="lora_kl"),  # adapters on the base
 ])
 def test_resume_continues_from_the_latest_checkpoint(tmp_path, tiny_overrides, digit_reward, algo, monkeypatch):
-    from rlft import checkpoint
+    from rlft.runs import checkpoint
     from rlft import run as run_module
 
     saved_live: dict[int, dict] = {}  # the trainer's state in memory when a checkpoint was written

@@ -119,7 +119,7 @@ def sft_records(run_dir: Path) -> list[dict]:
 
 
 def test_truncate_jsonl_drops_later_steps_and_a_line_cut_short(tmp_path):
-    from rlft.tracking import truncate_jsonl
+    from rlft.runs.tracking import truncate_jsonl
 
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 1, "a": 1}\n{"step": 2, "a": 2}\n{"step": 3, "a": 3}\n{"step": 4, "a"')

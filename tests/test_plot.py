@@ -10,8 +10,8 @@ pytest.importorskip("matplotlib", reason="rlft plot needs the plot extra (matplo
 
 import matplotlib.image as mpimg  # noqa: E402
 
-from rlft.cli import main  # noqa: E402
-from rlft.plot import plot_runs  # noqa: E402
+from rlft.cli.main import main  # noqa: E402
+from rlft.insight.plot import plot_runs  # noqa: E402
 
 
 def write_run(path, steps, offset=0.0, val_every=2, kl_key="actor/kl_loss"):
@@ -73,7 +73,7 @@ def test_a_run_with_validation_writes_its_curves_report_and_plots(tmp_path, tiny
 def test_without_matplotlib_a_run_says_how_to_get_plots(tmp_path, monkeypatch):
     import sys
 
-    from rlft.plot import write_run_plots
+    from rlft.insight.plot import write_run_plots
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     said = []

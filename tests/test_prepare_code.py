@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rlft.cli import main
+from rlft.cli.main import main
 from rlft.data.code_tasks import MBPP_SPLITS, prepare_humaneval, prepare_mbpp
 from rlft.data.loaders import load_examples
 from rlft.data.schema import DataError

@@ -353,7 +353,7 @@ def test_derived_properties():
 
 
 def test_help_lists_the_presets(capsys):
-    from rlft.cli import main
+    from rlft.cli.main import main
 
     text = help_text()
     assert "algo.preset" in text

@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from rlft.cli import main
+from rlft.cli.main import main
 from rlft.recipe import load_config
 from rlft.run import train
 

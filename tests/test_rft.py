@@ -180,7 +180,7 @@ def test_linear_step_schedule_in_the_loop(tmp_path, tiny_overrides, tiny_model_d
 
 
 def test_rlft_rft_end_to_end(tmp_path, tiny_model_dir, digit_reward):
-    from rlft.cli import main
+    from rlft.cli.main import main
 
     # digit share >= 0.5: an untrained model's samples are accepted now and then
     assert main(["rft", f"model.path={tiny_model_dir}", f"log.run_dir={tmp_path}", "log.name=r", "model.device=cpu",

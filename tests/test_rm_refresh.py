@@ -90,7 +90,7 @@ def read_jsonl(path):
 
 def test_rl_logs_refresh_and_hacking_metrics_saves_the_refreshed_rm_and_resumes_with_it(
         tmp_path, tiny_overrides, rm_dir, even_rule, monkeypatch):
-    from rlft import checkpoint
+    from rlft.runs import checkpoint
     from rlft import run as run_module
     from rlft.run import train
 

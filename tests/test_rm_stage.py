@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rlft.cli import main
+from rlft.cli.main import main
 from rlft.config import ConfigError
 from rlft.recipe import load_config
 

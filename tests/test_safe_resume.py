@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from rlft import checkpoint
-from rlft.cli import main
+from rlft.runs import checkpoint
+from rlft.cli.main import main
 from rlft.config import ConfigError
 from rlft.recipe import load_config
 from rlft.run import train

@@ -119,7 +119,7 @@ def test_bad_rows_name_file_row_and_field(tmp_path, row, message):
 
 
 def test_rlft_sft_end_to_end(tmp_path, tiny_model_dir):
-    from rlft.cli import main
+    from rlft.cli.main import main
 
     data = write_rows(tmp_path / "sft.jsonl", [{"messages": [{"role": "user", "content": f"max({i},1,0)=? Answer after ####."},
                                                               {"role": "assistant", "content": f"#### {i}"}]}

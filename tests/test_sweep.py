@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from rlft.cli import main
+from rlft.cli.main import main
 from rlft.config import ConfigError
-from rlft.sweep import parse_grid, point_name, split_top
+from rlft.cli.sweep import parse_grid, point_name, split_top
 
 
 def test_split_top_keeps_lists_and_quotes_whole():
@@ -60,7 +60,7 @@ def test_sweep_two_values_two_seeds_writes_table_and_plot(tmp_path, tiny_overrid
 def test_best_validation_reads_the_primary_set_only(tmp_path):
     """With eval.sets the metrics hold several val/<set>/exact_match series; the sweep compares the primary one."""
     from rlft.recipe import load_config
-    from rlft.sweep import _results
+    from rlft.cli.sweep import _results
 
     cfg = load_config(None, ["eval.sets=[synthetic:chain]"])
     (tmp_path / "config.yaml").write_text(cfg.to_yaml())

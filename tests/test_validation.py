@@ -1,4 +1,4 @@
-"""Held-out evaluation (rlft.eval) and validation during RL (eval.every -> val/<set>/<metric>)."""
+"""Held-out evaluation (rlft.insight.eval) and validation during RL (eval.every -> val/<set>/<metric>)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from rlft import eval as ev
+from rlft.insight import eval as ev
 from rlft.recipe import load_config
 from rlft.data.schema import Example
 from rlft.config.sections import primary_name as eval_set_name

@@ -245,18 +245,18 @@ def test_several_processes_need_the_launcher_s_environment(fake_vllm, tiny_model
 
 
 def test_a_policy_split_over_the_processes_is_refused(fake_vllm, tiny_model_dir, monkeypatch):
-    import rlft.fsdp
+    import rlft.parallel.fsdp
 
     in_processes(monkeypatch, 2, 0)
     model = load_model(str(tiny_model_dir))
-    monkeypatch.setattr(rlft.fsdp, "forward_communicates", lambda m: m is model)  # as FSDP2 or ZeRO-3 would hold it
+    monkeypatch.setattr(rlft.parallel.fsdp, "forward_communicates", lambda m: m is model)  # as FSDP2 or ZeRO-3 would hold it
     with pytest.raises(RuntimeError, match="ddp.yaml"):
         sample_vllm(model, [[5]], group_size=1, max_new_tokens=2, stops=[2], pad_id=0)
     assert FakeLLM.instances == []
 
 
 def test_sharded_launches_refuse_the_vllm_sampler_naming_the_key():
-    from rlft.fsdp import refuse_unsharded_parts
+    from rlft.parallel.fsdp import refuse_unsharded_parts
 
     with pytest.raises(ConfigError, match="rollout.sampler.*ddp.yaml"):
         refuse_unsharded_parts(load_config(None, ["rollout.sampler=vllm"]), "an FSDP launch")

@@ -1,4 +1,4 @@
-"""rlft.zero in one process: the DeepSpeed launch settings it reads, what it refuses, and the engine's config.
+"""rlft.parallel.zero in one process: the DeepSpeed launch settings it reads, what it refuses, and the engine's config.
 
 The multi-process runs (gradients, whole states, resumes) are in tests/test_dist.py.
 """
@@ -9,10 +9,10 @@ import json
 
 import pytest
 
-from rlft import zero
+from rlft.parallel import zero
 from rlft.config import ConfigError
 from rlft.recipe import load_config
-from rlft.zero import ZeroPlan, plan_from_env
+from rlft.parallel.zero import ZeroPlan, plan_from_env
 
 DS = {"ACCELERATE_USE_DEEPSPEED": "true"}
 

@@ -295,7 +295,7 @@ class TrainConfig:
     threads: int = 0
     """CPU threads of torch for `rlft train` and the single-stage commands (torch.set_num_threads); 0: torch's default. 1 keeps the tiny model fast on a busy machine, where threads spin waiting for each other."""
     malloc: Literal["auto", "keep", "release", "default"] = "auto"
-    """How the process's C allocator (glibc) treats freed memory, for `rlft train` and the single-stage commands (rlft.malloc): keep: freed blocks under 1 GiB stay for reuse, so the tensors each step allocates anew are not faulted in page by page again (33.6M model, short prompts, CPU: update 0.77 s instead of 0.82 s; the same peak); release: large freed blocks go back to the system at once (the lowest peak when the process frees large blocks of varying size, as FSDP and DeepSpeed do); default: glibc's own settings; auto: release under an FSDP or DeepSpeed launch, default when MALLOC_*_ or GLIBC_TUNABLES set malloc, keep otherwise. The numbers a run computes do not depend on it; without glibc it does nothing."""
+    """How the process's C allocator (glibc) treats freed memory, for `rlft train` and the single-stage commands (rlft.runs.malloc): keep: freed blocks under 1 GiB stay for reuse, so the tensors each step allocates anew are not faulted in page by page again (33.6M model, short prompts, CPU: update 0.77 s instead of 0.82 s; the same peak); release: large freed blocks go back to the system at once (the lowest peak when the process frees large blocks of varying size, as FSDP and DeepSpeed do); default: glibc's own settings; auto: release under an FSDP or DeepSpeed launch, default when MALLOC_*_ or GLIBC_TUNABLES set malloc, keep otherwise. The numbers a run computes do not depend on it; without glibc it does nothing."""
 
     def __post_init__(self) -> None:
         _check(self.steps >= 0, "train.steps", "must be >= 0")
@@ -417,7 +417,7 @@ class EvalConfig:
 
 @dataclass(frozen=True)
 class HealthConfig:
-    """Thresholds of the health warnings (rlft.health): each rule reads the mean of the last ``window`` RL steps."""
+    """Thresholds of the health warnings (rlft.insight.health): each rule reads the mean of the last ``window`` RL steps."""
 
     enabled: bool = True
     """Evaluate the rules and log health/<rule> every RL step."""

@@ -69,7 +69,7 @@ def load_adapters(model, path: str | Path, *, trainable: bool):
 
 def save_policy(model, tokenizer, path: str | Path, save: str = "adapter", state_dict: dict | None = None) -> Path:
     """The policy into ``path``: a PEFT model's adapters, or (``save=merged``) the base with them merged in;
-    ``state_dict``: the weights to write instead of the model's own (a sharded model's whole state, rlft.fsdp).
+    ``state_dict``: the weights to write instead of the model's own (a sharded model's whole state, rlft.parallel.fsdp).
 
     Merging changes ``model`` in place (its adapters are folded into the base weights), so it is done last."""
     path = Path(path)

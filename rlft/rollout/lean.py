@@ -18,7 +18,7 @@ attention with optional q/k/v/o biases and Qwen3's per-head q/k norms, grouped-q
 gated MLP), full attention in every layer, a rotary embedding that does not depend on the sequence length,
 no attention dropout, no forward hooks on the model or its modules, and weights that are plain dense tensors
 on one device (not moved by accelerate's hooks; a model sharded by FSDP2 or DeepSpeed ZeRO-3 only while
-``rlft.fsdp.gathered`` holds its weights whole, as it does for every rollout). A projection wrapped by PEFT's
+``rlft.parallel.fsdp.gathered`` holds its weights whole, as it does for every rollout). A projection wrapped by PEFT's
 LoRA is called as the module it is (base weight plus adapters, whatever their state), so a LoRA policy keeps the
 lean step and its prompts kept once; an adapter on the embeddings, the head or a norm makes it step aside.
 ``tests/test_lean_decoder.py`` compares its logits with the model's forward for each layout, with and without
@@ -59,7 +59,7 @@ def _rms(x: Tensor, weight: Tensor, eps: float) -> Tensor:
 
 
 def _gathered_fsdp_hook(hook) -> bool:
-    """A forward hook of FSDP2 (``fully_shard``) whose parameters are all gathered whole (``rlft.fsdp.gathered``:
+    """A forward hook of FSDP2 (``fully_shard``) whose parameters are all gathered whole (``rlft.parallel.fsdp.gathered``:
     unsharded, not resharded after a forward). Around a call it would then gather and free nothing, and the
     call's arithmetic is the plain module's, so the lean step may skip it."""
     fsdp_state = sys.modules.get("torch.distributed.fsdp._fully_shard._fsdp_state")
@@ -75,7 +75,7 @@ def _deepspeed_engine_hook(hook) -> bool:
     """The start- and end-of-forward hooks a DeepSpeed engine puts on its model: timers, its profiler, 16-bit input
     casts (rlft keeps DeepSpeed in float32) and, at stage 3, the flag that lets parameters be gathered during a
     forward. Neither changes a call's arithmetic; stage 3's gathering hooks are other hooks, which
-    ``rlft.zero.gathered`` takes off while the weights are whole (and a partitioned weight is not ``_dense``)."""
+    ``rlft.parallel.zero.gathered`` takes off while the weights are whole (and a partitioned weight is not ``_dense``)."""
     return getattr(hook, "__qualname__", "").startswith("DeepSpeedEngine._create_module_forward_")
 
 
@@ -140,7 +140,7 @@ def pack(model, core, rows: int, steps: int) -> dict:
     rollout's ``LeanDecoder``; in training the update's weights, gradients and optimizer state take more memory
     than the weights and these copies, so they do not raise the run's peak (they can in ``rlft eval`` or
     ``rlft chat`` of a large model)."""
-    from rlft.fsdp import is_sharded
+    from rlft.parallel.fsdp import is_sharded
 
     if (steps < PACK_MIN_STEPS or not torch.backends.mkldnn.is_available() or not torch.backends.mkldnn.enabled
             or torch.is_autocast_enabled("cpu") or is_sharded(model)

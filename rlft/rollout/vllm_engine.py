@@ -112,7 +112,7 @@ LAUNCHER_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"
 def launch_settings(model) -> dict:
     """The engine's arguments for this process's place: none for one process; with several, vLLM's
     ``external_launcher`` executor (see the module's docstring)."""
-    from rlft.fsdp import forward_communicates
+    from rlft.parallel.fsdp import forward_communicates
 
     if not (torch.distributed.is_available() and torch.distributed.is_initialized()) \
             or torch.distributed.get_world_size() == 1:

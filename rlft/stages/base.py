@@ -32,7 +32,7 @@ STAGES: Registry[StageFn] = Registry("stage")
 def task_metrics(policy, tokenizer, cfg) -> dict:
     """The rule-checked held-out evaluation of ``data.source``'s task (what ``rlft eval`` prints), with the extra
     sets of ``eval.sets`` under ``"sets"``."""
-    from rlft.eval import evaluate_task
+    from rlft.insight.eval import evaluate_task
     from rlft.run import load_task
 
     _, eval_ex = load_task(cfg)
@@ -42,7 +42,7 @@ def task_metrics(policy, tokenizer, cfg) -> dict:
 def write_json(path: Path, obj: dict) -> None:
     """Write ``obj`` as JSON through a temporary file, so a reader never sees half of it (a failed write:
     ``WriteFailed`` naming ``path``)."""
-    from rlft.tracking import write_atomic
+    from rlft.runs.tracking import write_atomic
 
     write_atomic(path, json.dumps(obj, indent=2))
 
@@ -57,7 +57,7 @@ def step_log(out_dir: Path, filename: str, total: int = 0,
     """
     from tqdm.auto import tqdm
 
-    from rlft.tracking import MetricsLog
+    from rlft.runs.tracking import MetricsLog
 
     log = MetricsLog(out_dir, tensorboard=False, filename=filename)
     desc = filename.split("_")[0]
@@ -84,8 +84,8 @@ def save_model(model, tokenizer, path: Path) -> Path:
 
 
 def save_whole(path: Path, save: Callable[[Path], object]) -> Path:
-    """``save(directory)`` into ``path`` through a temporary sibling (``rlft.checkpoint.write_dir``): a full disk
+    """``save(directory)`` into ``path`` through a temporary sibling (``rlft.runs.checkpoint.write_dir``): a full disk
     leaves no half-written model that a later stage or a resume would load, and raises ``WriteFailed``."""
-    from rlft.checkpoint import write_dir
+    from rlft.runs.checkpoint import write_dir
 
     return write_dir(Path(path), save)

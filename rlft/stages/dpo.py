@@ -19,7 +19,7 @@ from pathlib import Path
 from rlft.config import Config
 from rlft.models.lora import save_policy
 from rlft.stages.base import STAGES, StageResult, save_whole, step_log, task_metrics, write_json
-from rlft.stages.data import load_rankings
+from rlft.data.rankings import load_rankings
 from rlft.trainers.dpo import encode_pairs, evaluate_dpo, reference_logps, train_dpo
 
 

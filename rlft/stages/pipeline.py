@@ -15,7 +15,7 @@ them). Layout::
 did not (the RL stage from its last checkpoint; the others from their start).
 Every stage starts from ``train.seed``, so a resumed pipeline repeats the stage
 it lost. Under ``accelerate launch`` / ``torchrun`` the RL stages run in every
-process (data-parallel, ``rlft.dist``); the other stages run in the main process
+process (data-parallel, ``rlft.parallel.dist``); the other stages run in the main process
 while the others wait for its result.
 """
 
@@ -42,7 +42,7 @@ def stage_kind(name: str) -> str:
 def run_pipeline(cfg: Config, echo=print) -> list[dict]:
     """Run ``cfg.stages`` in order; returns the summary entries (also in ``summary.json``)."""
     from rlft.models.loading import quiet_transformers
-    from rlft.dist import init_dist
+    from rlft.parallel.dist import init_dist
     from rlft.run import base_model_dir, preflight, prepare_run_dir, removed_if_start_fails, process_settings
 
     dist = init_dist(cfg.model.device)
@@ -64,12 +64,12 @@ def run_pipeline(cfg: Config, echo=print) -> list[dict]:
         raise e.advised("The stages finished before it are kept: free some space or fix the directory, then "
                         "continue the pipeline with train.resume=true") from e.cause
     if dist.is_main:
-        from rlft.report import build_report
+        from rlft.insight.report import build_report
 
         with writing(run_dir / "report.html"):
             build_report(run_dir)
         if cfg.log.plots:
-            from rlft.plot import write_run_plots
+            from rlft.insight.plot import write_run_plots
 
             write_run_plots(run_dir, echo)
     echo(summary_table(entries, time.perf_counter() - t0, run_dir))
@@ -80,7 +80,7 @@ def _run_stages(cfg: Config, run_dir: Path, model_dir: Path, entries: list, scor
                 echo) -> tuple[Path, list]:
     """Each stage of ``cfg.stages`` in turn, skipping those a resumed run finished; returns the last policy
     directory and the summary entries."""
-    from rlft.dist import current
+    from rlft.parallel.dist import current
     from rlft.run import seed_everything
 
     dist = current()

@@ -13,7 +13,7 @@ import dataclasses
 import shutil
 from pathlib import Path
 
-from rlft import checkpoint
+from rlft.runs import checkpoint
 from rlft.config import Config
 from rlft.rewards.model import PIPELINE_RM
 from rlft.rewards.prm import PIPELINE_PRM
@@ -40,10 +40,10 @@ def rl_stage(cfg: Config, model_dir: str, out_dir: Path, echo=print, start: dict
              rm_dir: Path | None = None, prm_dir: Path | None = None) -> StageResult:
     """RL from ``model_dir`` in ``out_dir``; the result's model is the final policy. With ``start`` (the
     held-out metrics of ``model_dir``) the evaluation before RL is not repeated."""
-    from rlft.eval import without_examples
+    from rlft.insight.eval import without_examples
     from rlft.run import train
 
-    from rlft.dist import current
+    from rlft.parallel.dist import current
 
     out_dir = Path(out_dir)
     resume = checkpoint.latest(out_dir) is not None

@@ -25,7 +25,7 @@ from rlft.data.preferences import Ranking
 from rlft.models.loading import DTYPES, resolve_device
 from rlft.models.reward_head import build_reward_model
 from rlft.stages.base import STAGES, StageResult, save_model, save_whole, step_log, write_json
-from rlft.stages.data import load_rankings
+from rlft.data.rankings import load_rankings
 from rlft.trainers.policy_pairs import policy_preferences
 from rlft.trainers.rm import encode_ranking, evaluate_rm, train_rm
 

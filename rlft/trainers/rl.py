@@ -26,8 +26,8 @@ from rlft.core.ops import masked_mean, masked_sum
 from rlft.core.shaping import informative_groups, overlong_filter, soft_overlong_penalty
 from rlft.core.value import explained_variance
 from rlft.data.schema import Example
-from rlft.dist import Dist
-from rlft.fsdp import gathered, load_model_state, load_optimizer_state
+from rlft.parallel.dist import Dist
+from rlft.parallel.fsdp import gathered, load_model_state, load_optimizer_state
 from rlft.models.forward import autocast
 from rlft.rewards import score_batch
 from rlft.rewards.scoring import ScoreResult
@@ -89,8 +89,8 @@ class RLState:
     baseline: float | None = None  # moving-average REINFORCE baseline (algo.baseline='ema')
     hacking: HackingTracker = field(default_factory=HackingTracker)  # reward-up-rule-not running state
     rm_refresh: object | None = None  # rlft.trainers.rm_refresh.RMRefresh (rm.refresh_every > 0)
-    dist: Dist = field(default_factory=Dist)  # this process's share of the work (rlft.dist)
-    health: object | None = None  # rlft.health.HealthMonitor (the run's health warnings)
+    dist: Dist = field(default_factory=Dist)  # this process's share of the work (rlft.parallel.dist)
+    health: object | None = None  # rlft.insight.health.HealthMonitor (the run's health warnings)
     reward_parts: dict[str, list] = field(default_factory=dict)  # each reward's value per row of the last batch
     last_batch: Batch | None = None  # the last step's batch, as it was trained on (for the sample log)
     skipped_steps: int = 0  # RL steps whose every policy update was skipped (a non-finite gradient), in all
@@ -99,7 +99,7 @@ class RLState:
 
     def trainer_state(self, ref_state: dict | None = None, critic_states: tuple[dict, dict] | None = None) -> dict:
         """What a checkpoint needs besides the policy, its optimizer and scheduler; ``ref_state``: the reference's
-        whole state when it is sharded (rlft.fsdp.full_model_state); ``critic_states``: the critic's and its
+        whole state when it is sharded (rlft.parallel.fsdp.full_model_state); ``critic_states``: the critic's and its
         optimizer's when it is sharded (full_model_state, full_optimizer_state)."""
         if ref_state is None and self.ref is not None:
             ref_state = self.ref.state_dict()
@@ -148,7 +148,7 @@ def rl_step(state: RLState, cfg: Config, *, train_policy: bool = True) -> dict[s
     """
     t: dict[str, float] = {}  # timing_s/<phase>
     t_start = time.perf_counter()
-    with gathered(state.policy):  # a sharded policy (rlft.fsdp): whole weights for sampling
+    with gathered(state.policy):  # a sharded policy (rlft.parallel.fsdp): whole weights for sampling
         batch, metrics = collect(state, cfg, t)
     with _timed(t, "logprob"):  # each sharded model whole for its own pass only, one at a time
         fill_logprobs(state, batch, cfg)
@@ -393,7 +393,7 @@ def fill_logprobs(state: RLState, batch: Batch, cfg: Config) -> None:
     own = batch.index(state.dist.share(len(batch)))  # this process's rows; the others compute theirs
     for name, (model, fn, shared) in models.items():
         out = torch.zeros(own.response_ids.shape)  # (b, T)
-        with gathered(model):  # sharded (rlft.fsdp): whole for this pass, then split again before the next model's
+        with gathered(model):  # sharded (rlft.parallel.fsdp): whole for this pass, then split again before the next model's
             for rows, mb in micro_batches(own, cfg.train.micro_batch_size, cfg.train.micro_batch_tokens, shared):
                 out[rows, :mb.response_ids.shape[1]] = fn(mb).cpu()  # (rows, t <= T): trimmed columns stay 0
         setattr(batch, name, torch.cat(state.dist.gather(out)))

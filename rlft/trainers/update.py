@@ -3,7 +3,7 @@
 Micro-batches accumulate gradients of exactly the mini-batch's loss: each
 aggregation's denominator is computed over the whole mini-batch first, then every
 micro-batch back-propagates its numerator over that total (see ``rlft.core.losses``).
-With several processes (``rlft.dist``) each takes its share of every mini-batch's
+With several processes (``rlft.parallel.dist``) each takes its share of every mini-batch's
 rows; their gradients and their additive metrics are summed before the step.
 """
 
@@ -21,10 +21,10 @@ from rlft.core.kl import KL_ESTIMATORS
 from rlft.core.losses import POLICY_LOSSES, aggregate_parts, aggregation_weight, positive_lm_parts
 from rlft.core.ops import masked_mean, masked_sum
 from rlft.core.value import value_loss
-from rlft.dist import Dist
-from rlft import zero
-from rlft.fsdp import agreed_count, forward_communicates, idle_loss, is_sharded, lockstep_extra
-from rlft.zero import engine_of
+from rlft.parallel.dist import Dist
+from rlft.parallel import zero
+from rlft.parallel.fsdp import agreed_count, forward_communicates, idle_loss, is_sharded, lockstep_extra
+from rlft.parallel.zero import engine_of
 from rlft.models.forward import autocast, response_logprobs
 from rlft.rollout.batch import Batch
 from rlft.trainers.ptx import lm_loss_sum, lm_tokens
@@ -215,7 +215,7 @@ def _policy_step(state: "RLState", mb: Batch, cfg: Config) -> dict[str, float]:
 
 
 def _backward(engine, dist: Dist, loss: torch.Tensor) -> None:
-    """``loss.backward()``, or through the DeepSpeed engine (rlft.zero) when there is one."""
+    """``loss.backward()``, or through the DeepSpeed engine (rlft.parallel.zero) when there is one."""
     if engine is None:
         loss.backward()
     else:

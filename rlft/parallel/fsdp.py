@@ -10,7 +10,7 @@ per process:
   head) as the root group. Each process keeps 1/W of the parameters, of their
   gradients and of AdamW's two moments.
 - **Gradient convention.** rlft sums the processes' gradients (each process's
-  loss is already divided by the whole mini-batch's normaliser, ``rlft.dist``);
+  loss is already divided by the whole mini-batch's normaliser, ``rlft.parallel.dist``);
   FSDP averages by default. Every FSDP module is therefore set to divide by 1 and
   to reduce with a plain sum, so the sharded update is the one-process update.
 - **Generation and no-grad passes** (sampling, old / reference log-probs,
@@ -39,9 +39,9 @@ refuses the vLLM sampler (:func:`check_supported`). Under LoRA the frozen base a
 are sharded together (the reference is the policy with its adapters off). A critic (PPO, VAPO) is
 sharded like the policy: gathered for the values of the batch, sharded in its update, saved whole.
 
-A policy sharded by DeepSpeed ZeRO instead (``rlft.zero``) answers the same calls:
+A policy sharded by DeepSpeed ZeRO instead (``rlft.parallel.zero``) answers the same calls:
 :func:`is_sharded`, :func:`gathered`, the whole state dicts and the optimizer-state
-loading hand it to ``rlft.zero``, so the training loop has one set of calls for both.
+loading hand it to ``rlft.parallel.zero``, so the training loop has one set of calls for both.
 """
 
 from __future__ import annotations
@@ -54,10 +54,10 @@ from typing import Callable, Iterator
 import torch
 from torch import nn
 
-from rlft import zero
-from rlft.dist import env_flag
+from rlft.parallel import zero
+from rlft.parallel.dist import env_flag
 from rlft.models.lora import AdaptersOff
-from rlft.zero import engine_of
+from rlft.parallel.zero import engine_of
 
 
 @dataclass(frozen=True)
@@ -157,7 +157,7 @@ def fsdp_modules(model: nn.Module | None) -> list:
 
 
 def is_sharded(model: nn.Module | None) -> bool:
-    """Sharded over the processes by FSDP or by DeepSpeed ZeRO (rlft.zero, which answers the calls below for the
+    """Sharded over the processes by FSDP or by DeepSpeed ZeRO (rlft.parallel.zero, which answers the calls below for the
     models it wraps)."""
     return bool(fsdp_modules(model)) or engine_of(model) is not None
 

@@ -8,13 +8,13 @@ hands the RL policy and its AdamW to ``deepspeed.initialize`` (the optional extr
   process keeps 1/W of them. Optimizer offload (``offload_optimizer_device: cpu``) keeps the optimizer state in
   CPU memory and runs AdamW there; parameter offload (stage 3, ``offload_param_device: cpu``) the parameters.
 - **Gradient convention.** rlft sums the processes' gradients (each process's loss is already divided by the
-  whole mini-batch's normaliser, ``rlft.dist``); DeepSpeed averages them. Every loss is therefore multiplied by
+  whole mini-batch's normaliser, ``rlft.parallel.dist``); DeepSpeed averages them. Every loss is therefore multiplied by
   the number of processes before its backward (:func:`backward`), so the sharded update is the one-process one.
 - **Micro-batches.** rlft forms its own (``train.micro_batch_size``, ``train.micro_batch_tokens``), so their
   number varies from one mini-batch to the next: the engine runs with ``managed_gradient_accumulation: false``
   (each backward accumulates, :func:`step` reduces and updates) and one micro-batch per "gradient accumulation
   step" in DeepSpeed's own counting. With stages 2 and 3 every backward communicates, so every process runs as
-  many as the busiest (``rlft.fsdp.lockstep_extra``, as under FSDP).
+  many as the busiest (``rlft.parallel.fsdp.lockstep_extra``, as under FSDP).
 - **Clipping, skipping.** ``optim.grad_clip`` becomes DeepSpeed's ``gradient_clipping``; a step whose gradient
   norm is not finite is skipped by DeepSpeed and counted by rlft as under one process. The learning-rate schedule
   stays rlft's.
@@ -47,7 +47,7 @@ from typing import Iterator
 import torch
 from torch import nn
 
-from rlft.dist import env_flag
+from rlft.parallel.dist import env_flag
 
 # keys of a DeepSpeed JSON config that rlft sets itself, accepted with the value "auto" only
 _OWN_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "gradient_clipping")
@@ -133,7 +133,7 @@ def _zero_section_of_file(path: Path) -> dict:
 def check_supported(cfg, plan: ZeroPlan) -> None:
     """Refuse, naming the key, what the ZeRO path does not run (before anything is written)."""
     from rlft.config import ConfigError
-    from rlft.fsdp import refuse_unsharded_parts
+    from rlft.parallel.fsdp import refuse_unsharded_parts
     from rlft.models.loading import resolve_device
 
     if plan.offload and resolve_device(cfg.model.device).type == "cpu":
@@ -322,7 +322,7 @@ def load_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, sav
     (:func:`full_optimizer_state`, a sharded FSDP run's) or by position (a plain run's ``optimizer.state_dict()``)."""
     from deepspeed.utils import safe_set_full_optimizer_state
 
-    from rlft.fsdp import is_name_keyed
+    from rlft.parallel.fsdp import is_name_keyed
 
     names = [n for n, p in model.named_parameters() if p.requires_grad]  # the optimizer's order (make_optimizer)
     if saved.get("state") and not is_name_keyed(saved):  # a plain run's optimizer.state_dict(): keyed by position

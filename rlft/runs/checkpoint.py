@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from rlft.config.checks import ConfigError
-from rlft.disk import flush_to_disk
+from rlft.runs.disk import flush_to_disk
 from rlft.errors import writing
 
 
@@ -58,7 +58,7 @@ def save(run_dir: Path, step: int, *, model, tokenizer, optimizer, scheduler, tr
          optimizer_state: dict | None = None) -> Path:
     """Write ``step_N``; ``process_rngs``: the random states of every process of a multi-process run;
     ``model_state`` / ``optimizer_state``: what to write instead of the model's and optimizer's own state (a
-    sharded model's whole state, gathered by rlft.fsdp)."""
+    sharded model's whole state, gathered by rlft.parallel.fsdp)."""
     root = Path(run_dir) / "checkpoints"
     for stale in root.glob(".tmp_step_*"):  # left by a process killed in the middle of a save
         shutil.rmtree(stale, ignore_errors=True)

@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, No
 import torch
 
 if TYPE_CHECKING:
-    from rlft.fsdp import ShardPlan
-    from rlft.zero import ZeroPlan
+    from rlft.parallel.fsdp import ShardPlan
+    from rlft.parallel.zero import ZeroPlan
 
 # a process waits this long for the others, e.g. while the main process alone runs an evaluation or an SFT stage
 TIMEOUT = datetime.timedelta(hours=6)
@@ -46,9 +46,9 @@ class Dist:
     rank: int = 0
     world: int = 1
     shard: "ShardPlan | None" = None
-    """An FSDP launch's plan (rlft.fsdp): the RL policy is sharded over the processes; None: whole in each."""
+    """An FSDP launch's plan (rlft.parallel.fsdp): the RL policy is sharded over the processes; None: whole in each."""
     zero: "ZeroPlan | None" = None
-    """A DeepSpeed launch's plan (rlft.zero): the RL policy trains in a ZeRO engine; None: no DeepSpeed."""
+    """A DeepSpeed launch's plan (rlft.parallel.zero): the RL policy trains in a ZeRO engine; None: no DeepSpeed."""
 
     @property
     def is_main(self) -> bool:
@@ -152,7 +152,7 @@ def init_dist(device: str = "auto") -> Dist:
         return Dist()
     if _DIST is not None:
         return _DIST
-    from rlft import fsdp, zero
+    from rlft.parallel import fsdp, zero
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     plan, zero_plan = fsdp.plan_from_env(), zero.plan_from_env()

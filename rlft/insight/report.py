@@ -1,7 +1,7 @@
 """``runs/<name>/report.html``: one self-contained page about a run (no network request, no script).
 
 It holds the run's configuration, its curves (inline SVG, one chart per
-quantity of ``rlft.plot.PANELS``), the evaluation table (before / after RL, and
+quantity of ``rlft.insight.plot.PANELS``), the evaluation table (before / after RL, and
 a pipeline's stages), the health warnings that fired, and the sample log as a
 table. ``rlft train`` writes it at the end of a run; ``rlft report runs/<name>``
 rebuilds it for an old or a running run. Each chart's ``<svg>`` carries
@@ -15,7 +15,7 @@ import html
 import json
 from pathlib import Path
 
-from rlft.plot import PANELS, metrics_files, read_metrics, series
+from rlft.insight.plot import PANELS, metrics_files, read_metrics, series
 
 W, H, PAD = 560, 240, 44  # chart size and margin, in px
 COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f")

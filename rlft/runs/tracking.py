@@ -9,7 +9,7 @@ import json
 import math
 from pathlib import Path
 
-from rlft.disk import flush_to_disk
+from rlft.runs.disk import flush_to_disk
 from rlft.errors import WriteFailed, writing
 
 

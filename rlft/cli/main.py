@@ -44,14 +44,14 @@ def cmd_train(ns: argparse.Namespace) -> int:
         run_pipeline(cfg)
     else:
         train(cfg)
-    from rlft.dist import shutdown
+    from rlft.parallel.dist import shutdown
 
     shutdown()  # several processes: all done before any leaves (a failing one is stopped by the launcher instead)
     return 0
 
 
 def cmd_eval(ns: argparse.Namespace) -> int:
-    from rlft.eval import evaluate_task
+    from rlft.insight.eval import evaluate_task
     from rlft.models.loading import load_policy, quiet_transformers
     from rlft.run import load_task, seed_everything
 
@@ -100,7 +100,7 @@ def cmd_config(ns: argparse.Namespace) -> int:
 
 def cmd_plot(ns: argparse.Namespace) -> int:
     try:
-        from rlft.plot import plot_runs
+        from rlft.insight.plot import plot_runs
         import matplotlib  # noqa: F401
     except ImportError:
         raise ConfigError("rlft plot needs matplotlib: pip install 'rlft[plot]'") from None
@@ -113,7 +113,7 @@ def cmd_plot(ns: argparse.Namespace) -> int:
 
 
 def cmd_chat(ns: argparse.Namespace) -> int:
-    from rlft.chat import ChatSession, chat_loop
+    from rlft.cli.chat import ChatSession, chat_loop
     from rlft.models.loading import load_policy, quiet_transformers
 
     if ns.temperature <= 0 or not 0 < ns.top_p <= 1 or ns.top_k < 0 or ns.max_new_tokens < 1:
@@ -132,7 +132,7 @@ def cmd_chat(ns: argparse.Namespace) -> int:
 def cmd_report(ns: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from rlft.report import build_report
+    from rlft.insight.report import build_report
 
     if not Path(ns.run).is_dir():
         raise FileNotFoundError(f"{ns.run}: no such run directory")
@@ -141,7 +141,7 @@ def cmd_report(ns: argparse.Namespace) -> int:
 
 
 def cmd_sweep(ns: argparse.Namespace) -> int:
-    from rlft.sweep import run_sweep
+    from rlft.cli.sweep import run_sweep
 
     summary = run_sweep(ns.args, ns.seeds, ns.name)
     return 0 if all(p["status"] == "done" for p in summary["points"]) else 1
@@ -216,10 +216,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def entry() -> None:
-    """The ``rlft`` command and ``python -m rlft``: ``main``, then end the process (through ``rlft.dist.leave`` when
+    """The ``rlft`` command and ``python -m rlft``: ``main``, then end the process (through ``rlft.parallel.dist.leave`` when
     the command loaded it: it may have closed a process group)."""
     code = main()
-    dist = sys.modules.get("rlft.dist")
+    dist = sys.modules.get("rlft.parallel.dist")
     if dist is not None:
         dist.leave(code)
     sys.exit(code)

@@ -18,7 +18,7 @@ import ctypes
 import os
 from collections.abc import Mapping
 
-from rlft.dist import env_flag
+from rlft.parallel.dist import env_flag
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt parameters (malloc.h)
 KEEP = {M_MMAP_THRESHOLD: 1 << 30, M_TRIM_THRESHOLD: 2**31 - 1}  # blocks under 1 GiB from the heap, kept

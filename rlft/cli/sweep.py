@@ -93,7 +93,7 @@ def run_sweep(args: list[str], seeds: list[int], name: str = "", echo=print) -> 
     finished = [root / p["name"] for p in points if p["status"] == "done"]
     if finished:
         try:
-            from rlft.plot import plot_runs
+            from rlft.insight.plot import plot_runs
 
             plot_runs(finished, root / "plots")
         except ImportError:

@@ -2,8 +2,8 @@
 with space for what the run will write (an estimate from the model's size and the checkpoint settings).
 
 A failure is a ``ConfigError`` naming ``log.run_dir``, the free and the needed bytes; writes that fail later (the
-disk filled up meanwhile) are :class:`~rlft.errors.WriteFailed` (see ``rlft.checkpoint.write_dir`` and
-``rlft.tracking``). Those two also ``flush_to_disk`` what they wrote before renaming it into place, so that a
+disk filled up meanwhile) are :class:`~rlft.errors.WriteFailed` (see ``rlft.runs.checkpoint.write_dir`` and
+``rlft.runs.tracking``). Those two also ``flush_to_disk`` what they wrote before renaming it into place, so that a
 crash of the machine (not only of the process) leaves the old file or the new one, not an empty one.
 """
 
