@@ -48,7 +48,10 @@ from rlft.data.schema import Example
 from rlft.data.templates import encode_prompts
 from rlft.models.loading import quiet_transformers
 from rlft.models.tiny import build_tiny_model
-from rlft.run import _rl_state, load_task, process_settings, seed_everything, training_policy
+from rlft.trainers.rl_setup import build_rl_state
+from rlft.data.task import load_task
+from rlft.runs.start import process_settings, seed_everything
+from rlft.trainers.policy import training_policy
 from rlft.trainers import rl
 from rlft.trainers.rl import rl_step
 
@@ -128,7 +131,7 @@ def run(args: argparse.Namespace, overrides: list[str]) -> dict:
     else:
         examples, _ = load_task(cfg)
     prompts = encode_prompts(examples, cfg.data.template, tok, cfg.data.max_prompt_tokens)
-    state = _rl_state(policy, tok, examples, prompts, cfg)  # the optimizer, schedule and reference of rlft train
+    state = build_rl_state(policy, tok, examples, prompts, cfg)  # the optimizer, schedule and reference of rlft train
     policy.train()
     batches = []  # each step's batch, as the update sees it
     advantages = rl.compute_advantages

@@ -77,7 +77,8 @@ def held_out(policy_dir: Path, overrides: list[str]) -> dict[str, float]:
     from rlft.models.forward import response_logprobs
     from rlft.models.loading import load_policy
     from rlft.rollout.batch import left_pad, right_pad
-    from rlft.run import load_task, process_settings
+    from rlft.data.task import load_task
+    from rlft.runs.start import process_settings
     from rlft.stages.base import task_metrics
 
     # the outcome mode's algo and reward: evaluation reads neither, and a reward override (e.g. a control reward)

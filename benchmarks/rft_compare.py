@@ -34,7 +34,7 @@ def quiet(*args, **kwargs) -> None:
 def start_model(cfg, out: Path, model: str | None) -> tuple[str, dict, float]:
     """(model dir, its held-out metrics, seconds): ``model`` as given, else the SFT stage run once in ``out/sft``."""
     from rlft.models.loading import load_policy
-    from rlft.run import base_model_dir, seed_everything
+    from rlft.runs.start import base_model_dir, seed_everything
     from rlft.stages import STAGES
     from rlft.stages.base import task_metrics, write_json
 
@@ -57,7 +57,7 @@ def start_model(cfg, out: Path, model: str | None) -> tuple[str, dict, float]:
 
 
 def rft_run(cfg, out: Path, model: str, start: dict, mode: str, seed: int) -> dict:
-    from rlft.run import seed_everything
+    from rlft.runs.start import seed_everything
     from rlft.stages import STAGES
 
     run = out / f"{mode}_s{seed}"

@@ -3,7 +3,8 @@
     python scripts/house.py            # the figures issue 31 asks for, before and after each move
 
 Prints the modules at the top of ``rlft/``, the import circles (strongly connected components of more than
-one module), the imports into ``rlft/config/`` from outside it, the longest chain of imports without a
+one module), the imports into ``rlft/config/`` from outside it, the imports from a lower floor to a higher one
+(``FLOORS``), the longest chain of imports without a
 circle, and the largest modules by lines. ``tests/test_house.py`` asserts on the same graph.
 """
 
@@ -16,6 +17,17 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1] / "rlft"
 CONFIG_MAY_IMPORT = ("rlft.config", "rlft.errors", "rlft.registry")
+FLOORS = {  # a module imports only from its own floor or a lower one (docs/architecture.md)
+    "rlft": 1, "rlft.errors": 1, "rlft.registry": 1,
+    "rlft.config": 2, "rlft.core": 2,
+    "rlft.models": 3,
+    "rlft.rewards": 4, "rlft.parallel": 4,
+    "rlft.data": 5, "rlft.rollout": 5, "rlft.runs": 5,
+    "rlft.trainers": 6, "rlft.insight": 6,
+    "rlft.stages": 7,
+    "rlft.recipe": 8,
+    "rlft.cli": 9, "rlft.__main__": 9,
+}
 
 
 def modules(root: Path = ROOT) -> dict[str, Path]:
@@ -103,6 +115,18 @@ def into_config(g: dict[str, set[str]]) -> list[tuple[str, str]]:
                   if not b.startswith(CONFIG_MAY_IMPORT))
 
 
+def floor(name: str) -> int:
+    """The floor of a module: that of its longest listed prefix in ``FLOORS``."""
+    while name not in FLOORS:
+        name = name.rpartition(".")[0]
+    return FLOORS[name]
+
+
+def upward(g: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """(importer, imported) for every import from a lower floor to a higher one."""
+    return sorted((a, b) for a, targets in g.items() for b in targets if floor(b) > floor(a))
+
+
 def longest_chain(g: dict[str, set[str]]) -> list[str]:
     """The longest path of imports through the graph with each circle collapsed to one node."""
     component = {m: i for i, c in enumerate(circles(g)) for m in c}
@@ -134,6 +158,10 @@ def main() -> None:
     print(f"imports by rlft.config of modules outside config/errors/registry: {len(bad)}")
     for a, b in bad:
         print(f"  {a} -> {b}")
+    up = upward(g)
+    print(f"imports that run up a floor: {len(up)}")
+    for a, b in up:
+        print(f"  {a} (floor {floor(a)}) -> {b} (floor {floor(b)})")
     chain = longest_chain(g)
     print(f"longest chain of imports (circles collapsed): {len(chain)} modules: {' -> '.join(chain)}")
     sizes = sorted(((len(p.read_text(encoding='utf-8').splitlines()), n) for n, p in modules().items()),

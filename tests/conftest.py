@@ -186,3 +186,36 @@ def pytest_xdist_node_collection_finished(node, ids):
     if lost:
         raise pytest.UsageError(f"xdist's loadgroup did not group {len(lost)} tests, e.g. {lost[0]}: pytest 9.2 "
                                 "drops the group xdist writes on the test's id (pytest-xdist issue 1386)")
+
+
+def spy_rl_start(monkeypatch) -> dict:
+    """What the RL stage starts from, recorded as it starts: the policy's directory and its rewards' paths."""
+    import rlft.stages.rl as rl
+
+    seen: dict = {}
+    own, load = rl.own_reward_model, rl.training_policy
+
+    def recording_own(cfg, out_dir):
+        seen["reward_paths"] = [dict(t.params).get("path") for t in cfg.reward.fns]
+        return own(cfg, out_dir)
+
+    def recording_load(cfg, model_path, *args):
+        seen["model_path"] = model_path
+        return load(cfg, model_path, *args)
+
+    monkeypatch.setattr(rl, "own_reward_model", recording_own)
+    monkeypatch.setattr(rl, "training_policy", recording_load)
+    return seen
+
+
+AS_USERS_RUN = ["log.plots=true"]  # a shipped recipe's test draws its plots, as `rlft train <recipe>` does
+
+
+def assert_one_house(run_dir: Path) -> None:
+    """A run as a user sees it: one config.yaml, one report.html and one plot set, all at the run's root."""
+    assert sorted(p.relative_to(run_dir) for p in run_dir.rglob("config.yaml")
+                  if p.parent.name != "policy" and "base_model" not in p.parts and "checkpoints" not in p.parts
+                  and p.parent.name not in ("reward_model", "prm_model", "critic")) == [Path("config.yaml")]
+    assert [p.relative_to(run_dir) for p in run_dir.rglob("report.html")] == [Path("report.html")]
+    assert [p.relative_to(run_dir) for p in run_dir.rglob("plots")] == [Path("plots")]
+    assert (run_dir / "plots" / "overview.png").is_file()

@@ -166,7 +166,7 @@ def step(out: str, model_dir: str, overrides: list[str], stack: ExitStack) -> No
         policy, tok = load_policy(model_dir, cfg.model)
     train_ex, _ = run.load_task(cfg)
     prompts = encode_prompts(train_ex, cfg.data.template, tok, cfg.data.max_prompt_tokens, "train data")
-    state = run._rl_state(policy, tok, train_ex, prompts, cfg)
+    state = run.build_rl_state(policy, tok, train_ex, prompts, cfg)
     state.dist = dist
     if os.environ.get("RLFT_CHECK", "").startswith("fresh_load"):  # a resume's load into a fresh engine: no step
         loaded = synthetic_optimizer_state(policy)

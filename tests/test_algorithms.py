@@ -13,7 +13,7 @@ from rlft.models.critic import Critic, load_critic
 from rlft.models.loading import load_model, load_tokenizer
 from rlft.recipe.presets import PRESETS
 from rlft.rollout.batch import Batch, cat_batches
-from rlft.run import train
+from rlft.stages.pipeline import run_pipeline
 from rlft.trainers import rl
 from numerics import FORWARD_DEPTH, assert_rounding_close
 from test_pipeline import check_metrics, quiet, read_jsonl
@@ -37,7 +37,7 @@ def run(tmp_path, tiny_size_overrides, digit_reward):
         cfg = load_config(None, tiny_size_overrides(tmp_path, f"log.name={name}", "data.synth_train_size=20",
                                                     "eval.ks=[1]", "eval.before_rl=false", "optim.warmup_steps=0",
                                                     *digit_reward, *extra))
-        run_dir = train(cfg, echo=quiet).run_dir
+        run_dir = run_pipeline(cfg, echo=quiet).run_dir
         records = read_jsonl(run_dir / "metrics.jsonl")
         assert [r["step"] for r in records] == list(range(1, cfg.train.steps + 1))
         check_metrics(records, cfg)
@@ -123,14 +123,15 @@ def test_value_pretraining_updates_only_the_critic(run):
 
 def test_pretraining_step_leaves_the_policy_alone(tiny_model_dir, tmp_path, tiny_size_overrides, digit_reward):
     from rlft.data.templates import encode_prompts
-    from rlft.run import _rl_state, load_task
+    from rlft.trainers.rl_setup import build_rl_state
+    from rlft.data.task import load_task
 
     cfg = load_config(None, tiny_size_overrides(tmp_path, "algo=vapo", "critic.lr=1e-2", "data.synth_train_size=20",
                                                 *digit_reward))
     tok = load_tokenizer(str(tiny_model_dir))
     policy = load_model(str(tiny_model_dir))
     train_ex, _ = load_task(cfg)
-    state = _rl_state(policy, tok, train_ex, encode_prompts(train_ex, "chat", tok, 512, "t"), cfg)
+    state = build_rl_state(policy, tok, train_ex, encode_prompts(train_ex, "chat", tok, 512, "t"), cfg)
     before = {k: v.clone() for k, v in policy.state_dict().items()}
     head_before = state.critic.head.bias.detach().clone()
     m = rl.rl_step(state, cfg, train_policy=False)
@@ -160,7 +161,8 @@ class _ScriptedScores:
 @pytest.fixture
 def ds_state(tiny_model_dir, tmp_path, tiny_size_overrides):
     from rlft.data.templates import encode_prompts
-    from rlft.run import _rl_state, load_task
+    from rlft.trainers.rl_setup import build_rl_state
+    from rlft.data.task import load_task
 
     def make(rounds: list, max_rounds: int):
         cfg = load_config(None, tiny_size_overrides(tmp_path, "algo=dapo", "train.prompts_per_step=2",
@@ -168,7 +170,7 @@ def ds_state(tiny_model_dir, tmp_path, tiny_size_overrides):
                                                     "data.synth_train_size=20"))
         tok = load_tokenizer(str(tiny_model_dir))
         train_ex, _ = load_task(cfg)
-        state = _rl_state(load_model(str(tiny_model_dir)), tok, train_ex,
+        state = build_rl_state(load_model(str(tiny_model_dir)), tok, train_ex,
                           encode_prompts(train_ex, "chat", tok, 512, "t"), cfg)
         return state, cfg
 
@@ -251,11 +253,11 @@ def test_critic_values_match_single_sequence_forwards(tiny_model_dir):
 
 
 def test_new_critic_starts_at_zero_and_shares_no_weights(tiny_model_dir, tmp_path, tiny_size_overrides):
-    from rlft.run import _build_critic
+    from rlft.trainers.rl_setup import build_critic
 
     policy = load_model(str(tiny_model_dir))
     cfg = load_config(None, tiny_size_overrides(tmp_path, "algo=ppo"))
-    critic = _build_critic(policy, cfg)
+    critic = build_critic(policy, cfg)
     v = critic.values(torch.tensor([[5, 6]]), torch.ones(1, 2, dtype=torch.long), torch.tensor([[7]]),
                       torch.ones(1, 1, dtype=torch.long))
     assert v.abs().max() == 0
@@ -328,7 +330,7 @@ def test_time_budget_stops_rl(tmp_path, tiny_size_overrides):
     lines: list[str] = []
     cfg = load_config(None, tiny_size_overrides(tmp_path, "log.name=b", "train.steps=50", "train.time_budget_s=1e-9",
                                                 "eval.ks=[1]", "eval.before_rl=false", "data.synth_train_size=20"))
-    run_dir = train(cfg, echo=lines.append).run_dir
+    run_dir = run_pipeline(cfg, echo=lines.append).run_dir
     assert any("time budget" in line and "after 0 RL steps" in line for line in lines)
     assert not (run_dir / "metrics.jsonl").exists() or read_jsonl(run_dir / "metrics.jsonl") == []
     assert "after_rl" in json.loads((run_dir / "eval.json").read_text())
@@ -373,7 +375,7 @@ def test_a_nan_loss_skips_that_update_and_is_counted(tmp_path, tiny_size_overrid
     monkeypatch.setattr(upd, "_optimizer_step", snapshot)
     _nan_at({2}, monkeypatch)
     cfg = load_config(None, tiny_size_overrides(tmp_path, "log.name=nan", "eval.before_rl=false", *digit_reward))
-    records = read_jsonl(train(cfg, echo=quiet).run_dir / "metrics.jsonl")
+    records = read_jsonl(run_pipeline(cfg, echo=quiet).run_dir / "metrics.jsonl")
     assert [r["step"] for r in records] == [1, 2, 3]
     assert records[1]["nonfinite_keys"] and "actor/pg_loss" in records[1]["nonfinite_keys"]  # logged as they were
     assert len(weights) == 3 and weights[1] and not weights[2]  # the NaN step left every weight; step 3 trains

@@ -166,13 +166,13 @@ def test_a_model_directory_without_a_model_is_named(tmp_path):
 
 
 def test_a_run_that_stops_itself_exits_3_with_its_message(capsys, monkeypatch):
-    import rlft.run
+    import rlft.stages.pipeline
     from rlft.errors import TrainingHalted
 
     def halted(cfg, **kwargs):
         raise TrainingHalted("RL steps 3-7: ...; the last checkpoint is runs/x/checkpoints/step_000002")
 
-    monkeypatch.setattr(rlft.run, "train", halted)
+    monkeypatch.setattr(rlft.stages.pipeline, "run_pipeline", halted)
     assert main(["train", "train.steps=1"]) == 3
     assert capsys.readouterr().err.startswith("rlft: stopped: RL steps 3-7")
 

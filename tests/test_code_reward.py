@@ -223,7 +223,7 @@ def _mbpp_rows(n: int, first_id: int) -> list[dict]:
 def test_a_run_trains_on_mbpp_rows_with_the_code_reward(tmp_path, tiny_size_overrides):
     from rlft.recipe import load_config
     from rlft.data.code_tasks import prepare_mbpp
-    from rlft.run import train
+    from rlft.stages.pipeline import run_pipeline
 
     raw = tmp_path / "mbpp.jsonl"
     raw.write_text("\n".join(json.dumps(r) for r in _mbpp_rows(8, 11) + _mbpp_rows(8, 601)) + "\n")
@@ -233,7 +233,7 @@ def test_a_run_trains_on_mbpp_rows_with_the_code_reward(tmp_path, tiny_size_over
         "data.max_prompt_tokens=1024", "data.num_eval=4", "reward.fns=[code]", "reward.weights=[1.0]",
         "reward.workers=1", "eval.correct_fn=code", "eval.format_fn=code", "eval.ks=[1]", "sft.steps=0",
         "train.steps=2"))
-    run_dir = train(cfg, echo=lambda *a, **k: None).run_dir
+    run_dir = run_pipeline(cfg, echo=lambda *a, **k: None).run_dir
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2]
     for rec in records:

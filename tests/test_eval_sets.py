@@ -18,7 +18,6 @@ from rlft.data.schema import Example
 from rlft.insight.health import HealthMonitor
 from rlft.insight.plot import PANELS, read_metrics, series
 from rlft.rewards import REWARDS
-from rlft.run import train
 from rlft.stages.pipeline import run_pipeline
 
 UNREACHABLE = r"\frac{355}{113}"  # a ground truth the tiny model never writes in \boxed{}
@@ -85,7 +84,7 @@ def test_a_set_may_not_take_the_name_of_the_primary_set(tmp_path):
     # the primary set named from data.source (max): found before anything is written
     cfg = load_config(None, [f"log.run_dir={tmp_path}", "log.name=clash", "eval.sets=[synthetic:max]"])
     with pytest.raises(ConfigError, match=r"eval.sets\[0\].name: 'max' is already the name of the primary set"):
-        train(cfg, echo=quiet)
+        run_pipeline(cfg, echo=quiet)
     assert not (tmp_path / "clash").exists()
 
 
@@ -93,7 +92,7 @@ def test_a_missing_set_file_fails_before_anything_is_written(tmp_path):
     cfg = load_config(None, [f"log.run_dir={tmp_path}", "log.name=nofile",
                              f"eval.sets=[{{name: gone, source: {tmp_path / 'gone.jsonl'}}}]"])
     with pytest.raises(FileNotFoundError, match=r"eval.sets\[0\] \(gone\)"):
-        train(cfg, echo=quiet)
+        run_pipeline(cfg, echo=quiet)
     assert not (tmp_path / "nofile").exists()
 
 
@@ -199,7 +198,7 @@ def sets_run(tmp_path_factory, tiny_overrides):
     cfg = load_config(None, tiny_overrides(tmp, "log.name=sets", "train.steps=4", "eval.every=2", "eval.ks=[1,2]",
                                            sets))
     lines: list[str] = []
-    result = train(cfg, echo=lines.append)
+    result = run_pipeline(cfg, echo=lines.append)
     return cfg, result, "\n".join(lines)
 
 
@@ -269,7 +268,7 @@ def test_a_pipeline_carries_every_set_in_its_summary(tmp_path, tiny_size_overrid
                                                 "data.synth_train_size=24", "eval.ks=[1]", "log.progress=false",
                                                 "eval.sets=[{source: 'synthetic:arith', limit: 3}]"))
     lines: list[str] = []
-    entries = run_pipeline(cfg, echo=lines.append)
+    entries = run_pipeline(cfg, echo=lines.append).stages
     summary = json.loads((cfg.log.path / "summary.json").read_text())["stages"]
     assert [e["stage"] for e in summary] == ["sft", "grpo"] == [e["stage"] for e in entries]
     for e in summary:

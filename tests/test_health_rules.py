@@ -1,6 +1,6 @@
 """Health rules (rlft.insight.health) against an independent reference of their documented semantics.
 
-Each test feeds ``HealthMonitor.update(step, metrics)`` hand-built metric records, the way ``rlft.run._run_rl``
+Each test feeds ``HealthMonitor.update(step, metrics)`` hand-built metric records, the way ``rlft.trainers.rl_loop.run_rl``
 does (``state.step`` after the step, counted from 1; the step's metrics from ``rl_step``, with
 ``health/skipped_steps`` and ``health/consecutive_skips`` from ``count_skips``; ``val/<set>/exact_match`` on
 validation steps), and asserts the EXACT steps at which a rule fires. The expected steps are worked out by hand in

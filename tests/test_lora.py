@@ -16,7 +16,6 @@ from rlft.models.forward import response_logprobs  # noqa: E402
 from rlft.models.loading import load_model, load_policy, load_tokenizer  # noqa: E402
 from rlft.models.lora import AdaptersOff, add_lora, core_model, is_adapter_dir, save_policy  # noqa: E402
 from rlft.rollout.batch import left_pad, right_pad  # noqa: E402
-from rlft.run import train  # noqa: E402
 from rlft.stages.pipeline import run_pipeline  # noqa: E402
 from numerics import FORWARD_DEPTH, assert_rounding_close, rounding_differs  # noqa: E402
 
@@ -104,7 +103,7 @@ def test_saved_adapters_and_merged_models_load_back_to_the_same_function(tiny_mo
 def test_lora_run_saves_adapters_that_rlft_eval_loads(tmp_path, tiny_overrides, digit_reward, tiny_model_dir):
     cfg = load_config(None, tiny_overrides(tmp_path, "log.name=l", f"model.path={tiny_model_dir}", *LORA,
                                            *digit_reward, "algo.kl_coef=0.1", "optim.lr=5e-2", "eval.ks=[]"))
-    result = train(cfg, echo=quiet)
+    result = run_pipeline(cfg, echo=quiet)
     policy_dir = result.run_dir / "policy"
     assert is_adapter_dir(policy_dir)
     records = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -120,7 +119,7 @@ def test_lora_run_saves_adapters_that_rlft_eval_loads(tmp_path, tiny_overrides, 
 def test_a_pipeline_chains_through_adapter_directories(tmp_path, tiny_size_overrides, digit_reward):
     cfg = load_config(None, tiny_size_overrides(tmp_path, "log.name=p", "stages=[sft,grpo]", *LORA, *digit_reward,
                                                 "data.synth_train_size=20", "eval.ks=[]"))
-    entries = run_pipeline(cfg, echo=quiet)
+    entries = run_pipeline(cfg, echo=quiet).stages
     assert [e["stage"] for e in entries] == ["sft", "grpo"]
     assert all(is_adapter_dir(e["model_dir"]) for e in entries)
     # the grpo stage's adapters apply to the sft stage's model (its base with the sft adapters merged), which the
@@ -152,11 +151,11 @@ def test_unknown_target_modules_name_the_key(tiny_model_dir):
 def test_the_critic_of_a_lora_policy_trains_whole_from_the_merged_weights(tiny_model_dir):
     """PPO under LoRA: the critic starts from the policy's merged weights and trains every one of them, as a
     critic loaded from critic.path does (PEFT froze the base it is copied from)."""
-    from rlft.run import _build_critic
+    from rlft.trainers.rl_setup import build_critic
 
     cfg = load_config(None, ["algo.preset=ppo", "lora.rank=4", "lora.alpha=8"])
     policy = add_lora(load_model(str(tiny_model_dir)), cfg.lora)
-    critic = _build_critic(policy, cfg)
+    critic = build_critic(policy, cfg)
     assert all(p.requires_grad for p in critic.parameters())
     merged = policy.merge_and_unload().model.state_dict()
     assert all(torch.equal(v, merged[k]) for k, v in critic.backbone.state_dict().items())

@@ -85,7 +85,7 @@ def test_refused_settings_are_reported(monkeypatch):
 
 
 def test_config_key_and_wiring(monkeypatch):
-    from rlft import run
+    from rlft.runs import start as run
 
     seen = []
     monkeypatch.setattr(run.malloc, "apply", seen.append)

@@ -123,7 +123,7 @@ def test_a_run_trains_with_the_math_reward(tmp_path, tiny_size_overrides):
     """MATH-500-style rows (problem text, LaTeX answer) with the math reward, scored in the run's worker pool."""
     from rlft.recipe import load_config
     from rlft.rewards.pool import active_pool
-    from rlft.run import train
+    from rlft.stages.pipeline import run_pipeline
 
     data = tmp_path / "data"
     data.mkdir()
@@ -134,7 +134,7 @@ def test_a_run_trains_with_the_math_reward(tmp_path, tiny_size_overrides):
         tmp_path, "log.name=m", f"data.source={data}", "data.prompt_key=problem", "data.answer_key=answer",
         "data.template=raw", "data.num_eval=4", "reward.fns=[math]", "reward.weights=[1.0]", "reward.workers=1",
         "eval.correct_fn=math", "eval.format_fn=math", "eval.ks=[1]", "sft.steps=0", "train.steps=2"))
-    run_dir = train(cfg, echo=lambda *a, **k: None).run_dir
+    run_dir = run_pipeline(cfg, echo=lambda *a, **k: None).run_dir
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2]
     for rec in records:

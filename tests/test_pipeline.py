@@ -1,4 +1,4 @@
-"""End-to-end runs of ``rlft.run.train`` with a tiny model: run directory, metrics, evaluation, resume."""
+"""End-to-end runs of ``rlft train`` (the one pipeline, one RL stage with its warm-up) with a tiny model: run directory, metrics, evaluation, resume."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlft.config import ConfigError, with_name
 from rlft.recipe import load_config
-from rlft.run import train
-from conftest import RECIPES
+from rlft.stages.pipeline import run_pipeline
+from conftest import AS_USERS_RUN, RECIPES, assert_one_house
 from numerics import MODEL_DEPTH, assert_rounding_close
 
 pytestmark = pytest.mark.slow
@@ -95,7 +95,7 @@ def demo(tmp_path_factory, tiny_overrides, digit_reward):
     root = tmp_path_factory.mktemp("runs")
     cfg = load_config(None, tiny_overrides(root, "log.name=demo", *digit_reward))
     lines: list[str] = []
-    result = train(cfg, echo=lines.append)
+    result = run_pipeline(cfg, echo=lines.append)
     return cfg, result, lines
 
 
@@ -164,24 +164,24 @@ def test_existing_run_directory_is_refused(tmp_path, tiny_overrides):
     (run_dir / "notes.txt").write_text("someone else's run")
     cfg = load_config(None, tiny_overrides(tmp_path, "log.name=taken"))
     with pytest.raises(ConfigError, match="log.name"):
-        train(cfg, echo=quiet)
+        run_pipeline(cfg, echo=quiet)
     assert sorted(p.name for p in run_dir.iterdir()) == ["notes.txt"]  # nothing written
 
 
 def test_resume_without_checkpoint_is_refused(tmp_path, tiny_overrides):
     cfg = load_config(None, tiny_overrides(tmp_path, "log.name=fresh", "train.resume=true"))
     with pytest.raises(ConfigError, match="train.resume"):
-        train(cfg, echo=quiet)
+        run_pipeline(cfg, echo=quiet)
     assert not (tmp_path / "fresh").exists()  # a mistyped name leaves nothing that blocks a later run
 
 
 def test_resume_with_other_data_is_a_config_error(tmp_path, tiny_overrides):
     common = ("log.name=d", "train.steps=2", "train.save_every=1", "sft.steps=0", "eval.before_rl=false", "eval.ks=[]")
-    train(load_config(None, tiny_overrides(tmp_path, *common)), echo=quiet)
+    run_pipeline(load_config(None, tiny_overrides(tmp_path, *common)), echo=quiet)
     other = load_config(None, tiny_overrides(tmp_path, *common, "train.steps=3", "train.resume=true",
                                              "data.synth_train_size=300"))
     with pytest.raises(ConfigError, match=r"train.resume: .*300 prompts"):
-        train(other, echo=quiet)
+        run_pipeline(other, echo=quiet)
 
 
 @pytest.mark.parametrize("algo", [
@@ -193,7 +193,8 @@ def test_resume_with_other_data_is_a_config_error(tmp_path, tiny_overrides):
 ])
 def test_resume_continues_from_the_latest_checkpoint(tmp_path, tiny_overrides, digit_reward, algo, monkeypatch):
     from rlft.runs import checkpoint
-    from rlft import run as run_module
+    from rlft.trainers import rl_loop as run_module
+    from rlft.data.task import load_task
 
     saved_live: dict[int, dict] = {}  # the trainer's state in memory when a checkpoint was written
     save = checkpoint.save
@@ -206,7 +207,7 @@ def test_resume_continues_from_the_latest_checkpoint(tmp_path, tiny_overrides, d
     monkeypatch.setattr(checkpoint, "save", recording_save)
     first = load_config(None, tiny_overrides(tmp_path, "log.name=r", "train.steps=4", "train.save_every=2",
                                              "train.keep_checkpoints=2", "optim.lr=1e-2", *digit_reward, *algo))
-    run_dir = train(first, echo=quiet).run_dir
+    run_dir = run_pipeline(first, echo=quiet).run_dir
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_000002"]  # the last step is final
     ckpt = run_dir / "checkpoints" / "step_000002"
     saved_model = "adapter_config.json" if "lora.rank=4" in algo else "config.json"  # LoRA: the adapters only
@@ -220,15 +221,15 @@ def test_resume_continues_from_the_latest_checkpoint(tmp_path, tiny_overrides, d
                                               "train.keep_checkpoints=2", "optim.lr=1e-2", "train.resume=true",
                                               *digit_reward, *algo))
     restored: list[dict] = []
-    restore = run_module._restore
+    restore = run_module.restore
 
     def recording_restore(state, ckpt, run_dir, echo):
         restore(state, ckpt, run_dir, echo)
         restored.append(snapshot(state.policy, state.optimizer, state.scheduler, state.trainer_state()))
 
-    monkeypatch.setattr(run_module, "_restore", recording_restore)
+    monkeypatch.setattr(run_module, "restore", recording_restore)
     lines: list[str] = []
-    train(second, echo=lines.append)
+    run_pipeline(second, echo=lines.append)
     assert any("resumed" in line and "step_000002" in line for line in lines)
     records = read_jsonl(run_dir / "metrics.jsonl")
     assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6]  # steps 3-4 re-run once, not duplicated
@@ -242,7 +243,7 @@ def test_resume_continues_from_the_latest_checkpoint(tmp_path, tiny_overrides, d
     from rlft.data.templates import encode_prompts
 
     a, b = uninterrupted[2], records[2]
-    prompts = encode_prompts(run_module.load_task(first)[0], first.data.template,
+    prompts = encode_prompts(load_task(first)[0], first.data.template,
                              AutoTokenizer.from_pretrained(run_dir / "policy"), first.data.max_prompt_tokens)
     n = first.train.prompts_per_step * first.algo.group_size * (max(map(len, prompts)) + first.rollout.max_new_tokens)
     for key in a:
@@ -262,7 +263,7 @@ def test_checkpoints_are_pruned(tmp_path, tiny_overrides):
     cfg = load_config(None, tiny_overrides(tmp_path, "log.name=p", "train.steps=4", "train.save_every=1",
                                            "train.keep_checkpoints=2", "sft.steps=0", "eval.before_rl=false",
                                            "eval.ks=[]"))
-    run_dir = train(cfg, echo=quiet).run_dir
+    run_dir = run_pipeline(cfg, echo=quiet).run_dir
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_000002", "step_000003"]
     ev = json.loads((run_dir / "eval.json").read_text())
     assert set(ev) == {"after_rl"} and not any(k.startswith("pass@") for k in ev["after_rl"])
@@ -275,7 +276,7 @@ def test_kl_run_logs_kl_loss(tmp_path, tiny_overrides, tiny_model_dir, digit_rew
     cfg = load_config(None, tiny_overrides(tmp_path, "log.name=kl", f"model.path={tiny_model_dir}", *digit_reward,
                                            "algo.kl_coef=0.1", "algo.kl_estimator=k3", "algo.epochs=2",
                                            "algo.minibatches=2", "train.save_every=2", "optim.lr=1e-2"))
-    run_dir = train(cfg, echo=quiet).run_dir
+    run_dir = run_pipeline(cfg, echo=quiet).run_dir
     assert not (run_dir / "base_model").exists()  # model.path given: nothing built
     records = read_jsonl(run_dir / "metrics.jsonl")
     assert len(records) == cfg.train.steps
@@ -302,7 +303,7 @@ def test_kl_run_logs_kl_loss(tmp_path, tiny_overrides, tiny_model_dir, digit_rew
 def test_run_variants(tmp_path, tiny_overrides, tiny_model_dir, digit_reward, extra):
     cfg = load_config(None, tiny_overrides(tmp_path, "log.name=v", f"model.path={tiny_model_dir}", "sft.steps=0",
                                            "eval.before_rl=false", *digit_reward, *extra))
-    result = train(cfg, echo=quiet)
+    result = run_pipeline(cfg, echo=quiet)
     records = read_jsonl(result.run_dir / "metrics.jsonl")
     assert [r["step"] for r in records] == list(range(1, cfg.train.steps + 1))
     if cfg.optim.warmup_steps:
@@ -336,9 +337,11 @@ def test_gsm8k_recipe_end_to_end(tmp_path, gsm8k_raw_small, tiny_model_dir, tiny
         "sft.batch_size=4",
         "log.name=gsm8k",
         *critic,
+        *AS_USERS_RUN,
     ))
     assert cfg.reward.keys == ("gsm8k_strict", "format")  # the recipe's choices survive the size overrides
-    result = train(cfg, echo=quiet)
+    result = run_pipeline(cfg, echo=quiet)
+    assert_one_house(result.run_dir)
     ev = json.loads((result.run_dir / "eval.json").read_text())
     check_eval(ev["after_rl"], cfg)
     records = read_jsonl(result.run_dir / "metrics.jsonl")

@@ -58,10 +58,10 @@ def test_a_run_with_validation_writes_its_curves_report_and_plots(tmp_path, tiny
     """Issue 13's acceptance on the embedded demo's settings: eval.every gives validation curves, and the run ends
     with report.html and plots/*.png (log.plots) without any other command."""
     from rlft.recipe import load_config
-    from rlft.run import train
+    from rlft.stages.pipeline import run_pipeline
 
     cfg = load_config(None, tiny_overrides(tmp_path, "train.steps=4", "eval.every=2", "log.plots=true", "log.name=v"))
-    res = train(cfg, echo=lambda *a, **k: None)
+    res = run_pipeline(cfg, echo=lambda *a, **k: None)
     steps = [json.loads(line) for line in (res.run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in steps if "val/max/exact_match" in r] == [2, 4]
     assert (res.run_dir / "report.html").is_file()

@@ -73,7 +73,7 @@ def test_penalty_controller_in_trainer_state_round_trip():
     saved = state.trainer_state()
     assert saved["penalty_ctl"] == {"value": 0.5, "target": 0.01}
     fresh = _bare_state()
-    fresh.penalty_ctl = PenaltyCoefController(1.0, 0.01)  # as run._rl_state builds it, before the restore
+    fresh.penalty_ctl = PenaltyCoefController(1.0, 0.01)  # as run.build_rl_state builds it, before the restore
     fresh.load_trainer_state(saved)
     assert fresh.penalty_ctl.state_dict() == saved["penalty_ctl"]
     other = _bare_state()

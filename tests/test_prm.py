@@ -10,7 +10,6 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-import yaml
 
 from rlft.config import ConfigError
 from rlft.recipe import load_config
@@ -86,21 +85,22 @@ def test_config_checks():
         load_config(None, ["reward.fns=[{name: process_reward_model, path: /nonexistent}]", "reward.weights=[1.0]"])
 
 
-def test_sft_prm_rl_pipeline_scores_with_the_trained_prm(tmp_path, tiny_size_overrides):
+def test_sft_prm_rl_pipeline_scores_with_the_trained_prm(tmp_path, tiny_size_overrides, monkeypatch):
+    from conftest import spy_rl_start
     from rlft.stages.pipeline import run_pipeline
 
+    started = spy_rl_start(monkeypatch)
     cfg = load_config(None, tiny_size_overrides(
         tmp_path, "log.name=p", "stages=[sft,prm,rl]", "data.source=synthetic:chain", "data.synth_max_operand=9",
         "data.synth_train_size=24", "train.steps=2", "prm.steps=3", "prm.batch_size=4", "eval.ks=[1]",
         "rollout.max_new_tokens=12", "algo.advantage=process", "reward.weights=[1.0]",
         "reward.fns=[{name: process_reward_model, path: '@prm'}]"))
-    entries = run_pipeline(cfg, echo=lambda *a: None)
+    entries = run_pipeline(cfg, echo=lambda *a: None).stages
     run = tmp_path / "p"
     assert [e["stage"] for e in entries] == ["sft", "prm", "rl"]
     assert {"prm/loss", "prm/accuracy"} <= set(entries[1]["metrics"]) and "exact_match" in entries[2]["metrics"]
-    rl_cfg = yaml.safe_load((run / "2-rl" / "config.yaml").read_text())
-    assert rl_cfg["reward"]["fns"][0]["path"] == str(run / "1-prm" / "prm_model")
-    assert rl_cfg["model"]["path"] == str(run / "0-sft" / "policy")  # RL continues from the policy, not the PRM
+    assert started["reward_paths"] == [str(run / "1-prm" / "prm_model")]
+    assert started["model_path"] == str(run / "0-sft" / "policy")  # RL continues from the policy, not the PRM
     records = [json.loads(x) for x in (run / "2-rl" / "metrics.jsonl").read_text().splitlines()]
     for r in records:
         assert r["reward/process_reward_model/errors"] == 0 and 0 < r["process/step_reward/mean"] < 1

@@ -167,11 +167,11 @@ def test_config_checks_name_the_key():
 
 
 def test_rl_run_with_process_supervision(tmp_path, tiny_overrides):
-    from rlft.run import train
+    from rlft.stages.pipeline import run_pipeline
 
     cfg = load_config(None, tiny_overrides(tmp_path, "log.name=ps", *PROCESS, "rollout.max_new_tokens=12",
                                            "algo.group_size=4"))
-    train(cfg, echo=lambda *a: None)
+    run_pipeline(cfg, echo=lambda *a: None)
     records = [json.loads(x) for x in (tmp_path / "ps" / "metrics.jsonl").read_text().splitlines()]
     assert len(records) == 3
     for r in records:
@@ -216,13 +216,15 @@ def test_compute_advantages_uses_the_step_tensors(tmp_path, tiny_overrides, tiny
 
 def test_process_demo_recipe_runs_at_tiny_size(tmp_path, tiny_size_overrides, recipes_dir):
     """recipes/process_demo.yaml as written, only smaller: [sft, rl], each entry with held-out exact_match."""
+    from conftest import AS_USERS_RUN, assert_one_house
     from rlft.stages.pipeline import run_pipeline
 
     cfg = load_config(recipes_dir / "process_demo.yaml",
                       tiny_size_overrides(tmp_path, "log.name=p", "data.synth_train_size=24", "train.steps=2",
-                                          "eval.ks=[1]", "rollout.max_new_tokens=12"))
+                                          "eval.ks=[1]", "rollout.max_new_tokens=12", *AS_USERS_RUN))
     assert cfg.algo.advantage == "process" and cfg.data.source == "synthetic:chain"
-    entries = run_pipeline(cfg, echo=lambda *a: None)
+    entries = run_pipeline(cfg, echo=lambda *a: None).stages
+    assert_one_house(tmp_path / "p")
     assert [e["stage"] for e in entries] == ["sft", "rl"]
     assert all("exact_match" in e["metrics"] for e in entries)
     summary = json.loads((tmp_path / "p" / "summary.json").read_text())["stages"]

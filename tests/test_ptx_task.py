@@ -10,7 +10,8 @@ import torch
 from rlft.recipe import load_config
 from rlft.data.schema import DataError
 from rlft.models.loading import load_policy
-from rlft.run import load_task, train
+from rlft.data.task import load_task
+from rlft.stages.pipeline import run_pipeline
 from rlft.trainers.ptx import TASK_SOURCE, PtxData, lm_loss, task_texts
 from rlft.trainers.sft import sft_examples, sft_pairs, sft_step_loss
 from test_pipeline import quiet
@@ -108,7 +109,7 @@ def test_ptx_coef_without_source_names_the_key(make_cfg):
 def test_tiny_ppo_run_with_task_ptx(make_cfg):
     cfg = make_cfg("algo.preset=ppo", f"data.ptx_source={TASK_SOURCE}",
                "algo.ptx_coef=1.0", "train.ptx_batch_size=4", "optim.lr=1e-2")
-    run_dir = train(cfg, echo=quiet).run_dir
+    run_dir = run_pipeline(cfg, echo=quiet).run_dir
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert len(records) == 3
     losses = [r["actor/ptx_loss"] for r in records]

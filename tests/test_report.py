@@ -10,7 +10,7 @@ import pytest
 
 from rlft.cli.main import main
 from rlft.recipe import load_config
-from rlft.run import train
+from rlft.stages.pipeline import run_pipeline
 
 
 def quiet(*args, **kwargs) -> None:
@@ -22,7 +22,7 @@ def run_dir(tmp_path_factory, tiny_overrides):
     tmp = tmp_path_factory.mktemp("report")
     cfg = load_config(None, tiny_overrides(tmp, "log.name=r", "train.steps=4", "eval.every=2",
                                            "log.samples_every=2", "log.samples_groups=1"))
-    return train(cfg, echo=quiet).run_dir
+    return run_pipeline(cfg, echo=quiet).run_dir
 
 
 def test_the_run_writes_a_self_contained_report(run_dir):
@@ -50,7 +50,7 @@ def test_a_run_without_steps_yet_still_gets_a_page(tmp_path):
     (tmp_path / "config.yaml").write_text("algo: {}\n")
     assert main(["report", str(tmp_path)]) == 0
     page = (tmp_path / "report.html").read_text()
-    assert "No RL steps logged yet." in page and "No evaluation yet." in page
+    assert "No steps logged yet." in page and "No evaluation yet." in page
 
 
 def _chromium():

@@ -229,12 +229,12 @@ def test_weights_are_set_in_one_place():
 
 
 def test_an_rl_run_trains_with_a_group_level_reward(tmp_path, tiny_overrides):
-    from rlft.run import train
+    from rlft.stages.pipeline import run_pipeline
 
     cfg = load_config(None, tiny_overrides(tmp_path, "log.name=vote", "train.steps=2", "sft.steps=2",
                                            "reward.fns=[{name: vote, extract: flexible}, final_answer]",
                                            "eval.ks=[]", "eval.before_rl=false"))
-    train(cfg)
+    run_pipeline(cfg)
     import json
 
     lines = [json.loads(x) for x in (tmp_path / "vote" / "metrics.jsonl").read_text().splitlines()]

@@ -220,12 +220,12 @@ def test_cuda_scores_match_cpu(rm_dir):
 
 def test_a_run_trains_with_the_reward_model(tmp_path, rm_dir, tiny_overrides):
     """A few-step RL run scored by the reward model: finite metrics, no errors."""
-    from rlft.run import train
+    from rlft.stages.pipeline import run_pipeline
 
     entry = f"reward.fns=[{{name: reward_model, path: {rm_dir}}}]"
     cfg = load_config(None, tiny_overrides(tmp_path, "log.name=rm", entry, "reward.weights=[1.0]", "sft.steps=0",
                                            "train.steps=2"))
-    run_dir = train(cfg, echo=lambda *a, **k: None).run_dir
+    run_dir = run_pipeline(cfg, echo=lambda *a, **k: None).run_dir
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2]
     for rec in records:

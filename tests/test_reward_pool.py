@@ -126,7 +126,7 @@ def test_a_run_scores_slow_rewards_in_the_pool(tmp_path, tiny_overrides, monkeyp
     from rlft.recipe import load_config
     from rlft.rewards import REWARDS
     from rlft.rewards import pool as pool_module
-    from rlft.run import train
+    from rlft.stages.pipeline import run_pipeline
 
     monkeypatch.setitem(REWARDS._items, "test_digit_share_in_worker", digit_share_in_worker)
     started = []
@@ -134,7 +134,7 @@ def test_a_run_scores_slow_rewards_in_the_pool(tmp_path, tiny_overrides, monkeyp
                         _recording(pool_module.RewardPool.activated, started))
     cfg = load_config(None, tiny_overrides(tmp_path, "log.name=p", "reward.weights=[1.0,1.0]", "reward.workers=1",
                                            "reward.fns=[final_answer,test_digit_share_in_worker]"))
-    run_dir = train(cfg, echo=lambda *a, **k: None).run_dir
+    run_dir = run_pipeline(cfg, echo=lambda *a, **k: None).run_dir
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert len(started) == 1 and pool_module.active_pool() is None  # one pool for the run, closed at its end
     for rec in records:

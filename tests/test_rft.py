@@ -81,7 +81,8 @@ def recording_generate(monkeypatch):
 
 def run_mode(tmp_path, tiny_overrides, tiny_model_dir, mode):
     from rlft.models.loading import load_policy
-    from rlft.run import load_task, seed_everything
+    from rlft.data.task import load_task
+    from rlft.runs.start import seed_everything
 
     cfg = load_config(None, tiny_overrides(tmp_path, f"rft.mode={mode}", "rft.pool=round", *ROUNDS))
     seed_everything(0)
@@ -117,7 +118,7 @@ def test_offline_samples_only_the_starting_model_online_the_current_policy(tmp_p
 def test_online_growing_pool_trains_on_everything_kept_so_far(tmp_path, tiny_overrides, tiny_model_dir,
                                                                recording_generate):
     from rlft.models.loading import load_policy
-    from rlft.run import load_task
+    from rlft.data.task import load_task
 
     cfg = load_config(None, tiny_overrides(tmp_path, "rft.mode=online", "rft.pool=growing", *ROUNDS))
     policy, tok = load_policy(str(tiny_model_dir), cfg.model)
@@ -129,7 +130,7 @@ def test_online_growing_pool_trains_on_everything_kept_so_far(tmp_path, tiny_ove
 
 def test_a_round_that_accepts_nothing_does_not_update(tmp_path, tiny_overrides, tiny_model_dir, monkeypatch):
     from rlft.models.loading import load_policy
-    from rlft.run import load_task
+    from rlft.data.task import load_task
 
     def unscorable(batch, examples, cfg):
         batch.scores = torch.full((len(batch),), math.nan)
@@ -165,7 +166,7 @@ def test_linear_step_schedule_keeps_the_total_and_grows(rounds, per_round):
 @pytest.mark.parametrize("mode", ["offline", "online"])
 def test_linear_step_schedule_in_the_loop(tmp_path, tiny_overrides, tiny_model_dir, recording_generate, mode):
     from rlft.models.loading import load_policy
-    from rlft.run import load_task
+    from rlft.data.task import load_task
 
     cfg = load_config(None, tiny_overrides(tmp_path, f"rft.mode={mode}", "rft.pool=growing", *ROUNDS,
                                            "rft.step_schedule=linear"))
@@ -225,11 +226,14 @@ def test_stage_names_and_budget():
 
 def test_pipeline_sft_rft_offline_online(tmp_path, tiny_size_overrides, recipes_dir):
     """recipes/rft_demo.yaml as written, only smaller: three stages, each entry with its held-out exact match."""
+    from conftest import AS_USERS_RUN, assert_one_house
     from rlft.stages.pipeline import run_pipeline
 
     cfg = load_config(recipes_dir / "rft_demo.yaml",
-                      tiny_size_overrides(tmp_path, "log.name=p", *ROUNDS, "eval.ks=[1]", "rft.min_reward=0.0"))
-    entries = run_pipeline(cfg, echo=lambda *a: None)
+                      tiny_size_overrides(tmp_path, "log.name=p", *ROUNDS, "eval.ks=[1]", "rft.min_reward=0.0",
+                                          *AS_USERS_RUN))
+    entries = run_pipeline(cfg, echo=lambda *a: None).stages
+    assert_one_house(tmp_path / "p")  # a pipeline without an RL stage draws its stages' losses
     assert [e["stage"] for e in entries] == ["sft", "rft_offline", "rft_online"]
     assert all("exact_match" in e["metrics"] for e in entries)
     assert entries[1]["metrics"]["rft/samples_total"] == entries[2]["metrics"]["rft/samples_total"] == 18.0

@@ -91,8 +91,8 @@ def read_jsonl(path):
 def test_rl_logs_refresh_and_hacking_metrics_saves_the_refreshed_rm_and_resumes_with_it(
         tmp_path, tiny_overrides, rm_dir, even_rule, monkeypatch):
     from rlft.runs import checkpoint
-    from rlft import run as run_module
-    from rlft.run import train
+    from rlft.trainers import rl_loop as run_module
+    from rlft.stages.pipeline import run_pipeline
 
     common = ["log.name=r", "train.save_every=2", "rm.refresh_every=1", "rm.refresh_steps=3", "rm.batch_size=4",
               "rm.refresh_lr=1e-2", "algo.group_size=4", "sft.steps=0", "eval.before_rl=false", "eval.ks=[]",
@@ -101,7 +101,7 @@ def test_rl_logs_refresh_and_hacking_metrics_saves_the_refreshed_rm_and_resumes_
     save = checkpoint.save
     monkeypatch.setattr(checkpoint, "save", lambda *a, trainer_state, **k: live.update(
         {a[1]: copy.deepcopy(trainer_state)}) or save(*a, trainer_state=trainer_state, **k))
-    run_dir = train(load_config(None, tiny_overrides(tmp_path, "train.steps=3", *common)), echo=lambda *a: None).run_dir
+    run_dir = run_pipeline(load_config(None, tiny_overrides(tmp_path, "train.steps=3", *common)), echo=lambda *a: None).run_dir
     records = read_jsonl(run_dir / "metrics.jsonl")
     assert all({"rm_refresh/pairs", "reward_hacking/rule_accuracy", "reward_hacking/reward_up_rule_not"} <= set(r)
                for r in records)
@@ -112,10 +112,10 @@ def test_rl_logs_refresh_and_hacking_metrics_saves_the_refreshed_rm_and_resumes_
     assert live[2]["rm_refresh"]["refreshes"] == 2 and live[2]["hacking"]["compared"] == 1
 
     restored = {}
-    real = run_module._restore
-    monkeypatch.setattr(run_module, "_restore", lambda state, *a: real(state, *a) or restored.update(
+    real = run_module.restore
+    monkeypatch.setattr(run_module, "restore", lambda state, *a: real(state, *a) or restored.update(
         rm=copy.deepcopy(state.rm_refresh.model.state_dict()), hacking=state.hacking.state_dict()))
-    train(load_config(None, tiny_overrides(tmp_path, "train.steps=4", "train.resume=true", *common)),
+    run_pipeline(load_config(None, tiny_overrides(tmp_path, "train.steps=4", "train.resume=true", *common)),
           echo=lambda *a: None)
     assert restored["hacking"] == live[2]["hacking"]
     assert all(torch.equal(v, live[2]["rm_refresh"]["model"][k]) for k, v in restored["rm"].items())

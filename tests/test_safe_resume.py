@@ -17,7 +17,7 @@ from rlft.runs import checkpoint
 from rlft.cli.main import main
 from rlft.config import ConfigError
 from rlft.recipe import load_config
-from rlft.run import train
+from rlft.stages.pipeline import run_pipeline
 
 COMMON = ("log.name=r", "train.save_every=1", "sft.steps=0", "eval.before_rl=false", "eval.ks=[]")
 
@@ -30,7 +30,7 @@ def quiet(*args, **kwargs) -> None:
 def finished_run(tmp_path_factory, tiny_overrides):
     """A two-step tiny run with a checkpoint at step 1 (the last step writes the final policy instead)."""
     root = tmp_path_factory.mktemp("runs")
-    train(load_config(None, tiny_overrides(root, *COMMON, "train.steps=2")), echo=quiet)
+    run_pipeline(load_config(None, tiny_overrides(root, *COMMON, "train.steps=2")), echo=quiet)
     return root
 
 
@@ -44,7 +44,7 @@ def run_copy(finished_run, tmp_path):
 def resume(run_dir, tiny_overrides, lines: list[str] | None = None):
     """``train.resume=true`` on the run under ``run_dir``, one more step than it ran."""
     cfg = load_config(None, tiny_overrides(run_dir, *COMMON, "train.steps=3", "train.resume=true"))
-    return train(cfg, echo=(lines.append if lines is not None else quiet))
+    return run_pipeline(cfg, echo=(lines.append if lines is not None else quiet))
 
 
 def test_a_runs_own_checkpoint_resumes(run_copy, tiny_overrides):

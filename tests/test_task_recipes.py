@@ -12,7 +12,7 @@ import pytest
 
 from rlft.recipe import load_config
 from rlft.rewards.pool import active_pool
-from rlft.run import train
+from rlft.stages.pipeline import run_pipeline
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
@@ -32,7 +32,7 @@ def run_recipe(recipe: str, data_dir: Path, tmp_path, tiny_model_dir, tiny_size_
         "data.template=raw", "data.num_eval=4", "data.max_prompt_tokens=1024", "train.micro_batch_size=4",
         "eval.batch_size=8", "eval.ks=[1,2]", "train.save_every=0", "train.steps=2", "reward.workers=1",
         "log.name=r", *extra))
-    result = train(cfg, echo=lambda *a, **k: None)
+    result = run_pipeline(cfg, echo=lambda *a, **k: None)
     records = [json.loads(x) for x in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2]
     for rec in records:

@@ -264,7 +264,7 @@ def _float64(model: torch.nn.Module) -> torch.nn.Module:
 def setup(tiny_model_dir) -> Setup:
     tok = load_tokenizer(str(tiny_model_dir))
     policy = _float64(load_model(str(tiny_model_dir)))  # rlft and the reference then agree to ~1e-15
-    critic = _float64(Critic(copy.deepcopy(policy.base_model)))  # as run._build_critic: the policy's backbone
+    critic = _float64(Critic(copy.deepcopy(policy.base_model)))  # as run.build_critic: the policy's backbone
     g = torch.Generator().manual_seed(2)
     with torch.no_grad():  # a value head that is not 0, so that the backbone's gradient is not 0 either
         critic.head.weight.copy_(0.3 * torch.randn(critic.head.weight.shape, generator=g, dtype=torch.float64))
@@ -330,7 +330,7 @@ def _run_update(s: Setup, cfg, monkeypatch):
                     examples=[], prompts=[])
     state.critic = critic
     state.critic_optimizer, state.critic_scheduler = sgd(critic)
-    state.kl_ctl = make_kl_controller(cfg.algo.kl_coef, cfg.algo.kl_target, cfg.algo.kl_horizon)  # as run._rl_state
+    state.kl_ctl = make_kl_controller(cfg.algo.kl_coef, cfg.algo.kl_target, cfg.algo.kl_horizon)  # as run.build_rl_state
     rows: list[list[int]] = []
     micros: list[int] = []
     policy_step = upd._policy_step

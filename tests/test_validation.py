@@ -11,7 +11,7 @@ from rlft.insight import eval as ev
 from rlft.recipe import load_config
 from rlft.data.schema import Example
 from rlft.config.sections import primary_name as eval_set_name
-from rlft.run import train
+from rlft.stages.pipeline import run_pipeline
 
 
 def quiet(*args, **kwargs) -> None:
@@ -50,7 +50,7 @@ def test_eval_set_name_from_the_source(source, name):
 
 def test_validation_every_n_steps_is_logged_as_val_metrics(tmp_path, tiny_overrides):
     cfg = load_config(None, tiny_overrides(tmp_path, "log.name=v", "train.steps=4", "eval.every=2", "eval.ks=[1,2]"))
-    run_dir = train(cfg, echo=quiet).run_dir
+    run_dir = run_pipeline(cfg, echo=quiet).run_dir
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     keys = ["val/max/exact_match", "val/max/format_rate", "val/max/response_length", "val/max/pass@1",
             "val/max/pass@2", "val/max/maj@2"]
@@ -67,7 +67,7 @@ def test_sample_log_every_n_steps(tmp_path, tiny_overrides):
     advantages, as the step trained on them."""
     cfg = load_config(None, tiny_overrides(tmp_path, "log.name=s", "train.steps=4", "log.samples_every=2",
                                            "log.samples_groups=1", "eval.before_rl=false"))
-    run_dir = train(cfg, echo=quiet).run_dir
+    run_dir = run_pipeline(cfg, echo=quiet).run_dir
     records = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
     G = cfg.algo.group_size
     assert [r["step"] for r in records] == [2] * G + [4] * G

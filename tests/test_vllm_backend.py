@@ -195,9 +195,9 @@ def test_lora_weights_are_merged_without_touching_the_policy(tiny_model_dir):
 
 
 def test_an_rl_run_trains_with_the_vllm_sampler(fake_vllm, tiny_overrides, digit_reward, tmp_path):
-    from rlft.run import train
+    from rlft.stages.pipeline import run_pipeline
 
-    res = train(load_config(None, tiny_overrides(tmp_path, "train.steps=3", "rollout.sampler=vllm",
+    res = run_pipeline(load_config(None, tiny_overrides(tmp_path, "train.steps=3", "rollout.sampler=vllm",
                                                  "eval.before_rl=false", *digit_reward)), echo=lambda *a, **k: None)
     rows = [json.loads(line) for line in (res.run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "reward/mean" in r]

@@ -34,18 +34,16 @@ def _split_recipe(args: list[str]) -> tuple[str | None, list[str]]:
 
 
 def cmd_train(ns: argparse.Namespace) -> int:
-    from rlft.run import train
+    """``rlft train``: the stages of the recipe (none: RL with its SFT warm-up), through the one pipeline."""
+    return _run(ns, only=None)
+
+
+def _run(ns: argparse.Namespace, only: str | None) -> int:
+    from rlft.parallel.dist import shutdown
+    from rlft.stages.pipeline import run_pipeline
 
     recipe, overrides = _split_recipe(ns.args)
-    cfg = load_config(recipe, overrides)
-    if cfg.stages:  # a pipeline: `stages: [sft, rm, ppo]`
-        from rlft.stages.pipeline import run_pipeline
-
-        run_pipeline(cfg)
-    else:
-        train(cfg)
-    from rlft.parallel.dist import shutdown
-
+    run_pipeline(load_config(recipe, overrides), only=only)
     shutdown()  # several processes: all done before any leaves (a failing one is stopped by the launcher instead)
     return 0
 
@@ -53,7 +51,8 @@ def cmd_train(ns: argparse.Namespace) -> int:
 def cmd_eval(ns: argparse.Namespace) -> int:
     from rlft.insight.eval import evaluate_task
     from rlft.models.loading import load_policy, quiet_transformers
-    from rlft.run import load_task, seed_everything
+    from rlft.data.task import load_task
+    from rlft.runs.start import seed_everything
 
     recipe, overrides = _split_recipe(ns.args)
     cfg = load_config(recipe, overrides)
@@ -66,21 +65,9 @@ def cmd_eval(ns: argparse.Namespace) -> int:
 
 
 def cmd_stage(ns: argparse.Namespace) -> int:
-    """``rlft sft`` / ``rlft rm`` / ``rlft prm`` / ``rlft dpo`` / ``rlft rft``: one stage on ``model.path`` (or the embedded tiny model), in its own run directory."""
-    from rlft.models.loading import quiet_transformers
-    from rlft.run import base_model_dir, preflight, prepare_run_dir, seed_everything, process_settings
-    from rlft.stages import STAGES
-
-    recipe, overrides = _split_recipe(ns.args)
-    cfg = load_config(recipe, overrides)
-    preflight(cfg, [ns.command])  # the model path, the task's and the stage's data, before the run directory is made
-    cfg = prepare_run_dir(cfg)
-    quiet_transformers()
-    process_settings(cfg)
-    seed_everything(cfg.train.seed)
-    result = STAGES.get(ns.command)(cfg, base_model_dir(cfg, cfg.log.path), cfg.log.path, echo=print)
-    print(f"rlft {result.summary}")
-    return 0
+    """``rlft sft`` / ``rlft rm`` / ``rlft prm`` / ``rlft dpo`` / ``rlft rft``: one stage on ``model.path`` (or the
+    embedded tiny model), flat in its own run directory, through the same pipeline as ``rlft train``."""
+    return _run(ns, only=ns.command)
 
 
 def cmd_prepare(ns: argparse.Namespace) -> int:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from rlft.config import Config, ConfigError
 from rlft.data.loaders import load_rows, resolve_path
+from rlft.data.task import load_task
 from rlft.data.preferences import Ranking, rows_to_rankings, synthetic_preferences
 
 
-def load_rankings(cfg: Config, section, name: str) -> tuple[list[Ranking], list[Ranking]]:
+def load_rankings(cfg: Config, section, name: str, task: tuple[list, list] | None = None
+                  ) -> tuple[list[Ranking], list[Ranking]]:
     """(training, held-out) rankings from ``section.source``, or pairs made from ``data.source``'s task.
 
     ``section`` is the stage's configuration section (``source``, ``train_split``,
@@ -20,9 +22,7 @@ def load_rankings(cfg: Config, section, name: str) -> tuple[list[Ranking], list[
             splits.append(rows_to_rankings(load_rows(section.source, split), source=where))
         train, held_out = splits
     else:
-        from rlft.run import load_task
-
-        train_ex, eval_ex = load_task(cfg)
+        train_ex, eval_ex = task if task is not None else load_task(cfg)
         try:
             mix = {"distractor_share": section.synth_distractor_share}
             train = synthetic_preferences(train_ex, seed=cfg.train.seed, negatives=section.synth_negatives, **mix)

@@ -154,9 +154,10 @@ def without_examples(results: dict) -> dict:
     return out
 
 
-def evaluate_task(model, tokenizer, cfg: Config, held_out: list[Example], *, examples: bool = False) -> dict:
-    """The primary set ``held_out`` and ``eval.sets``, loaded and encoded here, evaluated (with a few example
-    responses when ``examples``)."""
-    sets = [primary_set(cfg, held_out), *load_sets(cfg)]
+def evaluate_task(model, tokenizer, cfg: Config, held_out: list[Example], *, sets: list[HeldOut] | None = None,
+                  examples: bool = False) -> dict:
+    """The primary set ``held_out`` and the sets of ``eval.sets`` (``sets`` when read already, else loaded here),
+    encoded and evaluated (with a few example responses when ``examples``)."""
+    sets = [primary_set(cfg, held_out), *(load_sets(cfg) if sets is None else sets)]
     results = evaluate_sets(model, tokenizer, [h.encode(tokenizer, cfg) for h in sets], cfg)
     return results if examples else without_examples(results)

@@ -2,10 +2,12 @@
 
 Each panel is one quantity over RL steps, every run a line of its own colour:
 reward, validation accuracy, KL to the reference, entropy, response length,
-gradient norm and seconds per phase. A panel is drawn when at least one run
+gradient norm and seconds per phase, and the training loss of the stages around
+RL (SFT, reward model, PRM, DPO, RFT). A panel is drawn when at least one run
 logged its metric. ``overview.png`` holds every panel; each also gets a file of
-its own. A pipeline's run directory is read through its RL stages (the
-``<i>-<stage>`` directories that have a ``metrics.jsonl``).
+its own. A pipeline's run directory is read through its stages (the
+``<i>-<stage>`` directories), so a pipeline without an RL stage draws its stages'
+losses.
 """
 
 from __future__ import annotations
@@ -32,18 +34,25 @@ PANELS = (
     Panel("response_length", "response length (tokens)", ("response_length/mean",)),
     Panel("grad_norm", "gradient norm (before clipping)", ("actor/grad_norm",)),
     Panel("timing", "seconds per step", ("timing_s/*",)),
+    Panel("stage_loss", "training loss of the stages around RL", ("sft/loss", "rm/loss", "prm/loss", "dpo/loss",
+                                                                  "rft/loss")),
 )
+STAGE_LOGS = ("sft_metrics.jsonl", "rm_metrics.jsonl", "prm_metrics.jsonl", "dpo_metrics.jsonl", "rft_metrics.jsonl")
+"""The per-step logs of the stages around RL (and of a run's SFT warm-up), beside RL's metrics.jsonl."""
 
 
 def metrics_files(run: Path) -> list[tuple[str, Path]]:
-    """(label, metrics.jsonl) of a run directory: its own file, or each stage's of a pipeline."""
+    """(label, per-step log) of a run directory: RL's metrics.jsonl and the stages' logs (``STAGE_LOGS``), its
+    own or each stage's of a pipeline (``<i>-<stage>/``); FileNotFoundError when it holds none."""
     run = Path(run)
-    if (run / "metrics.jsonl").is_file():
-        return [(run.name, run / "metrics.jsonl")]
-    stages = sorted(p for p in run.glob("*-*/metrics.jsonl"))
-    if not stages:
-        raise FileNotFoundError(f"{run}: no metrics.jsonl (neither a run nor a pipeline run directory)")
-    return [(f"{run.name}/{p.parent.name}", p) for p in stages]
+    found = [(run.name, run / "metrics.jsonl")] if (run / "metrics.jsonl").is_file() else []
+    found += [(f"{run.name} {name.split('_')[0]}", run / name) for name in STAGE_LOGS if (run / name).is_file()]
+    for stage in sorted(p for p in run.glob("*-*") if p.is_dir()):
+        found += [(f"{run.name}/{stage.name}", stage / name) for name in ("metrics.jsonl", *STAGE_LOGS)
+                  if (stage / name).is_file()]
+    if not found:
+        raise FileNotFoundError(f"{run}: no metrics.jsonl or stage log (neither a run nor a pipeline run directory)")
+    return found
 
 
 def read_metrics(path: Path) -> list[dict]:
@@ -71,8 +80,8 @@ def series(records: list[dict], panel: Panel) -> dict[str, tuple[list[int], list
 
 
 def write_run_plots(run_dir: Path, echo=print) -> Path | None:
-    """A finished run's own curves in ``run_dir/plots`` (``log.plots``); None, with a line saying why, when
-    matplotlib is missing, and None when the run logged no RL step (an SFT-only pipeline)."""
+    """A finished run's own curves in ``run_dir/plots`` (``log.plots``): RL's, and its stages' losses; None, with a
+    line saying why, when matplotlib is missing, and None when the run logged no step at all."""
     try:
         import matplotlib  # noqa: F401
     except ImportError:
@@ -84,7 +93,7 @@ def write_run_plots(run_dir: Path, echo=print) -> Path | None:
     try:
         with writing(run_dir / "plots", catch=OSError):
             plot_runs([run_dir], run_dir / "plots")
-    except DataError:
+    except (DataError, FileNotFoundError):  # nothing logged (train.steps=0 and no stage with steps)
         return None
     return run_dir / "plots"
 
@@ -107,7 +116,7 @@ def plot_runs(runs: list[Path], out: Path) -> dict[str, dict[str, tuple[list[int
         if lines:
             drawn[panel.name] = lines
     if not drawn:
-        raise DataError(f"nothing to plot: no RL metrics in {', '.join(map(str, runs))}")
+        raise DataError(f"nothing to plot: no RL or stage metrics in {', '.join(map(str, runs))}")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     cols = 2
@@ -122,7 +131,7 @@ def plot_runs(runs: list[Path], out: Path) -> dict[str, dict[str, tuple[list[int
             for label, (steps, values) in lines.items():
                 target.plot(steps, values, label=label, linewidth=1.2)
             target.set_title(name)
-            target.set_xlabel("RL step")
+            target.set_xlabel("step of each stage" if name == "stage_loss" else "RL step")
             target.set_ylabel(panel.label)
             target.grid(alpha=0.3)
             target.legend(fontsize=7)

@@ -132,7 +132,7 @@ def build_report(run: Path, samples: int = 200) -> Path:
     run = Path(run)
     try:
         loaded = [(label, read_metrics(path)) for label, path in metrics_files(run)]
-    except FileNotFoundError:  # no RL step logged yet
+    except FileNotFoundError:  # no step logged yet
         loaded = []
     charts = []
     for panel in PANELS:
@@ -148,7 +148,7 @@ def build_report(run: Path, samples: int = 200) -> Path:
             "<h2>Evaluation</h2>", _evaluations(run),
             "<h2>Health</h2>", _health(run),
             "<h2>Curves</h2>", '<div class="charts">' + "\n".join(c for c in charts if c) + "</div>"
-            if charts else "<p>No RL steps logged yet.</p>",
+            if charts else "<p>No steps logged yet.</p>",
             f"<h2>Samples (the last {samples} logged)</h2>", _samples(run, samples),
             "<h2>Configuration</h2>", f"<pre id=\"config\">{html.escape(config)}</pre>"]
     page = ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"

@@ -3,13 +3,16 @@ entries as plain data: a name, a weight, a label, parameters)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import weakref
 from typing import Any, Callable
 
 from rlft.config.checks import ConfigError
-from rlft.config.sections import RewardConfig, RewardTerm
+from rlft.config.sections import Config, RewardConfig, RewardTerm
 from rlft.rewards.base import REWARDS
+from rlft.rewards.jail import JailUnavailable
+from rlft.rewards.pool import RewardPool
 
 _BUILT: dict[int, tuple[weakref.ref, Callable]] = {}  # id(term) -> (the term, its callable), while the term lives
 
@@ -44,3 +47,19 @@ def _sandboxed(term: RewardTerm, sandbox: str):
             and "sandbox" not in dict(term.params) and getattr(fn, "sandbox") != sandbox):
         fn = dataclasses.replace(fn, sandbox=sandbox)
     return fn
+
+
+def reward_pool(cfg: Config):
+    """Worker processes for the run's slow rewards (training and evaluation), or nothing when none is slow."""
+    rules = [cfg.eval.correct_fn, cfg.eval.format_fn,
+             *(name for s in cfg.eval.sets for name in (s.correct_fn, s.format_fn) if name)]  # every set's rules
+    fns = [fn for _, fn in built(cfg.reward)] + [REWARDS.get(name) for name in rules]
+    for fn in fns:
+        if hasattr(fn, "preflight"):
+            try:
+                fn.preflight()
+            except JailUnavailable as e:
+                raise ConfigError(f"reward.sandbox={getattr(fn, 'sandbox', '?')}: {e}") from None
+    if not any(getattr(fn, "runs_in_pool", False) for fn in fns):
+        return contextlib.nullcontext()
+    return RewardPool(workers=cfg.reward.workers, deadline_s=cfg.reward.timeout_s).activated()

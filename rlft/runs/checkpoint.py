@@ -159,3 +159,16 @@ def _unsafe_part(path: Path, e: Exception) -> str:
         return "it imports " + named[0]
     reason = [line for line in str(e).split("WeightsUnpickler error:")[-1].splitlines() if line.strip()]
     return f"torch's reader: {reason[0].strip()}" if reason else type(e).__name__
+
+
+def save_model(model, tokenizer, path: Path) -> Path:
+    """``save_pretrained`` of both into ``path``; returns it."""
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def save_whole(path: Path, save: Callable[[Path], object]) -> Path:
+    """``save(directory)`` into ``path`` through a temporary sibling (``rlft.runs.checkpoint.write_dir``): a full disk
+    leaves no half-written model that a later stage or a resume would load, and raises ``WriteFailed``."""
+    return write_dir(Path(path), save)

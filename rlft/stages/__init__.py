@@ -1,5 +1,5 @@
-"""Stages around RL: each reads a model directory and its configuration section and writes a model directory,
-metrics and a one-line summary (``StageResult``); nothing else about the run."""
+"""Stages: each is ``fn(StageInput) -> StageResult`` (``rlft.stages.base``), registered in ``STAGES``; the pipeline
+(``rlft.stages.pipeline``) is the one orchestrator that runs them."""
 
-from rlft.stages.base import STAGES, StageResult  # noqa: F401
+from rlft.stages.base import STAGES, StageInput, StageResult, stage  # noqa: F401
 from rlft.stages import dpo, prm, rft, rl, rm, sft  # noqa: E402,F401  (register the stages)

@@ -1,42 +1,108 @@
-"""The stage interface: ``fn(cfg, model_dir, out_dir, echo, start) -> StageResult``, one registry of stages.
-
-``start`` is the held-out task evaluation of ``model_dir`` when the caller has
-it (a pipeline passes the previous stage's), so a stage does not evaluate the
-same model again; None makes the stage evaluate it.
+"""The stage interface: every stage is ``fn(StageInput) -> StageResult``, registered with ``@stage(name, ...)``
+together with what the pipeline must know about it (it trains a scorer, not a policy; it runs in every process;
+it continues from its own checkpoints), so the pipeline has no special case for any stage.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rlft.config import Config
+from rlft.data.preferences import Ranking
+from rlft.data.rankings import load_rankings
+from rlft.data.schema import Example
+from rlft.data.task import load_task
+from rlft.insight.eval import HeldOut, evaluate_task
 from rlft.registry import Registry
+
+
+@dataclass(frozen=True)
+class Task:
+    """``data.source``'s training and held-out problems and the extra held-out sets of ``eval.sets``, read once
+    (by the pipeline, before anything is written) for every stage of a run."""
+
+    train: list[Example]
+    held_out: list[Example]
+    sets: list[HeldOut]
+    sft: list[Example] | None = None  # sft.source's rows, when a stage trains on them (None: not read here)
+    rankings: Mapping[str, tuple[list[Ranking], list[Ranking]]] = field(default_factory=dict)  # rm/dpo.source's
+
+    def rankings_of(self, cfg: Config, name: str) -> tuple[list[Ranking], list[Ranking]]:
+        """(training, held-out) rankings of the rm or dpo stage ``name``: read already, or made from the task."""
+        if name in self.rankings:
+            return self.rankings[name]
+        return load_rankings(cfg, getattr(cfg, name), name, task=(self.train, self.held_out))
+
+
+@dataclass(frozen=True)
+class StageInput:
+    """What every stage gets."""
+
+    cfg: Config
+    model_dir: Path  # the policy the stage starts from
+    out_dir: Path  # where it writes: the run directory itself for a one-stage run, else <run>/<i>-<stage>/
+    start: dict | None = None  # the held-out task metrics of model_dir, when an earlier stage measured them
+    scorers: Mapping[str, Path] = field(default_factory=dict)  # "rm" / "prm" -> the model an earlier stage trained
+    resume: bool = False  # continue from the last checkpoint in out_dir (stages registered with resumes=True)
+    warm_up: bool = False  # RL: the SFT warm-up (sft.steps) first, in this stage's directory
+    echo: Callable[..., None] = print
+    task: Task | None = None  # None: the stage reads the task itself
+
+    @property
+    def problems(self) -> Task:
+        """The task's problems: the pipeline's, else read now."""
+        if self.task is not None:
+            return self.task
+        from rlft.insight.eval import load_sets
+
+        return Task(*load_task(self.cfg), load_sets(self.cfg))
 
 
 @dataclass(frozen=True)
 class StageResult:
     """What a stage leaves for the next one and for the run's summary."""
 
-    model_dir: Path  # the model the next stage starts from
+    model_dir: Path  # the model the next stage starts from (a scorer stage's: the scorer)
     metrics: dict[str, float] = field(default_factory=dict)  # held-out metrics after the stage
     summary: str = ""  # one line for people
 
 
-StageFn = Callable[..., StageResult]
-STAGES: Registry[StageFn] = Registry("stage")
+@dataclass(frozen=True)
+class Stage:
+    """A registered stage and what the pipeline must know about it."""
+
+    fn: Callable[[StageInput], StageResult]
+    scorer: bool = False  # trains a scorer (rm, prm): the next stage continues from the policy before it
+    every_process: bool = False  # runs in every process of a launch (data-parallel); the others in the main one
+    resumes: bool = False  # continues from its checkpoints; the others start afresh when a run is resumed
+
+    def __call__(self, inp: StageInput) -> StageResult:
+        return self.fn(inp)
 
 
-def task_metrics(policy, tokenizer, cfg) -> dict:
+STAGES: Registry[Stage] = Registry("stage")
+
+
+def stage(name: str, *, scorer: bool = False, every_process: bool = False,
+          resumes: bool = False) -> Callable[[Callable[[StageInput], StageResult]], Callable]:
+    """Register ``fn(StageInput) -> StageResult`` as the stage ``name``."""
+
+    def deco(fn: Callable[[StageInput], StageResult]) -> Callable[[StageInput], StageResult]:
+        STAGES.register(name)(Stage(fn, scorer=scorer, every_process=every_process, resumes=resumes))
+        return fn
+
+    return deco
+
+
+def task_metrics(policy, tokenizer, inp: StageInput) -> dict:
     """The rule-checked held-out evaluation of ``data.source``'s task (what ``rlft eval`` prints), with the extra
     sets of ``eval.sets`` under ``"sets"``."""
-    from rlft.insight.eval import evaluate_task
-    from rlft.run import load_task
-
-    _, eval_ex = load_task(cfg)
-    return evaluate_task(policy, tokenizer, cfg, eval_ex)
+    task = inp.problems
+    return evaluate_task(policy, tokenizer, inp.cfg, task.held_out, sets=task.sets)
 
 
 def write_json(path: Path, obj: dict) -> None:
@@ -74,18 +140,3 @@ def step_log(out_dir: Path, filename: str, total: int = 0,
     finally:
         bar.close()
         log.close()
-
-
-def save_model(model, tokenizer, path: Path) -> Path:
-    """``save_pretrained`` of both into ``path``; returns it."""
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
-
-
-def save_whole(path: Path, save: Callable[[Path], object]) -> Path:
-    """``save(directory)`` into ``path`` through a temporary sibling (``rlft.runs.checkpoint.write_dir``): a full disk
-    leaves no half-written model that a later stage or a resume would load, and raises ``WriteFailed``."""
-    from rlft.runs.checkpoint import write_dir
-
-    return write_dir(Path(path), save)

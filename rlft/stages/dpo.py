@@ -16,31 +16,30 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rlft.config import Config
 from rlft.models.lora import save_policy
-from rlft.stages.base import STAGES, StageResult, save_whole, step_log, task_metrics, write_json
-from rlft.data.rankings import load_rankings
+from rlft.trainers.policy import training_policy
+from rlft.stages.base import StageInput, StageResult, stage, step_log, task_metrics, write_json
+from rlft.runs.checkpoint import save_whole
 from rlft.trainers.dpo import encode_pairs, evaluate_dpo, reference_logps, train_dpo
 
 
-@STAGES.register("dpo")
-def dpo_stage(cfg: Config, model_dir: str, out_dir: Path, echo=print, start: dict | None = None) -> StageResult:
+@stage("dpo")
+def dpo_stage(inp: StageInput) -> StageResult:
     """Train the policy at ``model_dir`` with DPO/IPO; the result's model is the trained policy."""
-    from rlft.run import training_policy
-
+    cfg, out_dir, echo, start = inp.cfg, Path(inp.out_dir), inp.echo, inp.start
     d = cfg.dpo
-    policy, tok = training_policy(cfg, model_dir, None, Path(out_dir))
-    train, held_out = load_rankings(cfg, d, "dpo")
+    policy, tok = training_policy(cfg, str(inp.model_dir), None, out_dir)
+    train, held_out = inp.problems.rankings_of(cfg, "dpo")
     pairs = encode_pairs(train, tok, cfg.data.template, cfg.data.max_prompt_tokens)
     held_pairs = encode_pairs(held_out, tok, cfg.data.template, cfg.data.max_prompt_tokens)
     echo(f"rlft dpo: {len(pairs)} training pairs, {len(held_pairs)} held-out")
     policy.eval()
     ref, held_ref = (reference_logps(policy, x, tok.pad_token_id) for x in (pairs, held_pairs))  # computed once
-    task_before = start if start is not None else task_metrics(policy, tok, cfg)
+    task_before = start if start is not None else task_metrics(policy, tok, inp)
     with step_log(out_dir, "dpo_metrics.jsonl", cfg.dpo.steps, cfg.log.progress) as on_step:
         train_dpo(policy, pairs, ref, tok.pad_token_id, d, cfg.optim, cfg.train.seed, on_step=on_step)
     prefs = evaluate_dpo(policy, held_pairs, held_ref, tok.pad_token_id, d)
-    task_after = task_metrics(policy, tok, cfg)
+    task_after = task_metrics(policy, tok, inp)
     save_to = save_whole(Path(out_dir) / "policy", lambda tmp: save_policy(policy, tok, tmp, cfg.lora.save))
     write_json(Path(out_dir) / "dpo_eval.json", {"preferences": prefs, "task_before": task_before,
                                                  "task_after": task_after})

@@ -1,37 +1,76 @@
-"""A pipeline of stages in one run directory: ``stages: [sft, rm, ppo]`` in a recipe, run by ``rlft train``.
+"""The one orchestrator: ``rlft train`` and ``rlft sft|rm|prm|dpo|rft`` plan their stages and run them here.
 
-Each stage starts from the previous stage's model (the rm stage's reward model
-and the prm stage's process reward model are not policies: the next stage
-continues from the policy before them, and a ``reward_model`` reward with path
-``@rm`` / a ``process_reward_model`` reward with path ``@prm`` scores with
-them). Layout::
+- ``rlft train`` with no ``stages`` is one RL stage with its SFT warm-up, flat in the run directory;
+- ``stages: [sft, rm, ppo]`` runs each in turn, each in ``<i>-<stage>/``, each starting from the previous stage's
+  policy (the rm and prm stages train scorers, not policies: the next stage continues from the policy before them,
+  and a ``reward_model`` / ``process_reward_model`` reward with path ``@rm`` / ``@prm`` scores with them);
+- ``rlft sft`` (``rm``, ``prm``, ``dpo``, ``rft``) is that one stage, flat in the run directory.
 
-    runs/<name>/config.yaml           the resolved configuration
-    runs/<name>/<i>-<stage>/          each stage's outputs (policy/ or reward_model/, metrics, evaluation)
+The start happens once, whatever the plan: the user's input is checked and the task read before anything is
+written (``preflight``), the run directory and its one ``config.yaml`` made, the base model built; after the last
+stage, one report and one plot set at the run's root. Layout of a pipeline::
+
+    runs/<name>/config.yaml               the resolved configuration
+    runs/<name>/<i>-<stage>/              each stage's outputs (policy/ or reward_model/, metrics, evaluation)
     runs/<name>/<i>-<stage>/stage.json    written when the stage finishes: its model, metrics and summary
-    runs/<name>/summary.json          one entry per finished stage, in order: stage, model_dir, metrics, summary
+    runs/<name>/summary.json              one entry per finished stage, in order: stage, model_dir, metrics, summary
+    runs/<name>/report.html, plots/       the run on one page, its curves
 
-``train.resume=true`` skips the stages that finished and continues the one that
-did not (the RL stage from its last checkpoint; the others from their start).
-Every stage starts from ``train.seed``, so a resumed pipeline repeats the stage
-it lost. Under ``accelerate launch`` / ``torchrun`` the RL stages run in every
-process (data-parallel, ``rlft.parallel.dist``); the other stages run in the main process
-while the others wait for its result.
+``train.resume=true`` skips the stages that finished and continues the one that did not (a stage registered with
+``resumes=True``, RL, from its last checkpoint; the others from their start). Every stage starts from
+``train.seed``. Under ``accelerate launch`` / ``torchrun`` a stage registered with ``every_process=True`` (RL)
+runs in every process (data-parallel, ``rlft.parallel``); the others run in the main process while the others
+wait for its result.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from rlft.config import Config, ConfigError
+from rlft.data.rankings import load_rankings
+from rlft.data.task import load_task
 from rlft.errors import WriteFailed, writing
-from rlft.stages.base import STAGES, StageResult, write_json
+from rlft.insight.eval import load_sets
+from rlft.insight.plot import write_run_plots
+from rlft.insight.report import build_report
+from rlft.models.loading import check_model_path, quiet_transformers
+from rlft.parallel import zero
+from rlft.parallel.dist import Dist, init_dist
+from rlft.parallel.fsdp import check_supported
+from rlft.runs import checkpoint
+from rlft.runs.start import (base_model_dir, prepare_run_dir, process_settings, removed_if_start_fails,
+                             seed_everything, stops_on_write_failure)
+from rlft.stages.base import STAGES, StageInput, Task, write_json
+from rlft.stages.rl import rl_summary
+from rlft.trainers.sft import sft_examples
 
 SUMMARY = "summary.json"
-SCORER_STAGES = ("rm", "prm")  # stages that train a scorer: the next stage continues from the policy before them
+
+
+@dataclass(frozen=True)
+class Planned:
+    """One stage of a plan."""
+
+    name: str  # as written in ``stages`` (an algorithm preset runs the rl stage)
+    kind: str  # the registered stage it runs
+    out: str  # its directory under the run directory; "" for a one-stage run, flat in the run directory
+    warm_up: bool = False  # RL: the SFT warm-up first (a run without stages)
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What a run left: where, each stage's summary entry, the RL stage's evaluation, how long it took."""
+
+    run_dir: Path
+    stages: list[dict]  # per stage: stage, model_dir, metrics, summary (summary.json's entries)
+    eval: dict  # the RL stage's eval.json ({"before_rl": ..., "after_rl": ...}); {} without an RL stage
+    seconds: float
 
 
 def stage_kind(name: str) -> str:
@@ -39,76 +78,143 @@ def stage_kind(name: str) -> str:
     return name if name in STAGES else "rl"
 
 
-def run_pipeline(cfg: Config, echo=print) -> list[dict]:
-    """Run ``cfg.stages`` in order; returns the summary entries (also in ``summary.json``)."""
-    from rlft.models.loading import quiet_transformers
-    from rlft.parallel.dist import init_dist
-    from rlft.run import base_model_dir, preflight, prepare_run_dir, removed_if_start_fails, process_settings
+def plan(cfg: Config, only: str | None = None) -> list[Planned]:
+    """The stages a run executes: ``only`` (a single-stage command), else ``cfg.stages``, else RL with its warm-up."""
+    if only is not None:
+        return [Planned(only, stage_kind(only), "")]
+    if not cfg.stages:
+        return [Planned("rl", "rl", "", warm_up=True)]
+    return [Planned(name, stage_kind(name), f"{i}-{name}") for i, name in enumerate(cfg.stages)]
 
-    dist = init_dist(cfg.model.device)
-    echo = echo if dist.is_main else (lambda *args, **kwargs: None)
-    if cfg.train.resume and not (cfg.log.path / "config.yaml").is_file():
-        raise ConfigError(f"train.resume: no pipeline run in {cfg.log.path}")
-    preflight(cfg, cfg.stages)  # the model path, the task's and the stages' data, before anything is written
-    cfg = prepare_run_dir(cfg)
-    run_dir, t0 = cfg.log.path, time.perf_counter()
+
+def run_pipeline(cfg: Config, echo=print, only: str | None = None) -> RunResult:
+    """Run the planned stages of ``cfg`` (``only``: that one stage) in one run directory."""
+    t0 = time.perf_counter()
     quiet_transformers()
     process_settings(cfg)
+    dist = init_dist(cfg.model.device)
+    echo = echo if dist.is_main else _silent
+    steps = plan(cfg, only)
+    flat = steps[0].out == ""
+    _check_resume(cfg, steps, flat)
+    task = preflight(cfg, [s.kind for s in steps])  # before anything is written
+    if any(STAGES.get(s.kind).every_process for s in steps):
+        _check_launch(cfg, dist)
+    cfg = prepare_run_dir(cfg)
+    run_dir = cfg.log.path
     with removed_if_start_fails(run_dir, keep=cfg.train.resume):
-        model_dir, entries = Path(base_model_dir(cfg, run_dir)), []
-    scorers: dict[str, Path] = {}  # rm / prm stage -> the model it trained (not a policy)
-    policy_metrics = None  # the held-out task metrics of model_dir, once a stage has measured them
+        model_dir = Path(base_model_dir(cfg, run_dir))
     try:
-        model_dir, entries = _run_stages(cfg, run_dir, model_dir, entries, scorers, policy_metrics, echo)
+        entries = _run_stages(cfg, steps, run_dir, model_dir, task, dist, echo)
     except WriteFailed as e:  # a full disk: what the finished stages wrote is whole, the failed one restarts
+        if flat:
+            raise
         raise e.advised("The stages finished before it are kept: free some space or fix the directory, then "
                         "continue the pipeline with train.resume=true") from e.cause
     if dist.is_main:
-        from rlft.insight.report import build_report
+        _report(run_dir, cfg, echo, advise=flat and steps[0].kind == "rl")
+    dist.barrier()  # the run's files are complete when any process returns
+    seconds = time.perf_counter() - t0
+    rl = next((run_dir / s.out for s in steps if s.kind == "rl"), None)
+    results = json.loads((rl / "eval.json").read_text()) if rl and (rl / "eval.json").is_file() else {}
+    if flat and steps[0].kind == "rl":
+        echo(rl_summary(results, seconds, run_dir))
+    elif flat:
+        echo(f"rlft {entries[0]['summary']}")
+    else:
+        echo(summary_table(entries, seconds, run_dir))
+    return RunResult(run_dir=run_dir, stages=entries, eval=results, seconds=seconds)
 
-        with writing(run_dir / "report.html"):
-            build_report(run_dir)
-        if cfg.log.plots:
-            from rlft.insight.plot import write_run_plots
 
-            write_run_plots(run_dir, echo)
-    echo(summary_table(entries, time.perf_counter() - t0, run_dir))
+def _silent(*args, **kwargs) -> None:
+    """The ``echo`` of the processes other than the main one."""
+
+
+def _check_resume(cfg: Config, steps: list[Planned], flat: bool) -> None:
+    """``train.resume`` needs something to resume, checked before anything is written: a checkpoint for a
+    one-stage run that resumes from them, the run's config.yaml for a pipeline."""
+    if not cfg.train.resume:
+        return
+    if not flat and not (cfg.log.path / "config.yaml").is_file():
+        raise ConfigError(f"train.resume: no pipeline run in {cfg.log.path}")
+    if flat and STAGES.get(steps[0].kind).resumes and checkpoint.latest(cfg.log.path) is None:
+        raise ConfigError(f"train.resume: no checkpoint under {cfg.log.path / 'checkpoints'}")
+
+
+def _check_launch(cfg: Config, dist: Dist) -> None:
+    """What the launch (processes, FSDP, ZeRO) cannot run, refused before anything is written."""
+    if dist.shard is not None:
+        check_supported(cfg, dist.shard)
+    if dist.zero is not None:
+        zero.check_supported(cfg, dist.zero)
+    if cfg.train.prompts_per_step < dist.world:
+        raise ConfigError(f"train.prompts_per_step: {cfg.train.prompts_per_step} prompts cannot be shared by "
+                          f"{dist.world} processes; use at least one per process")
+
+
+def preflight(cfg: Config, kinds: list[str]) -> Task:
+    """What can fail on the user's input, checked before anything is written: the model and critic paths, the
+    task's data, the extra held-out sets of eval.sets and the data of the stages ``kinds`` that will run
+    (sft.source for an sft stage or an SFT warm-up, rm.source, dpo.source), each read whole: a missing file or a
+    malformed row fails here, naming file, row and field. Returns the task, read once for every stage."""
+    if cfg.model.path:
+        check_model_path(cfg.model.path, "model.path")
+    if cfg.critic.path:
+        check_model_path(cfg.critic.path, "critic.path")
+    sft = sft_examples(cfg, []) if cfg.sft.source and ("sft" in kinds or cfg.sft.steps) else None
+    rankings = {name: load_rankings(cfg, getattr(cfg, name), name) for name in ("rm", "dpo")
+                if name in kinds and getattr(cfg, name).source}
+    return Task(*load_task(cfg), load_sets(cfg), sft=sft, rankings=rankings)
+
+
+def _run_stages(cfg: Config, steps: list[Planned], run_dir: Path, model_dir: Path, task: Task, dist: Dist,
+                echo) -> list[dict]:
+    """Each planned stage in turn, skipping those a resumed pipeline finished; returns the summary entries."""
+    flat = steps[0].out == ""
+    scorers: dict[str, Path] = {}  # rm / prm -> the model it trained (not a policy)
+    start = None  # the held-out task metrics of model_dir, once a stage has measured them
+    entries: list[dict] = []
+    for i, s in enumerate(steps):
+        out, spec = run_dir / s.out, STAGES.get(s.kind)
+        done = None if flat else _finished(out)
+        dist.barrier()  # every process has looked before the main one writes
+        if done is None:
+            resume = cfg.train.resume if flat else spec.resumes and checkpoint.latest(out) is not None
+            with dist.main_first():
+                if dist.is_main and not flat and not resume:  # an unfinished stage starts afresh
+                    shutil.rmtree(out, ignore_errors=True)
+                if dist.is_main:
+                    out.mkdir(parents=True, exist_ok=True)
+            seed_everything(cfg.train.seed)
+            if not flat:
+                echo(f"rlft: stage {i} {s.name} in {out}")
+            inp = StageInput(cfg=cfg, model_dir=model_dir, out_dir=out, start=start, scorers=dict(scorers),
+                             resume=resume, warm_up=s.warm_up, echo=echo, task=task)
+            result = spec(inp) if spec.every_process else dist.on_main(lambda: spec(inp))
+            done = {"stage": s.name, "model_dir": str(result.model_dir), "metrics": result.metrics,
+                    "summary": result.summary}
+            if dist.is_main and not flat:
+                write_json(out / "stage.json", done)
+        else:
+            echo(f"rlft: stage {i} {s.name} finished earlier ({done['summary']})")
+        if spec.scorer:
+            scorers[s.kind] = Path(done["model_dir"])
+        else:
+            model_dir, start = Path(done["model_dir"]), task_part(done["metrics"])
+        entries.append(done)
+        if dist.is_main and not flat:
+            write_json(run_dir / SUMMARY, {"stages": entries})
     return entries
 
 
-def _run_stages(cfg: Config, run_dir: Path, model_dir: Path, entries: list, scorers: dict, policy_metrics,
-                echo) -> tuple[Path, list]:
-    """Each stage of ``cfg.stages`` in turn, skipping those a resumed run finished; returns the last policy
-    directory and the summary entries."""
-    from rlft.parallel.dist import current
-    from rlft.run import seed_everything
-
-    dist = current()
-    for i, name in enumerate(cfg.stages):
-        out = run_dir / f"{i}-{name}"
-        done = _finished(out)
-        dist.barrier()  # every process has looked before the main one writes
-        if done is None:
-            if stage_kind(name) != "rl" and dist.is_main:  # an unfinished stage other than RL starts afresh
-                shutil.rmtree(out, ignore_errors=True)
-            seed_everything(cfg.train.seed)
-            echo(f"rlft: stage {i} {name} in {out}")
-            run = lambda: _run_stage(name, cfg, model_dir, out, echo, policy_metrics, scorers)  # noqa: E731
-            result = run() if stage_kind(name) == "rl" else dist.on_main(run)  # RL is the data-parallel stage
-            done = {"stage": name, "model_dir": str(result.model_dir), "metrics": result.metrics,
-                    "summary": result.summary}
-            if dist.is_main:
-                write_json(out / "stage.json", done)
-        else:
-            echo(f"rlft: stage {i} {name} finished earlier ({done['summary']})")
-        if name in SCORER_STAGES:
-            scorers[name] = Path(done["model_dir"])
-        else:
-            model_dir, policy_metrics = Path(done["model_dir"]), task_part(done["metrics"])
-        entries.append(done)
-        if dist.is_main:
-            write_json(run_dir / SUMMARY, {"stages": entries})
-    return model_dir, entries
+def _report(run_dir: Path, cfg: Config, echo, advise: bool) -> None:
+    """The run's one report and plot set, at its root (``advise``: a failed write names the checkpoint to resume
+    from)."""
+    with stops_on_write_failure(run_dir) if advise else contextlib.nullcontext():
+        with writing(run_dir / "report.html"):
+            build_report(run_dir)
+        if cfg.log.plots:
+            write_run_plots(run_dir, echo)
 
 
 def task_part(metrics: dict) -> dict:
@@ -120,16 +226,6 @@ def task_part(metrics: dict) -> dict:
 def _finished(out: Path) -> dict | None:
     path = out / "stage.json"
     return json.loads(path.read_text()) if path.is_file() else None
-
-
-def _run_stage(name: str, cfg: Config, model_dir: Path, out: Path, echo, start: dict | None,
-               scorers: dict[str, Path]) -> StageResult:
-    out.mkdir(parents=True, exist_ok=True)
-    fn = STAGES.get(stage_kind(name))
-    if stage_kind(name) == "rl":
-        extra = {"prm_dir": scorers["prm"]} if "prm" in scorers else {}
-        return fn(cfg, str(model_dir), out, echo, start, rm_dir=scorers.get("rm"), **extra)
-    return fn(cfg, str(model_dir), out, echo, start)
 
 
 def summary_table(entries: list[dict], seconds: float, run_dir: Path) -> str:

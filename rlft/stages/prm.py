@@ -16,26 +16,25 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rlft.config import Config
 from rlft.models.loading import DTYPES, resolve_device
 from rlft.models.prm_head import build_prm
 from rlft.rewards import REWARDS
-from rlft.stages.base import STAGES, StageResult, save_model, save_whole, step_log, write_json
+from rlft.stages.base import StageInput, StageResult, stage, step_log, write_json
+from rlft.runs.checkpoint import save_model, save_whole
 from rlft.trainers.prm import evaluate_prm, step_examples, train_prm
 
 
-@STAGES.register("prm")
-def prm_stage(cfg: Config, model_dir: str, out_dir: Path, echo=print, start: dict | None = None) -> StageResult:
+@stage("prm", scorer=True)
+def prm_stage(inp: StageInput) -> StageResult:
     """Train a process reward model on the backbone at ``model_dir``; the result's model is the PRM.
 
     ``start`` (the policy's task metrics) is not used: this stage evaluates step labels, not the task.
     """
-    from rlft.run import load_task
-
+    cfg, out_dir, echo, model_dir = inp.cfg, Path(inp.out_dir), inp.echo, str(inp.model_dir)
     p = cfg.prm
     model, tok = build_prm(model_dir, dtype=DTYPES[cfg.model.dtype], device=resolve_device(cfg.model.device),
                            trust_remote_code=cfg.model.trust_remote_code)
-    train_ex, eval_ex = load_task(cfg)
+    train_ex, eval_ex = inp.problems.train, inp.problems.held_out
     label_fn = REWARDS.get(p.labels)
     train = step_examples(train_ex, tok, label_fn, p.perturb, p.max_tokens, cfg.train.seed)
     held_out = step_examples(eval_ex, tok, label_fn, p.perturb, p.max_tokens, cfg.train.seed + 1)

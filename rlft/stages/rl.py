@@ -1,23 +1,48 @@
-"""The RL stage of a pipeline: ``rlft train``'s RL (evaluation before and after) from the previous stage's model.
+"""The RL stage: RL from the stage's model, with the held-out evaluation before and after, in the stage's directory.
 
-The stage runs in its own directory with the run's configuration, starting
-from ``model_dir`` and without the SFT warm-up (SFT is a stage of its own in a
-pipeline). A ``reward_model`` reward whose path is ``@rm`` scores with the
-reward model the pipeline's rm stage trained. Resuming continues from the
-stage's last checkpoint.
+``rlft train`` with no ``stages`` runs this stage alone, flat in the run directory, with its SFT warm-up
+(``sft.steps``) first; in a pipeline it starts from the previous stage's policy (SFT is a stage of its own there).
+A ``reward_model`` reward whose path is ``@rm`` scores with the reward model the pipeline's rm stage trained (and
+``@prm`` with its prm stage's). Resuming continues from the stage's last checkpoint. Writes::
+
+    policy/            the final policy + tokenizer (save_pretrained)
+    metrics.jsonl      one JSON object per RL step
+    sft_metrics.jsonl  the SFT warm-up's losses (when it runs)
+    eval.json          {"before_rl": {...}, "after_rl": {...}}
+    health.json        the health warnings that fired
+    samples.jsonl      sampled completions with their rewards (log.samples_every)
+    checkpoints/       step_N/{policy/, state.pt} every train.save_every steps
+    critic/            the final critic (with a critic); critic_pretrain_metrics.jsonl: VAPO value pre-training
+    reward_model/      the run's own reward model, refreshed in RL (rm.refresh_every > 0)
+
+Under ``accelerate launch`` / ``torchrun`` the RL steps are data-parallel; the SFT warm-up and the evaluations run
+in the main process while the others wait, and only the main process writes.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import shutil
+import json
 from pathlib import Path
 
-from rlft.runs import checkpoint
 from rlft.config import Config
+from rlft.data.templates import encode_prompts
+from rlft.insight.eval import HeldOut, evaluate_sets, primary_set, without_examples
+from rlft.models.lora import save_policy
+from rlft.models.loading import resolve_device
+from rlft.parallel.dist import current
+from rlft.parallel.fsdp import full_model_state, gathered, is_sharded
 from rlft.rewards.model import PIPELINE_RM
 from rlft.rewards.prm import PIPELINE_PRM
-from rlft.stages.base import STAGES, StageResult
+from rlft.rewards.terms import reward_pool
+from rlft.runs import checkpoint
+from rlft.runs.start import removed_if_start_fails, seed_everything, stops_on_write_failure, write_json
+from rlft.runs.tracking import MetricsLog
+from rlft.stages.base import StageInput, StageResult, Task, stage
+from rlft.trainers.policy import training_policy
+from rlft.trainers.rl_loop import progress_bar, run_rl
+from rlft.trainers.rm_refresh import own_reward_model
+from rlft.trainers.sft import train_sft
 
 
 def with_reward_model(cfg: Config, rm_dir: Path | None, prm_dir: Path | None = None) -> Config:
@@ -25,40 +50,112 @@ def with_reward_model(cfg: Config, rm_dir: Path | None, prm_dir: Path | None = N
     terms = []
     for t in cfg.reward.fns:
         params = dict(t.params)
-        for placeholder, path, stage in ((PIPELINE_RM, rm_dir, "rm"), (PIPELINE_PRM, prm_dir, "prm")):
+        for placeholder, path, name in ((PIPELINE_RM, rm_dir, "rm"), (PIPELINE_PRM, prm_dir, "prm")):
             if params.get("path") == placeholder:
                 if path is None:
-                    raise ValueError(f"reward {t.key!r}: path {placeholder!r} but no {stage} stage ran before this one")
+                    raise ValueError(f"reward {t.key!r}: path {placeholder!r} but no {name} stage ran before this one")
                 params["path"] = str(path)
                 t = dataclasses.replace(t, params=tuple(params.items()))
         terms.append(t)
     return dataclasses.replace(cfg, reward=dataclasses.replace(cfg.reward, fns=tuple(terms)))
 
 
-@STAGES.register("rl")
-def rl_stage(cfg: Config, model_dir: str, out_dir: Path, echo=print, start: dict | None = None,
-             rm_dir: Path | None = None, prm_dir: Path | None = None) -> StageResult:
-    """RL from ``model_dir`` in ``out_dir``; the result's model is the final policy. With ``start`` (the
-    held-out metrics of ``model_dir``) the evaluation before RL is not repeated."""
-    from rlft.insight.eval import without_examples
-    from rlft.run import train
+@stage("rl", every_process=True, resumes=True)
+def rl_stage(inp: StageInput) -> StageResult:
+    """RL from ``inp.model_dir`` in ``inp.out_dir``; the result's model is the final policy. With ``inp.start`` (the
+    held-out metrics of the model) the evaluation before RL is not repeated."""
+    out_dir, echo, dist = Path(inp.out_dir), inp.echo, current()
+    ckpt = checkpoint.latest(out_dir) if inp.resume else None
+    cfg = with_reward_model(inp.cfg, inp.scorers.get("rm"), inp.scorers.get("prm"))
+    task = inp.problems
+    with removed_if_start_fails(out_dir, keep=inp.resume):
+        with dist.main_first():  # rm.refresh_every: the run scores with (and refreshes) its own copy
+            cfg = own_reward_model(cfg, out_dir)
+        seed_everything(cfg.train.seed)
+        with dist.main_first():  # LoRA on a pipeline's adapters writes their merged base once
+            policy, tokenizer = training_policy(cfg, str(inp.model_dir), ckpt, out_dir)
+        n_params = sum(p.numel() for p in policy.parameters())
+        n_train = sum(p.numel() for p in policy.parameters() if p.requires_grad)
+        trains = f", {n_train / 1e6:.3f}M of them LoRA adapters" if cfg.lora.rank else ""
+        echo(f"rlft: run {out_dir}  model {inp.model_dir} ({n_params / 1e6:.2f}M params{trains}) on "
+             f"{resolve_device(cfg.model.device)}")
+        train_prompts = encode_prompts(task.train, cfg.data.template, tokenizer, cfg.data.max_prompt_tokens,
+                                       "train data")
+        held_out = [h.encode(tokenizer, cfg) for h in (primary_set(cfg, task.held_out), *task.sets)]
+    echo(f"rlft: {len(task.train)} training prompts, {len(task.held_out)} held-out"
+         + "".join(f", {len(h.examples)} in {h.name}" for h in task.sets)
+         + (f"; {dist.world} processes" if dist.active else ""))
 
-    from rlft.parallel.dist import current
-
-    out_dir = Path(out_dir)
-    resume = checkpoint.latest(out_dir) is not None
-    with current().main_first():
-        if current().is_main and not resume and out_dir.exists():  # started, no checkpoint: start the stage again
-            shutil.rmtree(out_dir)
-    stage_cfg = with_reward_model(cfg, rm_dir, prm_dir)
-    stage_cfg = dataclasses.replace(
-        stage_cfg, stages=(), model=dataclasses.replace(cfg.model, path=str(model_dir)),
-        sft=dataclasses.replace(cfg.sft, steps=0), train=dataclasses.replace(cfg.train, resume=resume),
-        eval=dataclasses.replace(cfg.eval, before_rl=cfg.eval.before_rl and start is None),
-        log=dataclasses.replace(cfg.log, run_dir=str(out_dir.parent), name=out_dir.name))
-    result = train(stage_cfg, echo=echo)
-    before, after = start or result.eval.get("before_rl", {}), result.eval["after_rl"]
-    metrics = without_examples(after)  # eval.sets' metrics under "sets"
+    results = json.loads((out_dir / "eval.json").read_text()) if ckpt and (out_dir / "eval.json").exists() else {}
+    with reward_pool(cfg), stops_on_write_failure(out_dir):
+        if ckpt is None:
+            if inp.warm_up and cfg.sft.steps:  # in the main process; the others then take its weights
+                dist.on_main(lambda: _warm_up(policy, tokenizer, task, cfg, out_dir))
+                dist.sync_params_(policy)
+            if cfg.eval.before_rl and inp.start is None:
+                results["before_rl"] = _evaluate(policy, tokenizer, held_out, cfg, echo, "before RL")
+                write_json(out_dir / "eval.json", results)
+        run_rl(policy, tokenizer, task.train, train_prompts, cfg, out_dir, ckpt, echo, held_out)
+        results["after_rl"] = _evaluate(policy, tokenizer, held_out, cfg, echo, "after RL")
+        write_json(out_dir / "eval.json", results)
+    whole = full_model_state(policy) if is_sharded(policy) else None  # every process takes part; the main one writes
+    if dist.is_main:
+        with stops_on_write_failure(out_dir):  # policy/ appears whole or not at all
+            checkpoint.write_dir(out_dir / "policy",
+                                 lambda tmp: save_policy(policy, tokenizer, tmp, cfg.lora.save, state_dict=whole))
+    dist.barrier()  # the stage's files are complete when any process returns
+    before, after = inp.start or results.get("before_rl", {}), results["after_rl"]
     start = f"{before['exact_match']:.3f} -> " if "exact_match" in before else ""
     line = f"{cfg.algo.name}: exact match {start}{after['exact_match']:.3f}; policy in {out_dir / 'policy'}"
-    return StageResult(model_dir=out_dir / "policy", metrics=metrics, summary=line)
+    return StageResult(model_dir=out_dir / "policy", metrics=without_examples(after), summary=line)
+
+
+def _warm_up(policy, tokenizer, task: Task, cfg: Config, out_dir: Path) -> None:
+    """The SFT warm-up of a run without stages: ``sft.steps`` on the task's reference responses."""
+    log = MetricsLog(out_dir, tensorboard=False, filename="sft_metrics.jsonl")
+    bar = progress_bar(cfg.sft.steps, "sft", cfg)
+
+    def on_step(step: int, m: dict) -> None:
+        log.log(step, m)
+        bar.update(1)
+        bar.set_postfix(loss=f"{m['sft/loss']:.3f}")
+
+    try:
+        train_sft(policy, tokenizer, task.train, cfg, on_step, rows=task.sft)
+    finally:
+        bar.close()
+        log.close()
+
+
+def _evaluate(policy, tokenizer, held_out: list[HeldOut], cfg: Config, echo, label: str) -> dict:
+    """The held-out evaluation of every set, run by the main process; every process gets its results."""
+    extra = "".join(f" and {len(h.examples)} in {h.name}" for h in held_out[1:])
+    echo(f"rlft: evaluating {label} on {len(held_out[0].examples)} held-out problems{extra}")
+    with gathered(policy):
+        return current().on_main(lambda: evaluate_sets(policy, tokenizer, held_out, cfg))
+
+
+def rl_summary(results: dict, seconds: float, run_dir: Path) -> str:
+    """The table a run without stages ends with: held-out metrics before and after RL, and the health warnings."""
+    before, after = results.get("before_rl"), results.get("after_rl", {})
+    ks = [k for k in after if k.startswith("pass@")]
+    lines = ["", "rlft summary", "-" * 56,
+             f"{'':22}{'before RL':>12}{'after RL':>12}"]
+    for key in ["exact_match", "format_rate", *ks]:
+        b = f"{before[key]:.3f}" if before and key in before else "-"
+        lines.append(f"{key:22}{b:>12}{after.get(key, float('nan')):>12.3f}")
+    for name, part in after.get("sets", {}).items():  # the extra held-out sets (eval.sets)
+        was = (before or {}).get("sets", {}).get(name, {})
+        for key in ["exact_match", "format_rate", *ks]:
+            b = f"{was[key]:.3f}" if key in was else "-"
+            lines.append(f"{name + '/' + key:22}{b:>12}{part.get(key, float('nan')):>12.3f}")
+    lines += [f"held-out problems     {after.get('n', 0)}"
+              + "".join(f", {part.get('n', 0)} in {name}" for name, part in after.get("sets", {}).items()),
+              f"time                  {seconds:.1f} s",
+              f"run directory         {run_dir}",
+              f"final policy          {run_dir / 'policy'}"]
+    health = json.loads((run_dir / "health.json").read_text()) if (run_dir / "health.json").is_file() else {}
+    lines.append(f"health warnings       {len(health) or 'none'}")
+    for name, h in health.items():
+        lines.append(f"  {name}: steps {h['first_step']}-{h['last_step']} ({h['steps']} steps): {h['advice']}")
+    return "\n".join(lines)

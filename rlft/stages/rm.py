@@ -24,8 +24,8 @@ from rlft.config import Config, ConfigError
 from rlft.data.preferences import Ranking
 from rlft.models.loading import DTYPES, resolve_device
 from rlft.models.reward_head import build_reward_model
-from rlft.stages.base import STAGES, StageResult, save_model, save_whole, step_log, write_json
-from rlft.data.rankings import load_rankings
+from rlft.stages.base import StageInput, StageResult, Task, stage, step_log, write_json
+from rlft.runs.checkpoint import save_model, save_whole
 from rlft.trainers.policy_pairs import policy_preferences
 from rlft.trainers.rm import encode_ranking, evaluate_rm, train_rm
 
@@ -33,23 +33,21 @@ from rlft.trainers.rm import encode_ranking, evaluate_rm, train_rm
 KINDS = {"task": ("task",), "policy": ("policy",), "both": ("task", "policy")}  # held-out kinds rm/accuracy counts
 
 
-def rm_rankings(cfg: Config, model_dir: str) -> tuple[list[Ranking], dict[str, list[Ranking]], dict[str, float]]:
+def rm_rankings(cfg: Config, model_dir: str, task: Task) -> tuple[list[Ranking], dict[str, list[Ranking]],
+                                                                  dict[str, float]]:
     """(training rankings, held-out rankings by kind, sampling counts) as ``rm.source`` / ``rm.pairs_from`` say."""
-    from rlft.run import load_task
-
     r = cfg.rm
     if r.source or r.pairs_from == "task":
-        train, held_out = load_rankings(cfg, r, "rm")
+        train, held_out = task.rankings_of(cfg, "rm")
         return train, {"task": held_out}, {}
     train, by_kind = [], {}
     try:
-        task_train, by_kind["task"] = load_rankings(cfg, r, "rm")
+        task_train, by_kind["task"] = task.rankings_of(cfg, "rm")
         train += task_train if r.pairs_from == "both" else []
     except ConfigError:
         if r.pairs_from == "both":
             raise
-    train_ex, eval_ex = load_task(cfg)
-    p_train, p_eval, stats = policy_preferences(model_dir, train_ex, eval_ex, cfg)
+    p_train, p_eval, stats = policy_preferences(model_dir, task.train, task.held_out, cfg)
     if not p_train or not p_eval:
         raise ConfigError(f"rm.pairs_from: the policy at {model_dir} gave no prompt with both a right and a wrong "
                           f"sample ({len(p_train)} training pairs, {len(p_eval)} held-out); raise "
@@ -58,17 +56,18 @@ def rm_rankings(cfg: Config, model_dir: str) -> tuple[list[Ranking], dict[str, l
     return train + p_train, by_kind, stats
 
 
-@STAGES.register("rm")
-def rm_stage(cfg: Config, model_dir: str, out_dir: Path, echo=print, start: dict | None = None) -> StageResult:
+@stage("rm", scorer=True)
+def rm_stage(inp: StageInput) -> StageResult:
     """Train a reward model on the backbone at ``model_dir``; the result's model is the reward model.
 
     ``start`` (the policy's task metrics) is not used: this stage evaluates rankings, not the task.
     """
+    cfg, out_dir, echo, model_dir = inp.cfg, Path(inp.out_dir), inp.echo, str(inp.model_dir)
     r = cfg.rm
     model, tok = build_reward_model(model_dir, pooling=r.pooling, dtype=DTYPES[cfg.model.dtype],
                                     device=resolve_device(cfg.model.device),
                                     trust_remote_code=cfg.model.trust_remote_code)
-    train, by_kind, stats = rm_rankings(cfg, model_dir)
+    train, by_kind, stats = rm_rankings(cfg, model_dir, inp.problems)
     held_out = [x for kind in by_kind for x in by_kind[kind] if kind in KINDS[r.pairs_from]]
     enc_train = [encode_ranking(x, tok, r.max_tokens) for x in train]
     enc_kinds = {kind: [encode_ranking(x, tok, r.max_tokens) for x in xs] for kind, xs in by_kind.items()}

@@ -12,23 +12,23 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rlft.config import Config
 from rlft.models.lora import save_policy
-from rlft.stages.base import STAGES, StageResult, save_whole, step_log, task_metrics, write_json
+from rlft.trainers.policy import training_policy
+from rlft.stages.base import StageInput, StageResult, stage, step_log, task_metrics, write_json
+from rlft.runs.checkpoint import save_whole
 from rlft.trainers.sft import train_sft
 
 
-@STAGES.register("sft")
-def sft_stage(cfg: Config, model_dir: str, out_dir: Path, echo=print, start: dict | None = None) -> StageResult:
+@stage("sft")
+def sft_stage(inp: StageInput) -> StageResult:
     """Fine-tune the model at ``model_dir``; the result's model is the fine-tuned one."""
-    from rlft.run import load_task, training_policy
-
-    policy, tok = training_policy(cfg, model_dir, None, Path(out_dir))
-    before = start if start is not None else task_metrics(policy, tok, cfg)
-    train_ex = [] if cfg.sft.source else load_task(cfg)[0]
+    cfg, out_dir, start = inp.cfg, Path(inp.out_dir), inp.start
+    policy, tok = training_policy(cfg, str(inp.model_dir), None, out_dir)
+    before = start if start is not None else task_metrics(policy, tok, inp)
+    train_ex = [] if cfg.sft.source else inp.problems.train
     with step_log(out_dir, "sft_metrics.jsonl", cfg.sft.steps, cfg.log.progress) as on_step:
-        train_sft(policy, tok, train_ex, cfg, on_step=on_step)
-    after = task_metrics(policy, tok, cfg)
+        train_sft(policy, tok, train_ex, cfg, on_step=on_step, rows=inp.problems.sft)
+    after = task_metrics(policy, tok, inp)
     save_to = save_whole(Path(out_dir) / "policy", lambda tmp: save_policy(policy, tok, tmp, cfg.lora.save))
     write_json(Path(out_dir) / "sft_eval.json", {"task_before": before, "task_after": after})
     line = (f"sft: exact match {before['exact_match']:.3f} -> {after['exact_match']:.3f} "

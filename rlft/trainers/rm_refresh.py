@@ -131,6 +131,6 @@ class RMRefresh:
 
     def save(self, path: Path) -> None:
         """The refreshed reward model and its tokenizer, loadable by the ``reward_model`` reward."""
-        from rlft.stages.base import save_model
+        from rlft.runs.checkpoint import save_model
 
         save_model(self.model, self.tokenizer, path)

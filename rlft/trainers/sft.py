@@ -107,10 +107,11 @@ def token_budget_batches(items: Sequence[Item], max_tokens: int) -> list[list[in
 
 
 def train_sft(model, tokenizer, examples: Sequence[Example], cfg: Config,
-              on_step: Callable[[int, dict], None] = lambda step, m: None) -> None:
+              on_step: Callable[[int, dict], None] = lambda step, m: None,
+              rows: Sequence[Example] | None = None) -> None:
     """Run ``cfg.sft.steps`` optimizer steps of SFT on random mini-batches (``examples``: the RL rows; see
-    :func:`sft_examples` for ``sft.source``)."""
-    items = sft_pairs(sft_examples(cfg, examples), tokenizer, cfg)
+    :func:`sft_examples` for ``sft.source``; ``rows``: what it returned, when read already)."""
+    items = sft_pairs(sft_examples(cfg, examples) if rows is None else rows, tokenizer, cfg)
     s = cfg.sft
     opt = make_optimizer(model.parameters(), lr=s.lr, weight_decay=cfg.optim.weight_decay,
                          betas=(cfg.optim.beta1, cfg.optim.beta2), eps=cfg.optim.eps)

@@ -1,0 +1,152 @@
+"""The RL loop of a run: RL steps until ``train.steps`` (or the time budget), with validation, sample logs, health
+warnings, checkpoints, and a clean stop on SIGINT/SIGTERM or on too many skipped updates."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from pathlib import Path
+
+from rlft.config import Config
+from rlft.errors import TrainingHalted
+from rlft.insight.eval import HeldOut, evaluate_sets, val_metrics
+from rlft.parallel.dist import current
+from rlft.parallel.fsdp import full_model_state, gathered, is_sharded
+from rlft.runs import checkpoint
+from rlft.runs.start import append_jsonl, seed_everything, write_json
+from rlft.runs.tracking import MetricsLog
+from rlft.trainers.rl import RLState, rl_step, sample_records
+from rlft.trainers.rl_setup import PROCESS_SEED_STRIDE, build_rl_state, restore, save_checkpoint
+from rlft.trainers.rm_refresh import RUN_RM
+
+
+def run_rl(policy, tokenizer, train_ex, train_prompts, cfg: Config, run_dir: Path, ckpt, echo,
+            held_out: list[HeldOut]) -> None:
+    t0 = time.perf_counter()
+    dist = current()
+    state = build_rl_state(policy, tokenizer, train_ex, train_prompts, cfg)
+    state.dist = dist
+    if ckpt is not None:
+        restore(state, ckpt, run_dir, echo)
+    else:
+        if dist.rank:  # each process samples its own share of the groups: its own random stream
+            seed_everything(cfg.train.seed + PROCESS_SEED_STRIDE * dist.rank)
+        if state.critic is not None and cfg.critic.pretrain_steps:
+            pretrain_critic(state, cfg, run_dir)
+    log = MetricsLog(run_dir, tensorboard=cfg.log.tensorboard) if dist.is_main else None
+    bar = progress_bar(cfg.train.steps, "rl", cfg, initial=state.step)
+    policy.train()
+    try:
+        budget = cfg.train.time_budget_s
+        with StopSignals() as stop:
+            while state.step < cfg.train.steps:
+                if dist.broadcast(bool(budget) and time.perf_counter() - t0 > budget):  # the main process's clock
+                    echo(f"rlft: time budget of {budget:g} s spent after {state.step} RL steps")
+                    break
+                metrics = rl_step(state, cfg)
+                if cfg.eval.every and state.step % cfg.eval.every == 0:
+                    metrics.update(validation(policy, tokenizer, held_out, cfg))
+                if dist.is_main and cfg.log.samples_every and state.step % cfg.log.samples_every == 0:
+                    append_jsonl(run_dir / "samples.jsonl", sample_records(state, state.step, cfg.log.samples_groups))
+                values, warnings = state.health.update(state.step, metrics)
+                metrics.update(values)
+                for line in warnings:
+                    echo(f"rlft: health warning: {line}")
+                if log is not None:
+                    log.log(state.step, metrics)
+                halt_on_skips(state, cfg, run_dir)
+                bar.update(1)
+                bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", len=f"{metrics['response_length/mean']:.1f}")
+                saved = cfg.train.save_every and state.step % cfg.train.save_every == 0
+                if saved and state.step < cfg.train.steps:
+                    save_checkpoint(state, cfg, run_dir)
+                signum = dist.broadcast(stop.signum)  # the main process's: every process stops after the same step
+                if signum is not None:
+                    if not saved or state.step == cfg.train.steps:
+                        save_checkpoint(state, cfg, run_dir)
+                    name = signal.Signals(signum).name
+                    raise TrainingHalted(f"{name} after RL step {state.step}: checkpoint "
+                                         f"{run_dir / 'checkpoints' / f'step_{state.step:06d}'} written; "
+                                         "train.resume=true continues from it", exit_code=128 + signum)
+    finally:
+        bar.close()
+        if log is not None:
+            log.close()
+    write_json(run_dir / "health.json", state.health.report())
+    if state.critic is not None:
+        critic = full_model_state(state.critic, tied_once=False) if is_sharded(state.critic) else None  # all take part
+        if dist.is_main:
+            checkpoint.write_dir(run_dir / "critic", lambda tmp: state.critic.save_pretrained(tmp, state_dict=critic))
+    if dist.is_main and state.rm_refresh is not None:
+        checkpoint.write_dir(run_dir / RUN_RM, state.rm_refresh.save)
+
+def pretrain_critic(state: RLState, cfg: Config, run_dir: Path) -> None:
+    """VAPO value pre-training (Yuan et al. 2025 §3.1): critic-only steps on rollouts of the frozen initial policy."""
+    log = MetricsLog(run_dir, tensorboard=False, filename="critic_pretrain_metrics.jsonl") if state.dist.is_main \
+        else None
+    bar = progress_bar(cfg.critic.pretrain_steps, "critic", cfg)
+    try:
+        for step in range(1, cfg.critic.pretrain_steps + 1):
+            m = rl_step(state, cfg, train_policy=False)
+            if log is not None:
+                log.log(step, {k: v for k, v in m.items() if k.startswith(("critic/", "reward/mean", "timing_s/"))})
+            bar.update(1)
+            bar.set_postfix(vf_loss=f"{m['critic/vf_loss']:.4f}")
+    finally:
+        bar.close()
+        if log is not None:
+            log.close()
+
+class StopSignals:
+    """While active, SIGINT and SIGTERM ask the RL loop to stop after the current step (``signum``), which then
+    writes a checkpoint and exits; a second SIGINT interrupts at once. Outside the main thread it does nothing."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self):
+        self.signum: int | None = None
+        self._previous: dict = {}
+
+    def _handle(self, signum, frame) -> None:
+        if self.signum is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.signum = signum
+
+    def __enter__(self) -> "StopSignals":
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+
+def validation(policy, tokenizer, held_out: list[HeldOut], cfg: Config) -> dict[str, float]:
+    """The held-out evaluation during RL, every set's, as ``val/<set>/<metric>`` metrics (the policy's training
+    mode kept)."""
+    was_training = policy.training
+    with gathered(policy):
+        results = current().on_main(lambda: evaluate_sets(policy, tokenizer, held_out, cfg))
+    policy.train(was_training)
+    return val_metrics(results, held_out[0].name)
+
+def halt_on_skips(state: RLState, cfg: Config, run_dir: Path) -> None:
+    """Stop after ``train.max_consecutive_skips`` RL steps in a row that could not update (non-finite gradients)."""
+    limit = cfg.train.max_consecutive_skips
+    if not limit or state.consecutive_skips < limit:
+        return
+    ckpt = checkpoint.latest(run_dir)
+    where = (f"the last checkpoint is {ckpt} (train.resume=true continues from it)" if ckpt is not None else
+             "there is no checkpoint (train.save_every=0)")
+    first = state.step - state.consecutive_skips + 1
+    raise TrainingHalted(
+        f"RL steps {first}-{state.step}: every update met a non-finite loss or gradient and was skipped "
+        f"({state.consecutive_skips} in a row, train.max_consecutive_skips={limit}); {where}. "
+        "Try a lower optim.lr, optim.grad_clip, or check the rewards and the data for extreme values")
+
+def progress_bar(total: int, desc: str, cfg: Config, initial: int = 0):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=initial, desc=desc, disable=not (cfg.log.progress and current().is_main),
+                dynamic_ncols=True)

@@ -1,0 +1,122 @@
+"""The state of an RL run: the policy's optimizer and schedule, the reference, the critic, the controllers and the
+ptx data (``build_rl_state``), and its checkpoints (``save_checkpoint``, ``restore``)."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import torch
+
+from rlft.config import Config, ConfigError
+from rlft.core.kl import make_kl_controller
+from rlft.insight.health import HealthMonitor
+from rlft.models.lora import AdaptersOff, is_peft
+from rlft.parallel import zero
+from rlft.parallel.dist import current
+from rlft.parallel.fsdp import full_model_state, full_optimizer_state, is_sharded, load_optimizer_state, shard_
+from rlft.runs import checkpoint
+from rlft.runs.start import seed_everything
+from rlft.runs.tracking import truncate_jsonl
+from rlft.trainers.optim import make_optimizer, make_scheduler
+from rlft.trainers.rl import PromptSampler, RLState, penalty_controller
+from rlft.trainers.rm_refresh import RMRefresh
+
+
+PROCESS_SEED_STRIDE = 1_000_003  # process r > 0 of a multi-process run seeds its sampling with seed + r * this
+
+def build_rl_state(policy, tokenizer, train_ex, train_prompts, cfg: Config) -> RLState:
+    """Optimizer and schedule of the policy, plus the reference model, critic, KL controller and ptx data it needs."""
+    o, a = cfg.optim, cfg.algo
+    ref = None
+    if a.needs_ref:  # the frozen policy as it enters RL; under LoRA the base, i.e. the policy without its adapters
+        ref = AdaptersOff(policy) if is_peft(policy) else copy.deepcopy(policy).eval().requires_grad_(False)
+    critic = build_critic(policy, cfg) if a.needs_critic else None  # from the policy's weights before sharding
+    plan = current().shard
+    if plan is not None:  # an FSDP launch: the policy's parameters, gradients and AdamW state split over processes
+        for model in (policy, ref, critic):  # the reference (unless LoRA's view of the policy) and the critic too
+            if isinstance(model, torch.nn.Module):
+                shard_(model, plan)
+    optimizer = make_optimizer(policy.parameters(), lr=o.lr, weight_decay=o.weight_decay, betas=(o.beta1, o.beta2),
+                               eps=o.eps)
+    total_opt_steps = cfg.train.steps * a.epochs * a.minibatches
+    scheduler = make_scheduler(optimizer, warmup=o.warmup_steps, total=total_opt_steps, schedule=o.schedule)
+    if current().zero is not None:  # a DeepSpeed launch: AdamW's state (and gradients, parameters) split by ZeRO
+        zero.wrap(policy, optimizer, current().zero, o.grad_clip)
+        if isinstance(ref, torch.nn.Module):  # the reference's parameters too, at stage 3 (not LoRA's view)
+            zero.wrap_frozen(ref, current().zero)
+    state = RLState(policy=policy, tokenizer=tokenizer, optimizer=optimizer, scheduler=scheduler,
+                    sampler=PromptSampler(len(train_ex), cfg.train.seed), examples=train_ex, prompts=train_prompts)
+    state.penalty_ctl = penalty_controller(state, cfg)  # PPO-penalty's adaptive beta, when the loss reads one
+    state.health = HealthMonitor(cfg.health)
+    if cfg.rm.refresh_every:  # the reward model the run scores with, retrained on its rollouts
+        state.rm_refresh = RMRefresh(cfg)
+    if ref is not None:
+        state.ref = ref
+        state.kl_ctl = make_kl_controller(a.kl_coef, a.kl_target, a.kl_horizon)
+    if critic is not None:
+        state.critic = critic
+        c = cfg.critic
+        state.critic_optimizer = make_optimizer(state.critic.parameters(), lr=c.lr, weight_decay=o.weight_decay,
+                                                betas=(o.beta1, o.beta2), eps=o.eps)
+        critic_steps = (cfg.train.steps + c.pretrain_steps) * a.epochs * a.minibatches
+        state.critic_scheduler = make_scheduler(state.critic_optimizer, warmup=c.warmup_steps, total=critic_steps,
+                                                schedule=o.schedule)
+        if current().zero is not None:  # a DeepSpeed launch: the critic in an engine of its own
+            zero.wrap(critic, state.critic_optimizer, current().zero, c.grad_clip)
+    if a.ptx_coef > 0:
+        from rlft.trainers.ptx import PtxData
+
+        state.ptx = PtxData.from_config(cfg, tokenizer, train_ex)  # data.ptx_source=task: train_ex as SFT renders them
+    return state
+
+def build_critic(policy, cfg: Config):
+    """A critic on ``critic.path``, or on the policy's weights as they enter RL (a separate copy) when empty."""
+    from rlft.models.critic import Critic, load_critic
+
+    device = next(policy.parameters()).device
+    if cfg.critic.path:
+        return load_critic(cfg.critic.path, dtype=cfg.model.dtype, device=device,
+                           trust_remote_code=cfg.model.trust_remote_code).train()
+    whole = copy.deepcopy(policy).merge_and_unload() if is_peft(policy) else policy  # LoRA: base + adapters, merged
+    backbone = copy.deepcopy(whole.base_model)  # the decoder without its LM head
+    return Critic(backbone.requires_grad_(True)).train()  # trained whole, as from critic.path (LoRA froze the base)
+
+def save_checkpoint(state: RLState, cfg: Config, run_dir: Path) -> None:
+    """A checkpoint of the run, written by the main process with the random states of every process."""
+    rngs = state.dist.gather(checkpoint.rng_state())
+    model_state = optimizer_state = ref_state = None
+    if is_sharded(state.policy):  # whole state dicts, gathered by every process into the main one
+        model_state = full_model_state(state.policy)
+        optimizer_state = full_optimizer_state(state.policy, state.optimizer)
+    if is_sharded(state.ref):
+        ref_state = full_model_state(state.ref, tied_once=False)
+    critic_states = None
+    if is_sharded(state.critic):
+        critic_states = (full_model_state(state.critic, tied_once=False),
+                         full_optimizer_state(state.critic, state.critic_optimizer))
+    if state.dist.is_main:
+        checkpoint.save(run_dir, state.step, model=state.policy, tokenizer=state.tokenizer,
+                        optimizer=state.optimizer, scheduler=state.scheduler, keep=cfg.train.keep_checkpoints,
+                        trainer_state=state.trainer_state(ref_state, critic_states), process_rngs=rngs,
+                        model_state=model_state, optimizer_state=optimizer_state)
+
+def restore(state: RLState, ckpt: Path, run_dir: Path, echo) -> None:
+    saved = checkpoint.load_state(ckpt)
+    load_optimizer_state(state.policy, state.optimizer, saved["optimizer"])
+    state.scheduler.load_state_dict(saved["scheduler"])
+    rngs, dist = saved.get("process_rngs") or [saved["rng"]], state.dist
+    if len(rngs) == dist.world:
+        checkpoint.set_rng_state(rngs[dist.rank])
+    else:  # saved by another number of processes: the main stream continues, the others start afresh
+        checkpoint.set_rng_state(saved["rng"])
+        if dist.rank:
+            seed_everything(state.step + PROCESS_SEED_STRIDE * dist.rank)
+    try:
+        state.load_trainer_state(saved["trainer"])
+    except ValueError as e:  # the data changed since the checkpoint: the position in it means nothing
+        raise ConfigError(f"train.resume: {e}; resume with the run's own data settings") from None
+    if dist.is_main:
+        truncate_jsonl(run_dir / "metrics.jsonl", state.step)
+        truncate_jsonl(run_dir / "samples.jsonl", state.step)
+    echo(f"rlft: resumed from {ckpt} at step {state.step}")
