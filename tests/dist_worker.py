@@ -46,7 +46,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/numerics.py
 from numerics import AbsGradSum  # noqa: E402
 
 from rlft.parallel import dist as rdist  # noqa: E402
-from rlft import run  # noqa: E402
+from rlft.data.task import load_task  # noqa: E402
+from rlft.runs.start import seed_everything  # noqa: E402
+from rlft.trainers.policy import training_policy  # noqa: E402
+from rlft.trainers.rl_setup import build_rl_state  # noqa: E402
 from rlft.recipe import load_config  # noqa: E402
 from rlft.data.templates import encode_prompts  # noqa: E402
 from rlft.parallel.fsdp import full_model_state, full_optimizer_state, is_sharded, load_optimizer_state  # noqa: E402
@@ -159,14 +162,14 @@ def step(out: str, model_dir: str, overrides: list[str], stack: ExitStack) -> No
         from rlft.models import forward
         stack.enter_context(patch.object(forward, "CALL_TOKENS", int(os.environ["RLFT_CALL_TOKENS"])))
     cfg = load_config(None, [f"model.path={model_dir}", *overrides])
-    run.seed_everything(cfg.train.seed)
+    seed_everything(cfg.train.seed)
     if cfg.lora.rank:  # adapters on the model, as rlft train adds them
-        policy, tok = run.training_policy(cfg, model_dir, None, Path(out).parent)
+        policy, tok = training_policy(cfg, model_dir, None, Path(out).parent)
     else:
         policy, tok = load_policy(model_dir, cfg.model)
-    train_ex, _ = run.load_task(cfg)
+    train_ex, _ = load_task(cfg)
     prompts = encode_prompts(train_ex, cfg.data.template, tok, cfg.data.max_prompt_tokens, "train data")
-    state = run.build_rl_state(policy, tok, train_ex, prompts, cfg)
+    state = build_rl_state(policy, tok, train_ex, prompts, cfg)
     state.dist = dist
     if os.environ.get("RLFT_CHECK", "").startswith("fresh_load"):  # a resume's load into a fresh engine: no step
         loaded = synthetic_optimizer_state(policy)

@@ -86,7 +86,7 @@ def test_merge_scores_concatenates_in_order_and_adds_errors():
 def test_leave_skips_the_teardown_only_after_a_closed_process_group(closed):
     """After ``shutdown`` closed a process group the process ends with its code and its output written, without
     the interpreter's teardown (an atexit handler does not run); otherwise it exits as usual."""
-    script = ("import atexit, sys\nfrom rlft import dist\n"
+    script = ("import atexit, sys\nfrom rlft.parallel import dist\n"
               "atexit.register(lambda: print('teardown ran'))\n"
               f"dist._CLOSED = {closed}\n"
               "print('done', end='')\nsys.stderr.write('errors written')\ndist.leave(3)\n")

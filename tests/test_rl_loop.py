@@ -23,7 +23,7 @@ from rlft.models.loading import load_model, load_tokenizer
 from rlft.rollout.batch import Batch, left_pad
 from rlft.rollout import decode, hf
 from rlft.rollout.hf import eos_ids, generate
-from rlft import run
+from rlft.trainers import policy as trainer_policy
 from rlft.trainers import rl
 from rlft.trainers import update as upd
 from rlft.trainers.rl import PromptSampler, RLState, fill_logprobs, rl_step
@@ -648,7 +648,7 @@ def test_shared_prefix_is_skipped_under_gradient_checkpointing_and_for_distinct_
     response_logprobs(model, one_per_prompt.prompt_ids, one_per_prompt.prompt_mask, one_per_prompt.response_ids,
                       one_per_prompt.response_mask)
     assert shared_calls == []
-    run._enable_checkpointing(model)
+    trainer_policy._enable_checkpointing(model)
     model.train()
     response_logprobs(model, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask)
     assert shared_calls == []

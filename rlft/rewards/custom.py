@@ -29,7 +29,7 @@ not a fork of the trainer, and replies in JSON, so the function cannot
 ordinarily read or change the trainer's memory and state; the spec is checked
 in such a child too, so the trainer never imports the function's module. It is
 not a sandbox for the host, nor a boundary against hostile code: the child runs
-as the same user with the same files, network and environment (``rlft.rewards.userfn``
+as the same user with the same files, network and environment (``rlft.userfn``
 says more; untrusted programs belong in the code sandbox). Each call pays a
 process start: tens of milliseconds, plus what the function's module imports.
 A sandboxed function never runs in the worker pool: its ``runs_in_pool`` marker
@@ -43,7 +43,7 @@ missing attribute, something not callable, or a refused target is a
 (``builtins:exec`` would run every completion in the trainer), also when a
 module of the user's re-exports it under another name, and anything but a
 Python function or a callable instance of a Python class (see
-``rlft.rewards.userfn``). Importing runs the module's top-level code, as ``python -m``
+``rlft.userfn``). Importing runs the module's top-level code, as ``python -m``
 would. The reward stores only the spec (a file path made absolute), so it
 pickles to worker processes, which import the function once each (cached per
 process).
@@ -56,7 +56,7 @@ from pathlib import Path
 from typing import Literal
 
 from rlft.rewards.base import REWARDS, check_choices
-from rlft.rewards.userfn import call_in_child, markers, markers_in_child, resolve
+from rlft.userfn import call_in_child, markers, markers_in_child, resolve
 
 
 @REWARDS.register("custom")
