@@ -52,11 +52,12 @@ from rlft.trainers.policy import training_policy  # noqa: E402
 from rlft.trainers.rl_setup import build_rl_state  # noqa: E402
 from rlft.recipe import load_config  # noqa: E402
 from rlft.data.templates import encode_prompts  # noqa: E402
-from rlft.parallel.fsdp import full_model_state, full_optimizer_state, is_sharded, load_optimizer_state  # noqa: E402
+from rlft.parallel import launch  # noqa: E402
+from rlft.parallel.strategy import Strategy  # noqa: E402
 from rlft.models.loading import load_policy  # noqa: E402
 from rlft.rollout.batch import cat_batches  # noqa: E402
 from rlft.rollout.lean import LeanDecoder  # noqa: E402
-from rlft.trainers import rl, update  # noqa: E402
+from rlft.trainers import rl  # noqa: E402
 from rlft.parallel.zero import engine_of, stage_of  # noqa: E402
 
 
@@ -156,7 +157,8 @@ def planted(stack: ExitStack) -> None:
 def step(out: str, model_dir: str, overrides: list[str], stack: ExitStack) -> None:
     """One job: the step (or the ``RLFT_CHECK``) of ``overrides`` on ``model_dir``, written to ``out``; what it
     patches is patched until ``stack`` closes."""
-    dist = rdist.init_dist("cuda" if "model.device=cuda" in overrides else "cpu")
+    strategy = launch.init("cuda" if "model.device=cuda" in overrides else "cpu")
+    dist = strategy.dist
     planted(stack)
     if os.environ.get("RLFT_CALL_TOKENS"):  # the shared-prefix forward splits runs of similar lengths this eagerly
         from rlft.models import forward
@@ -178,8 +180,8 @@ def step(out: str, model_dir: str, overrides: list[str], stack: ExitStack) -> No
             names = list(loaded["state"])
             given = {"state": {i: loaded["state"][n] for i, n in enumerate(names)},
                      "param_groups": [{"lr": 1e-5, "params": list(range(len(names)))}]}
-        load_optimizer_state(policy, state.optimizer, given)
-        gathered = full_optimizer_state(policy, state.optimizer)
+        strategy.load_state(policy, optimizer=state.optimizer, optim_state=given)
+        gathered = strategy.whole_state(policy, state.optimizer)[1]
         if dist.is_main:
             torch.save({"loaded": loaded, "gathered": gathered}, out)
         return
@@ -194,14 +196,14 @@ def step(out: str, model_dir: str, overrides: list[str], stack: ExitStack) -> No
 
     stack.enter_context(patch.object(LeanDecoder, "build", recorded_build))
     runs: list[tuple[int, int]] = []  # a sharded update's response runs per pass: (this process's, agreed)
-    agreed_count = update.agreed_count
+    agreed = Strategy.agreed
     extra = int(os.environ.get("RLFT_AGREE_EXTRA", "0"))  # every process agrees on that many runs more: idle calls
 
-    def recorded_agreement(d):
-        agree = agreed_count(d)
-        return lambda n: runs.append((n, agree(n) + extra)) or runs[-1][1]
+    def recorded_agreement(self, model):
+        agree = agreed(self, model)
+        return None if agree is None else lambda n: runs.append((n, agree(n) + extra)) or runs[-1][1]
 
-    stack.enter_context(patch.object(update, "agreed_count", recorded_agreement))
+    stack.enter_context(patch.object(Strategy, "agreed", recorded_agreement))
     seen: list = []
     advantages = rl.compute_advantages
     stack.enter_context(patch.object(rl, "compute_advantages",
@@ -215,17 +217,17 @@ def step(out: str, model_dir: str, overrides: list[str], stack: ExitStack) -> No
             if dist.shard is None and dist.zero is None:  # the bound's scale comes from the one-process run
                 scales[name] = AbsGradSum(models[name])
     ref_whole = None  # the reference, gathered whole before the step, and how much of it this process holds
-    if is_sharded(state.ref):
-        ref_whole = full_model_state(state.ref, tied_once=False)
+    if strategy.shards(state.ref):
+        ref_whole, _ = strategy.whole_state(state.ref, tied_once=False)
     ref_held = held_numel(state.ref) if isinstance(state.ref, torch.nn.Module) else None
     metrics = rl.rl_step(state, cfg)
     weights = optimizer = reloaded = None
     if dist.zero is not None:  # whole states, gathered by every process into the main one (FSDP's: the e2e test)
-        weights, optimizer = full_model_state(policy), full_optimizer_state(policy, state.optimizer)
+        weights, optimizer = strategy.whole_state(policy, state.optimizer)
         # loaded back as a resume loads it (every process reads the whole state), then gathered again
-        load_optimizer_state(policy, state.optimizer, dist.broadcast(optimizer))
-        reloaded = full_optimizer_state(policy, state.optimizer)
-    elif not is_sharded(policy):
+        strategy.load_state(policy, optimizer=state.optimizer, optim_state=dist.broadcast(optimizer))
+        reloaded = strategy.whole_state(policy, state.optimizer)[1]
+    elif not strategy.shards(policy):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
         weights = {k: v.detach().clone() for k, v in policy.state_dict().items()}
         optimizer = get_optimizer_state_dict(policy, state.optimizer, options=StateDictOptions(full_state_dict=True))
@@ -249,6 +251,7 @@ def main(jobs: list[dict]) -> None:
             if torch.distributed.is_initialized():
                 torch.distributed.barrier()
             rdist._DIST = None
+            launch.reset()
             gc.collect()
         with ExitStack() as stack:
             stack.enter_context(patch.dict(os.environ, job.get("env", {})))

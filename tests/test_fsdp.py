@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from rlft.parallel import fsdp
+from rlft.parallel import strategy as plain
 from rlft.config import ConfigError
 from rlft.recipe import load_config
 from rlft.parallel.dist import Dist
@@ -83,9 +84,9 @@ class _Gathers(Dist):
 
 
 def test_lockstep_extra_is_what_the_busiest_process_runs_more():
-    assert fsdp.lockstep_extra(_Gathers([3, 5, 4]), 3) == 2
-    assert fsdp.lockstep_extra(_Gathers([5, 4]), 5) == 0
-    assert fsdp.lockstep_extra(Dist(), 7) == 0
+    assert plain.lockstep_extra(_Gathers([3, 5, 4]), 3) == 2
+    assert plain.lockstep_extra(_Gathers([5, 4]), 5) == 0
+    assert plain.lockstep_extra(Dist(), 7) == 0
 
 
 def test_idle_loss_runs_the_backward_and_changes_no_gradient():
@@ -93,7 +94,7 @@ def test_idle_loss_runs_the_backward_and_changes_no_gradient():
     w.grad = torch.tensor([0.5, -0.5])
     seen = []
     w.register_hook(lambda g: seen.append(g.clone()))
-    fsdp.idle_loss((w * 3.0).sum()).backward()
+    plain.idle_loss((w * 3.0).sum()).backward()
     assert len(seen) == 1 and torch.equal(seen[0], torch.zeros(2))
     assert torch.equal(w.grad, torch.tensor([0.5, -0.5]))
 
@@ -116,8 +117,8 @@ def test_optimizer_state_loads_from_either_format():
     model, opt = _stepped(0)
     by_index = opt.state_dict()
     by_name = get_optimizer_state_dict(model, opt, options=StateDictOptions(full_state_dict=True))
-    assert not fsdp.is_name_keyed(by_index) and fsdp.is_name_keyed(by_name)
-    assert not fsdp.is_name_keyed({"state": {}, "param_groups": []})
+    assert not plain.is_name_keyed(by_index) and plain.is_name_keyed(by_name)
+    assert not plain.is_name_keyed({"state": {}, "param_groups": []})
     for saved in (by_index, by_name):
         fresh, fresh_opt = _stepped(1)
         fresh.load_state_dict(model.state_dict())

@@ -28,7 +28,6 @@ import pytest
 import torch
 
 from rlft.recipe import load_config
-from rlft.parallel.dist import Dist
 from rlft.insight.health import RULES, HealthMonitor
 from rlft.trainers.rl import count_skips
 from rlft.trainers.update import _optimizer_step
@@ -203,7 +202,7 @@ def skipped_update_metrics() -> dict[str, float]:
     calls = []
     optimizer = SimpleNamespace(step=lambda: calls.append("step"), zero_grad=lambda set_to_none: None)
     scheduler = SimpleNamespace(get_last_lr=lambda: [0.1], step=lambda: None)
-    out = _optimizer_step(model, optimizer, scheduler, 1.0, "actor", Dist())
+    out = _optimizer_step(model, optimizer, scheduler, 1.0, "actor")  # the plain strategy: one process
     assert calls == []  # skipped indeed
     return {k: v / 1 for k, v in out.items()}  # one optimizer step in this RL step
 

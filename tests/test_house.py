@@ -1,8 +1,7 @@
 """The house's smoke alarm (issue 31): no import circle in rlft/, and config/ imports nothing above it.
 
 Imports are read with ``ast`` from every function body too (``scripts/house.py``), so lazy imports count.
-The circle test is a strict xfail until the reshaping removes the last circle; config/ reached into rewards,
-presets, stages and core until the registry rules moved up into ``rlft.recipe.validate``.
+Also: no import from a lower floor to a higher one (the floors of docs/architecture.md, ``house.FLOORS``).
 """
 
 from __future__ import annotations
@@ -10,7 +9,6 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-import pytest
 
 HOUSE = Path(__file__).resolve().parents[1] / "scripts" / "house.py"
 spec = importlib.util.spec_from_file_location("house", HOUSE)
@@ -38,9 +36,22 @@ def test_the_graph_sees_lazy_relative_and_from_imports(tmp_path):
     assert house.longest_chain(g)[:2] == ["rlft.config", "rlft.d"]
 
 
-@pytest.mark.xfail(strict=True, reason="issue 31: rlft has import circles today (scripts/house.py lists them)")
 def test_no_import_circle():
     assert house.circles(house.graph()) == []
+
+
+def test_no_import_runs_up_a_floor():
+    """A module imports only from its own floor or a lower one (``scripts/house.py``'s ``FLOORS``,
+    docs/architecture.md); every module of rlft/ has a floor."""
+    g = house.graph()
+    assert all(house.floor(name) >= 1 for name in g)
+    assert house.upward(g) == []
+
+
+def test_the_floor_test_sees_an_upward_import(tmp_path):
+    root = _package(tmp_path, {"__init__.py": "", "core/__init__.py": "", "core/a.py": "def f():\n    from rlft.stages import b\n",
+                               "stages/__init__.py": "", "stages/b.py": "from rlft.core import a\n"})
+    assert house.upward(house.graph(root)) == [("rlft.core.a", "rlft.stages.b")]
 
 
 def test_config_imports_nothing_above_it():

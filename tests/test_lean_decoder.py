@@ -152,7 +152,7 @@ def test_weights_are_packed_only_where_it_pays_and_is_allowed(tmp_path, monkeypa
     """Large float32 projections of a long enough rollout are packed; not under autocast (its products run in
     another dtype), not with oneDNN switched off, not for a short rollout, not below the size, not for a model
     sharded by FSDP or DeepSpeed, not when the copies would take more than half the memory available."""
-    import rlft.parallel.fsdp
+    from rlft.parallel.strategy import Strategy
     from rlft.rollout import lean
 
     if not torch.backends.mkldnn.is_available():
@@ -169,7 +169,7 @@ def test_weights_are_packed_only_where_it_pays_and_is_allowed(tmp_path, monkeypa
     with torch.backends.mkldnn.flags(enabled=False):
         assert LeanDecoder.build(model, 16, rows=6, steps=4).packed == {}
     with monkeypatch.context() as sharded:
-        sharded.setattr(rlft.parallel.fsdp, "is_sharded", lambda m: m is model)
+        sharded.setattr(Strategy, "shards", lambda self, m: m is model)  # as an FSDP or ZeRO launch holds it
         assert LeanDecoder.build(model, 16, rows=6, steps=4).packed == {}
     copies = 4 * 3 * SIZES["hidden_size"] * SIZES["intermediate_size"] * SIZES["num_hidden_layers"]  # bytes
     monkeypatch.setattr(lean, "available_bytes", lambda: 2 * copies - 1)  # more than half of it: not packed

@@ -14,6 +14,7 @@ from rlft.config import AlgoConfig, ConfigError
 from rlft.recipe import load_config
 from rlft.core.kl import PenaltyCoefController
 from rlft.trainers import rl
+from rlft.trainers.state import PromptSampler, RLState
 from test_algorithms import run  # noqa: F401  (the fixture: a 3-step demo run on the tiny model)
 
 
@@ -48,12 +49,12 @@ def test_config_accepts_the_pairings():
 # ---------------------------------------------------------------- trainer state
 
 
-def _bare_state() -> rl.RLState:
+def _bare_state() -> RLState:
     model = torch.nn.Linear(1, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
-    return rl.RLState(policy=model, tokenizer=None, optimizer=opt, scheduler=sched,
-                      sampler=rl.PromptSampler(4, 0), examples=[], prompts=[])
+    return RLState(policy=model, tokenizer=None, optimizer=opt, scheduler=sched,
+                   sampler=PromptSampler(4, 0), examples=[], prompts=[])
 
 
 def test_penalty_controller_built_only_for_ppo_penalty():

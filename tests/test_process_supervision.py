@@ -12,11 +12,13 @@ import torch
 
 from rlft.config import ConfigError
 from rlft.recipe import load_config
-from rlft.data.synthetic import chain_steps_of, synthetic_task
+from rlft.rewards.chain import chain_steps_of
+from rlft.data.synthetic import synthetic_task
 from rlft.models.tiny import build_tokenizer
 from rlft.rewards import REWARDS, score_batch, step_level
 from rlft.core.advantages import process_advantages
-from rlft.rewards.steps import step_end_positions, step_metrics, step_tensors
+from rlft.models.tokens import step_end_positions
+from rlft.rewards.steps import step_metrics, step_tensors
 
 CHAIN = {"prompt": ({"role": "user", "content": "12+7-5+3=? Answer after ####."},), "ground_truth": "17"}
 PROCESS = ["data.source=synthetic:chain", "data.synth_max_operand=9", "algo.advantage=process",
@@ -182,7 +184,8 @@ def test_rl_run_with_process_supervision(tmp_path, tiny_overrides):
 def test_compute_advantages_uses_the_step_tensors(tmp_path, tiny_overrides, tiny_model_dir):
     from rlft.models.loading import load_model
     from rlft.rollout.batch import Batch
-    from rlft.trainers.rl import PromptSampler, RLState, attach_steps, compute_advantages, score
+    from rlft.trainers.state import PromptSampler, RLState
+    from rlft.trainers.rl import attach_steps, compute_advantages, score
 
     tok = build_tokenizer()
     cfg = load_config(None, tiny_overrides(tmp_path, *PROCESS, "algo.group_size=2"))

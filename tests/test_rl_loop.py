@@ -26,7 +26,8 @@ from rlft.rollout.hf import eos_ids, generate
 from rlft.trainers import policy as trainer_policy
 from rlft.trainers import rl
 from rlft.trainers import update as upd
-from rlft.trainers.rl import PromptSampler, RLState, fill_logprobs, rl_step
+from rlft.trainers.state import PromptSampler, RLState
+from rlft.trainers.rl import fill_logprobs, rl_step
 from rlft.trainers.update import update as update_policy
 from numerics import (FORWARD_DEPTH, MODEL_DEPTH, AbsGradSum, assert_rounding_close, model_reduction_len, rounding_differs,
                       rounding_tol)

@@ -43,7 +43,7 @@ from rlft.models.critic import Critic
 from rlft.models.loading import load_model, load_tokenizer
 from rlft.rollout.batch import Batch
 from rlft.trainers import update as upd
-from rlft.trainers.rl import PromptSampler, RLState
+from rlft.trainers.state import PromptSampler, RLState
 from test_rl_loop import RecordingSGD, varied_batch
 
 T = 8  # generation budget of the hand-made batch (test_rl_loop.T), the max_len of seq-mean-token-sum-norm

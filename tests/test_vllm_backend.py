@@ -245,11 +245,11 @@ def test_several_processes_need_the_launcher_s_environment(fake_vllm, tiny_model
 
 
 def test_a_policy_split_over_the_processes_is_refused(fake_vllm, tiny_model_dir, monkeypatch):
-    import rlft.parallel.fsdp
+    from rlft.parallel.strategy import Strategy
 
     in_processes(monkeypatch, 2, 0)
     model = load_model(str(tiny_model_dir))
-    monkeypatch.setattr(rlft.parallel.fsdp, "forward_communicates", lambda m: m is model)  # as FSDP2 or ZeRO-3 would hold it
+    monkeypatch.setattr(Strategy, "communicates", lambda self, m: m is model)  # as FSDP2 or ZeRO-3 would hold it
     with pytest.raises(RuntimeError, match="ddp.yaml"):
         sample_vllm(model, [[5]], group_size=1, max_new_tokens=2, stops=[2], pad_id=0)
     assert FakeLLM.instances == []

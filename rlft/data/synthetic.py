@@ -24,11 +24,11 @@ reference response.
 from __future__ import annotations
 
 import random
-import re
 from typing import Callable
 
 from rlft.data.schema import Example
 from rlft.registry import Registry
+from rlft.rewards.chain import chain_steps_of
 
 INSTRUCTION = "Answer after ####."  # short: the demo model reads characters
 
@@ -63,24 +63,8 @@ def max_of_three(rng: random.Random, n: int, max_operand: int, ops: str) -> list
 CHAIN_OPS = 3  # operations per ``chain`` problem
 
 
-def chain_steps_of(question: str) -> list[tuple[int, str, int, int]]:
-    """The steps ``(a, op, b, result)`` of the first ``chain`` question (``12+7-5+3=?``) in a text, left to right.
-
-    >>> chain_steps_of("12+7-5+3=? Answer after ####.")
-    [(12, '+', 7, 19), (19, '-', 5, 14), (14, '+', 3, 17)]
-    """
-    m = _CHAIN_RE.search(question)
-    if m is None:
-        raise ValueError(f"not a chain question: {question!r}")
-    nums, ops = [int(x) for x in re.findall(r"\d+", m.group(1))], re.findall(r"[+\-*]", m.group(1))
-    steps, acc = [], nums[0]
-    for op, b in zip(ops, nums[1:]):
-        steps.append((acc, op, b, _OPS[op](acc, b)))
-        acc = steps[-1][3]
-    return steps
 
 
-_CHAIN_RE = re.compile(r"(\d+(?:[+\-*]\d+)+)=\?")
 
 
 @SYNTHETIC_TASKS.register("chain")

@@ -85,7 +85,7 @@ def response_logits(model, prompt_ids: Tensor, prompt_mask: Tensor, response_ids
     (see the module docstring) when the model allows it. ``agree`` (with ``shared_prefix``, T > 0), for a model
     whose every call is a collective (FSDP2, ZeRO-3 outside ``rlft.parallel.fsdp.gathered``), so that every process makes
     the same calls: it maps this process's number of response runs to the number every process makes (the
-    largest, ``rlft.parallel.fsdp.agreed_count``), and the forward then makes exactly one call for the prompts and that
+    largest, ``Strategy.agreed``), and the forward then makes exactly one call for the prompts and that
     many for the responses, whatever the rows (distinct prompts and one row included).
     """
     if shared_prefix and response_ids.shape[1] > 0 and (agree or len(prompt_ids) > 1) and can_share_prefix(model):

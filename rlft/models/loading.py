@@ -82,3 +82,15 @@ def quiet_transformers() -> None:
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
+
+
+def merged_copy(adapter_dir: str | Path, m, dest: Path) -> str:
+    """``dest``, holding the model of ``adapter_dir`` (its base with the adapters merged), written once and
+    atomically; ``m`` is the ``model`` config section."""
+    if not (dest / "config.json").is_file():
+        model, tok = load_policy(str(adapter_dir), m)
+        tmp = dest.with_name(dest.name + ".tmp")
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        tmp.replace(dest)
+    return str(dest)

@@ -99,18 +99,6 @@ def _whole_copy(model, state_dict: dict):
     return fresh
 
 
-def merged_copy(adapter_dir: str | Path, m, dest: Path) -> str:
-    """``dest``, holding the model of ``adapter_dir`` (its base with the adapters merged), written once and
-    atomically; ``m`` is the ``model`` config section."""
-    from rlft.models.loading import load_policy
-
-    if not (dest / "config.json").is_file():
-        model, tok = load_policy(str(adapter_dir), m)
-        tmp = dest.with_name(dest.name + ".tmp")
-        model.save_pretrained(tmp)
-        tok.save_pretrained(tmp)
-        tmp.replace(dest)
-    return str(dest)
 
 
 class AdaptersOff:

@@ -18,7 +18,7 @@ import re
 import torch
 from torch import Tensor
 
-from rlft.rewards.steps import step_end_positions
+from rlft.models.tokens import step_end_positions
 
 PRM_KEY = "rlft_prm"  # set in the checkpoint's config: a process reward model of rlft
 _LINE = re.compile(r"[^\n]+")

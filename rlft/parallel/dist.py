@@ -27,13 +27,9 @@ import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, NoReturn
+from typing import Any, Callable, Iterable, Iterator, Mapping, NoReturn
 
 import torch
-
-if TYPE_CHECKING:
-    from rlft.parallel.fsdp import ShardPlan
-    from rlft.parallel.zero import ZeroPlan
 
 # a process waits this long for the others, e.g. while the main process alone runs an evaluation or an SFT stage
 TIMEOUT = datetime.timedelta(hours=6)
@@ -45,9 +41,9 @@ class Dist:
 
     rank: int = 0
     world: int = 1
-    shard: "ShardPlan | None" = None
+    shard: Any = None
     """An FSDP launch's plan (rlft.parallel.fsdp): the RL policy is sharded over the processes; None: whole in each."""
-    zero: "ZeroPlan | None" = None
+    zero: Any = None
     """A DeepSpeed launch's plan (rlft.parallel.zero): the RL policy trains in a ZeRO engine; None: no DeepSpeed."""
 
     @property
@@ -142,20 +138,19 @@ _SOLO = False  # the main process is running something alone (Dist.on_main)
 _CLOSED = False  # shutdown closed a process group (leave)
 
 
-def init_dist(device: str = "auto") -> Dist:
+def init_dist(device: str = "auto", shard: Any = None, zero: Any = None) -> Dist:
     """This process's place, set up once: one process unless a launcher set ``WORLD_SIZE`` > 1.
 
-    ``device`` is ``model.device``: on CPU (or ``auto`` without CUDA) the processes talk over gloo.
+    ``device`` is ``model.device``: on CPU (or ``auto`` without CUDA) the processes talk over gloo. ``shard`` /
+    ``zero``: the launch's FSDP or ZeRO plan (``rlft.parallel.launch`` reads them), which needs a process group
+    even for one process.
     """
     global _DIST
     if _SOLO:
         return Dist()
     if _DIST is not None:
         return _DIST
-    from rlft.parallel import fsdp, zero
-
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    plan, zero_plan = fsdp.plan_from_env(), zero.plan_from_env()
+    world, plan, zero_plan = int(os.environ.get("WORLD_SIZE", "1")), shard, zero
     if world <= 1 and plan is None and zero_plan is None:
         _cpu_simple_launcher()
         _DIST = Dist()
@@ -191,6 +186,16 @@ def leave(code: int) -> NoReturn:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def set_up() -> bool:
+    """Whether ``init_dist`` ran (and no ``shutdown`` since)."""
+    return _DIST is not None
+
+
+def solo() -> bool:
+    """Whether the main process is running something alone (``Dist.on_main``)."""
+    return _SOLO
 
 
 def current() -> Dist:

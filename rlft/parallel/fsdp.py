@@ -22,7 +22,7 @@ per process:
 - **The update** runs sharded: each forward gathers one layer at a time and
   frees it after (``FSDP_RESHARD_AFTER_FORWARD``, ZeRO-3) or keeps it until the
   backward (ZeRO-2). Every process must then run the same number of forward and
-  backward passes: :func:`lockstep_extra` says how many zero-weight passes a
+  backward passes: ``Strategy.lockstep`` says how many zero-weight passes a
   process with fewer micro-batches adds.
 - **Offload.** ``FSDP_OFFLOAD_PARAMS=true`` keeps the sharded parameters,
   gradients and optimizer state in CPU memory (``CPUOffloadPolicy``) and runs
@@ -39,25 +39,24 @@ refuses the vLLM sampler (:func:`check_supported`). Under LoRA the frozen base a
 are sharded together (the reference is the policy with its adapters off). A critic (PPO, VAPO) is
 sharded like the policy: gathered for the values of the batch, sharded in its update, saved whole.
 
-A policy sharded by DeepSpeed ZeRO instead (``rlft.parallel.zero``) answers the same calls:
-:func:`is_sharded`, :func:`gathered`, the whole state dicts and the optimizer-state
-loading hand it to ``rlft.parallel.zero``, so the training loop has one set of calls for both.
+The training loop reaches all of this through the :class:`FSDP` strategy (``rlft.parallel.strategy``); DeepSpeed
+ZeRO (``rlft.parallel.zero``) is another strategy, with the same calls.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Iterator
 
 import torch
 from torch import nn
 
-from rlft.parallel import zero
-from rlft.parallel.dist import env_flag
-from rlft.models.lora import AdaptersOff
-from rlft.parallel.zero import engine_of
+from rlft.parallel.dist import env_flag, solo
+from rlft.parallel.strategy import MakeOptimizer, Strategy, clip_and_step, refuse_unsharded_parts, weights_of
+from rlft.parallel.strategy import load_optimizer_state as load_whole_optimizer_state
 
 
 @dataclass(frozen=True)
@@ -108,17 +107,6 @@ def check_supported(cfg, plan: ShardPlan) -> None:
     refuse_unsharded_parts(cfg, "an FSDP launch (ACCELERATE_USE_FSDP)")
 
 
-def refuse_unsharded_parts(cfg, launch: str) -> None:
-    """Refuse, naming the key, what a sharded launch (FSDP or DeepSpeed ZeRO) does not run."""
-    from rlft.config import ConfigError
-
-    refused = [(cfg.rollout.sampler == "vllm", "rollout.sampler",
-                "each process pushes its whole policy to its own vLLM engine; launch with recipes/accelerate/ddp.yaml")]
-    for bad, key, why in refused:
-        if bad:
-            raise ConfigError(f"{key}: not supported with {launch}: {why}")
-
-
 def layer_classes(model: nn.Module) -> set[str]:
     """Class names of the model's repeated blocks: the ``_no_split_modules`` of the Hugging Face model in it (the
     model itself, or a critic's backbone)."""
@@ -156,16 +144,28 @@ def fsdp_modules(model: nn.Module | None) -> list:
     return [m for m in model.modules() if isinstance(m, FSDPModule)]
 
 
+def inert_hook(hook) -> bool:
+    """A forward hook of FSDP2 (``fully_shard``) whose parameters are all gathered whole (:func:`gathered`:
+    unsharded, not resharded after a forward). Around a call it would then gather and free nothing, and the
+    call's arithmetic is the plain module's, so the lean step may skip it."""
+    fsdp_state = sys.modules.get("torch.distributed.fsdp._fully_shard._fsdp_state")
+    owner = getattr(hook, "__self__", None)
+    if fsdp_state is None or not isinstance(owner, fsdp_state.FSDPState):
+        return False
+    groups = getattr(owner, "_fsdp_param_groups", None)
+    return groups is not None and all(getattr(g, "is_unsharded", False)
+                                      and getattr(g, "_reshard_after_forward", True) is False for g in groups)
+
+
 def is_sharded(model: nn.Module | None) -> bool:
-    """Sharded over the processes by FSDP or by DeepSpeed ZeRO (rlft.parallel.zero, which answers the calls below for the
-    models it wraps)."""
-    return bool(fsdp_modules(model)) or engine_of(model) is not None
+    """Sharded over the processes by FSDP."""
+    return bool(fsdp_modules(model))
 
 
 def forward_communicates(model: nn.Module | None) -> bool:
     """Whether each forward call of ``model`` outside :func:`gathered` is a collective (FSDP2 and ZeRO-3 gather
     the layers' weights in it), so every process must make the same calls in the same order."""
-    return bool(fsdp_modules(model)) or zero.stage_of(model) == 3
+    return bool(fsdp_modules(model))
 
 
 @contextmanager
@@ -175,12 +175,7 @@ def gathered(model: nn.Module | None) -> Iterator[None]:
     the weights are sharded again. Nothing for a model that is not sharded. Not for gradients: the block is for
     generation, log-probs without gradient and evaluation. LoRA's reference (``AdaptersOff``) gathers the policy
     whose weights it runs on."""
-    if isinstance(model, AdaptersOff):
-        model = model.policy
-    if engine_of(model) is not None:
-        with zero.gathered(model):
-            yield
-        return
+    model = weights_of(model)
     mods = fsdp_modules(model)
     if not mods:
         yield
@@ -198,32 +193,12 @@ def gathered(model: nn.Module | None) -> Iterator[None]:
             m.set_reshard_after_forward(reshard)
 
 
-def lockstep_extra(dist, n_own: int) -> int:
-    """How many zero-weight forward+backward passes this process adds so that every process runs as many as the
-    busiest one (a sharded model communicates in each)."""
-    return agreed_count(dist)(n_own) - n_own
-
-
-def agreed_count(dist) -> Callable[[int], int]:
-    """A count every process agrees on, the largest: maps this process's count (of passes, or of the response runs
-    of a forward, ``rlft.models.forward.response_logits``' ``agree``) to the largest over the processes. Every
-    process calls it at the same point."""
-    return lambda n: max(dist.gather(n))
-
-
-def idle_loss(loss: torch.Tensor) -> torch.Tensor:
-    """``loss`` times 0: its backward runs the sharded model's communication and changes no gradient."""
-    return loss * 0.0
-
-
 def full_model_state(model: nn.Module, *, tied_once: bool = True) -> dict[str, torch.Tensor] | None:
     """The whole state dict of a sharded model, on the CPU, in the main process (None in the others); every
     process must call it. ``tied_once``: a tied weight under its first name only, as save_pretrained writes it;
     False: under every name, as ``load_state_dict`` expects it."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    if engine_of(model) is not None:
-        return zero.full_model_state(model, tied_once=tied_once)
     sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if torch.distributed.get_rank() != 0:
         return None
@@ -238,9 +213,6 @@ def full_model_state(model: nn.Module, *, tied_once: bool = True) -> dict[str, t
 
 def load_model_state(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
     """Load a whole state dict into ``model``, sharded (each process keeps its part) or not."""
-    if engine_of(model) is not None:
-        zero.load_model_state(model, state)
-        return
     if not is_sharded(model):
         model.load_state_dict(state)
         return
@@ -254,8 +226,6 @@ def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> 
     others); every process must call it."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
-    if engine_of(model) is not None:
-        return zero.full_optimizer_state(model, optimizer)
     sd = get_optimizer_state_dict(model, optimizer,
                                   options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     return sd if torch.distributed.get_rank() == 0 else None
@@ -264,19 +234,53 @@ def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> 
 def load_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
     """Load a saved optimizer state into ``optimizer``: a whole state keyed by parameter name (a sharded run's
     checkpoint) into a sharded or a plain model, or a plain ``optimizer.state_dict()`` into a plain one."""
-    if engine_of(model) is not None:
-        zero.load_optimizer_state(model, optimizer, state)
-        return
-    if not is_name_keyed(state):
-        optimizer.load_state_dict(state)
-        return
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-
-    set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))
+    load_whole_optimizer_state(model, optimizer, state)
 
 
-def is_name_keyed(state: dict) -> bool:
-    """Whether an optimizer state is keyed by parameter name (torch.distributed.checkpoint's whole form) rather
-    than by index (``optimizer.state_dict()``)."""
-    keys = list(state.get("state", {}))
-    return bool(keys) and isinstance(keys[0], str)
+class FSDP(Strategy):
+    """FSDP2: every layer and the root of each trained or frozen model sharded over the processes
+    (:func:`shard_`), gathered whole for sampling and no-grad passes (:func:`gathered`), saved whole."""
+
+    name = "fsdp"
+
+    def __init__(self, plan: ShardPlan):
+        self.plan = plan
+
+    @property
+    def activation_checkpointing(self) -> bool:
+        return self.plan.activation_checkpointing and not solo()  # not for what the main process runs alone
+
+    def check(self, cfg) -> None:
+        check_supported(cfg, self.plan)
+        super().check(cfg)
+
+    def prepare(self, model, make_optimizer: MakeOptimizer | None = None, *, grad_clip: float = 0.0):
+        if isinstance(model, nn.Module):  # not LoRA's reference view: the policy it runs on is sharded already
+            shard_(model, self.plan)  # before the optimizer: its parameters become sharded tensors
+        return super().prepare(model, make_optimizer, grad_clip=grad_clip)
+
+    def gathered(self, model):
+        return gathered(model)
+
+    def shards(self, model) -> bool:
+        return is_sharded(model)
+
+    def communicates(self, model) -> bool:
+        return forward_communicates(model)
+
+    def step(self, model, optimizer: torch.optim.Optimizer, grad_clip: float) -> float:
+        if not self.shards(model):  # a sharded model's gradients were summed by FSDP in the backward
+            self.dist.sum_grads_(model.parameters())
+        return clip_and_step(model, optimizer, grad_clip)
+
+    def whole_state(self, model, optimizer=None, *, tied_once: bool = True):
+        if not self.shards(model):
+            return None, None
+        whole = full_model_state(model, tied_once=tied_once)
+        return whole, (full_optimizer_state(model, optimizer) if optimizer is not None else None)
+
+    def load_state(self, model, state=None, optimizer=None, optim_state=None) -> None:
+        if state is not None:
+            load_model_state(model, state)
+        if optim_state is not None:
+            load_optimizer_state(model, optimizer, optim_state)

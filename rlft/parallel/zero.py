@@ -14,7 +14,7 @@ hands the RL policy and its AdamW to ``deepspeed.initialize`` (the optional extr
   number varies from one mini-batch to the next: the engine runs with ``managed_gradient_accumulation: false``
   (each backward accumulates, :func:`step` reduces and updates) and one micro-batch per "gradient accumulation
   step" in DeepSpeed's own counting. With stages 2 and 3 every backward communicates, so every process runs as
-  many as the busiest (``rlft.parallel.fsdp.lockstep_extra``, as under FSDP).
+  many as the busiest (``Strategy.lockstep``, as under FSDP).
 - **Clipping, skipping.** ``optim.grad_clip`` becomes DeepSpeed's ``gradient_clipping``; a step whose gradient
   norm is not finite is skipped by DeepSpeed and counted by rlft as under one process. The learning-rate schedule
   stays rlft's.
@@ -48,6 +48,7 @@ import torch
 from torch import nn
 
 from rlft.parallel.dist import env_flag
+from rlft.parallel.strategy import MakeOptimizer, Strategy, is_name_keyed, refuse_unsharded_parts, weights_of
 
 # keys of a DeepSpeed JSON config that rlft sets itself, accepted with the value "auto" only
 _OWN_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "gradient_clipping")
@@ -133,7 +134,6 @@ def _zero_section_of_file(path: Path) -> dict:
 def check_supported(cfg, plan: ZeroPlan) -> None:
     """Refuse, naming the key, what the ZeRO path does not run (before anything is written)."""
     from rlft.config import ConfigError
-    from rlft.parallel.fsdp import refuse_unsharded_parts
     from rlft.models.loading import resolve_device
 
     if plan.offload and resolve_device(cfg.model.device).type == "cpu":
@@ -203,6 +203,14 @@ def _parameter_offload(engine):
     in an engine without an optimizer (:func:`wrap_frozen`), the ``DeepSpeedZeRoOffload`` DeepSpeed puts in the
     optimizer's place."""
     return getattr(engine.optimizer, "parameter_offload", engine.optimizer)
+
+
+def inert_hook(hook) -> bool:
+    """The start- and end-of-forward hooks a DeepSpeed engine puts on its model: timers, its profiler, 16-bit input
+    casts (rlft keeps DeepSpeed in float32) and, at stage 3, the flag that lets parameters be gathered during a
+    forward. Neither changes a call's arithmetic; stage 3's gathering hooks are other hooks, which
+    :func:`gathered` takes off while the weights are whole (and a partitioned weight is not ``_dense``)."""
+    return getattr(hook, "__qualname__", "").startswith("DeepSpeedEngine._create_module_forward_")
 
 
 def engine_of(model) -> object | None:
@@ -322,7 +330,6 @@ def load_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, sav
     (:func:`full_optimizer_state`, a sharded FSDP run's) or by position (a plain run's ``optimizer.state_dict()``)."""
     from deepspeed.utils import safe_set_full_optimizer_state
 
-    from rlft.parallel.fsdp import is_name_keyed
 
     names = [n for n, p in model.named_parameters() if p.requires_grad]  # the optimizer's order (make_optimizer)
     if saved.get("state") and not is_name_keyed(saved):  # a plain run's optimizer.state_dict(): keyed by position
@@ -366,3 +373,69 @@ def _set_stage3_partition(z3, p: nn.Parameter, value: torch.Tensor, key: str) ->
     flat = value.flatten()
     flat = torch.nn.functional.pad(flat, (0, max(0, start + part.numel() - flat.numel())))
     part.data.copy_(flat.narrow(0, start, part.numel()))
+
+
+class Zero(Strategy):
+    """DeepSpeed ZeRO: the policy and the critic each in an engine with their optimizer (:func:`wrap`), the frozen
+    reference split at stage 3 (:func:`wrap_frozen`); the update's passes run through the engines."""
+
+    name = "zero"
+
+    def __init__(self, plan: ZeroPlan):
+        self.plan = plan
+
+    def check(self, cfg) -> None:
+        check_supported(cfg, self.plan)
+        super().check(cfg)
+
+    def prepare(self, model, make_optimizer: MakeOptimizer | None = None, *, grad_clip: float = 0.0):
+        if not isinstance(model, nn.Module):  # LoRA's reference view: its policy is in an engine already
+            return None
+        if make_optimizer is None:
+            wrap_frozen(model, self.plan)
+            return None
+        optimizer = make_optimizer(model.parameters())  # on the whole parameters; the engine then splits its state
+        wrap(model, optimizer, self.plan, grad_clip)
+        return optimizer
+
+    def gathered(self, model):
+        return gathered(weights_of(model))
+
+    def shards(self, model) -> bool:
+        return engine_of(model) is not None
+
+    def communicates(self, model) -> bool:
+        return stage_of(model) == 3
+
+    def runner(self, model):
+        engine = engine_of(model)
+        return model if engine is None else engine  # the update's passes go through the engine
+
+    def backward(self, model, loss: torch.Tensor) -> None:
+        engine = engine_of(model)
+        if engine is None:
+            loss.backward()
+        else:
+            backward(engine, loss, self.dist.world)
+
+    def step(self, model, optimizer: torch.optim.Optimizer, grad_clip: float) -> float:
+        engine = engine_of(model)
+        if engine is None:
+            return super().step(model, optimizer, grad_clip)
+        return step(engine)  # DeepSpeed reduces, clips and steps (skipping a non-finite gradient) in its engine
+
+    def whole_state(self, model, optimizer=None, *, tied_once: bool = True):
+        if not self.shards(model):
+            return None, None
+        whole = full_model_state(model, tied_once=tied_once)
+        return whole, (full_optimizer_state(model, optimizer) if optimizer is not None else None)
+
+    def load_state(self, model, state=None, optimizer=None, optim_state=None) -> None:
+        if not self.shards(model):
+            super().load_state(model, state, optimizer, optim_state)
+            return
+        if state is not None:
+            load_model_state(model, state)
+        if optim_state is not None:
+            load_optimizer_state(model, optimizer, optim_state)
+

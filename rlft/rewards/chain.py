@@ -25,11 +25,11 @@ ground truth is not an integer) has no steps: it is unscorable.
 from __future__ import annotations
 
 import math
+import operator
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from rlft.data.synthetic import chain_steps_of
 from rlft.rewards.base import REWARDS, step_level
 
 _LINE = re.compile(r"[^\n]+")
@@ -115,3 +115,25 @@ def _merged(steps: list[tuple[int, float]]) -> list[tuple[int, float]]:
         else:
             out.append((end, r))
     return out
+
+
+def chain_steps_of(question: str) -> list[tuple[int, str, int, int]]:
+    """The steps ``(a, op, b, result)`` of the first ``chain`` question (``12+7-5+3=?``) in a text, left to right.
+
+    >>> chain_steps_of("12+7-5+3=? Answer after ####.")
+    [(12, '+', 7, 19), (19, '-', 5, 14), (14, '+', 3, 17)]
+    """
+    m = _CHAIN_RE.search(question)
+    if m is None:
+        raise ValueError(f"not a chain question: {question!r}")
+    nums, ops = [int(x) for x in re.findall(r"\d+", m.group(1))], re.findall(r"[+\-*]", m.group(1))
+    steps, acc = [], nums[0]
+    for op, b in zip(ops, nums[1:]):
+        steps.append((acc, op, b, _CHAIN_OPS[op](acc, b)))
+        acc = steps[-1][3]
+    return steps
+
+_CHAIN_RE = re.compile(r"(\d+(?:[+\-*]\d+)+)=\?")
+
+
+_CHAIN_OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul}

@@ -27,44 +27,11 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import Tensor
 
+from rlft.models.tokens import step_end_positions
+
 Step = tuple[int, "float | None"]  # (end_char, reward)
 
 
-def step_end_positions(tokenizer, ids: Sequence[int], end_chars: Sequence[int]) -> list[int]:
-    """Index in ``ids`` (a response's valid token ids) of the token where each step's text ends.
-
-    >>> from rlft.models.tiny import build_tokenizer
-    >>> tok = build_tokenizer()
-    >>> ids = tok("1+2=3\\n#### 3", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
-    >>> step_end_positions(tok, ids, [5, 12])  # '3' of the first line; the end of the text -> the eos
-    [4, 12]
-    """
-    n = len(ids)
-    if n == 0:
-        if end_chars:
-            raise ValueError("a response without tokens has no step")
-        return []
-    cache: dict[int, int] = {}
-
-    def reached(k: int) -> int:  # characters decoded from the first k tokens
-        if k not in cache:
-            cache[k] = len(tokenizer.decode(list(ids[:k]), skip_special_tokens=True))
-        return cache[k]
-
-    full, out, lo = reached(n), [], 1
-    for e in end_chars:
-        if e >= full:
-            out.append(n - 1)  # ends the completion: the last valid token (the eos when present)
-            continue
-        hi = n
-        while lo < hi:  # smallest k in [lo, hi] with reached(k) >= e; prefixes only grow
-            mid = (lo + hi) // 2
-            if reached(mid) >= e:
-                hi = mid
-            else:
-                lo = mid + 1
-        out.append(max(lo - 1, 0))
-    return out
 
 
 def step_tensors(tokenizer, response_ids: Tensor, response_mask: Tensor,

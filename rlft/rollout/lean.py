@@ -18,7 +18,7 @@ attention with optional q/k/v/o biases and Qwen3's per-head q/k norms, grouped-q
 gated MLP), full attention in every layer, a rotary embedding that does not depend on the sequence length,
 no attention dropout, no forward hooks on the model or its modules, and weights that are plain dense tensors
 on one device (not moved by accelerate's hooks; a model sharded by FSDP2 or DeepSpeed ZeRO-3 only while
-``rlft.parallel.fsdp.gathered`` holds its weights whole, as it does for every rollout). A projection wrapped by PEFT's
+``Strategy.gathered`` holds its weights whole, as it does for every rollout). A projection wrapped by PEFT's
 LoRA is called as the module it is (base weight plus adapters, whatever their state), so a LoRA policy keeps the
 lean step and its prompts kept once; an adapter on the embeddings, the head or a norm makes it step aside.
 ``tests/test_lean_decoder.py`` compares its logits with the model's forward for each layout, with and without
@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from rlft.models.lora import core_model
+from rlft.parallel.launch import inert_hook, strategy
 
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 STATIC_ROPE = ("default", "linear", "llama3")  # rotary tables that do not depend on the sequence length
@@ -58,36 +59,15 @@ def _rms(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     return weight * h.to(x.dtype)
 
 
-def _gathered_fsdp_hook(hook) -> bool:
-    """A forward hook of FSDP2 (``fully_shard``) whose parameters are all gathered whole (``rlft.parallel.fsdp.gathered``:
-    unsharded, not resharded after a forward). Around a call it would then gather and free nothing, and the
-    call's arithmetic is the plain module's, so the lean step may skip it."""
-    fsdp_state = sys.modules.get("torch.distributed.fsdp._fully_shard._fsdp_state")
-    owner = getattr(hook, "__self__", None)
-    if fsdp_state is None or not isinstance(owner, fsdp_state.FSDPState):
-        return False
-    groups = getattr(owner, "_fsdp_param_groups", None)
-    return groups is not None and all(getattr(g, "is_unsharded", False)
-                                      and getattr(g, "_reshard_after_forward", True) is False for g in groups)
-
-
-def _deepspeed_engine_hook(hook) -> bool:
-    """The start- and end-of-forward hooks a DeepSpeed engine puts on its model: timers, its profiler, 16-bit input
-    casts (rlft keeps DeepSpeed in float32) and, at stage 3, the flag that lets parameters be gathered during a
-    forward. Neither changes a call's arithmetic; stage 3's gathering hooks are other hooks, which
-    ``rlft.parallel.zero.gathered`` takes off while the weights are whole (and a partitioned weight is not ``_dense``)."""
-    return getattr(hook, "__qualname__", "").startswith("DeepSpeedEngine._create_module_forward_")
-
-
 def _hooked(model) -> bool:
     """Whether a forward hook would see (or change) a call of ``model`` or of one of its modules: the lean step
-    calls none of them, so it would skip the hook. FSDP2's hooks on gathered weights and a DeepSpeed engine's own
-    hooks do neither."""
+    calls none of them, so it would skip the hook. A parallel backend's hooks that change nothing
+    (``rlft.parallel.launch.inert_hook``) do neither."""
     from torch.nn.modules import module as nn_module
 
     if nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks:
         return True
-    return any(hasattr(m, "_hf_hook") or any(not (_gathered_fsdp_hook(h) or _deepspeed_engine_hook(h))
+    return any(hasattr(m, "_hf_hook") or any(not inert_hook(h)
                                              for h in (*m._forward_hooks.values(), *m._forward_pre_hooks.values()))
                for m in model.modules())
 
@@ -140,10 +120,8 @@ def pack(model, core, rows: int, steps: int) -> dict:
     rollout's ``LeanDecoder``; in training the update's weights, gradients and optimizer state take more memory
     than the weights and these copies, so they do not raise the run's peak (they can in ``rlft eval`` or
     ``rlft chat`` of a large model)."""
-    from rlft.parallel.fsdp import is_sharded
-
     if (steps < PACK_MIN_STEPS or not torch.backends.mkldnn.is_available() or not torch.backends.mkldnn.enabled
-            or torch.is_autocast_enabled("cpu") or is_sharded(model)
+            or torch.is_autocast_enabled("cpu") or strategy().shards(model)
             or not hasattr(torch.ops.mkldnn, "_reorder_linear_weight")):
         return {}
     found = [m for layer in core.layers for m in _layer_projections(layer)

@@ -112,12 +112,12 @@ LAUNCHER_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"
 def launch_settings(model) -> dict:
     """The engine's arguments for this process's place: none for one process; with several, vLLM's
     ``external_launcher`` executor (see the module's docstring)."""
-    from rlft.parallel.fsdp import forward_communicates
+    from rlft.parallel.launch import strategy
 
     if not (torch.distributed.is_available() and torch.distributed.is_initialized()) \
             or torch.distributed.get_world_size() == 1:
         return {}
-    if forward_communicates(model):
+    if strategy().communicates(model):
         raise RuntimeError("rollout.sampler=vllm pushes the whole policy from each process to its engine, and under "
                            "FSDP or DeepSpeed ZeRO-3 each process holds only a part of it: launch with "
                            "recipes/accelerate/ddp.yaml, or use rollout.sampler=rlft")

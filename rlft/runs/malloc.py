@@ -18,7 +18,7 @@ import ctypes
 import os
 from collections.abc import Mapping
 
-from rlft.parallel.dist import env_flag
+from rlft.parallel.launch import splits_models
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt parameters (malloc.h)
 KEEP = {M_MMAP_THRESHOLD: 1 << 30, M_TRIM_THRESHOLD: 2**31 - 1}  # blocks under 1 GiB from the heap, kept
@@ -38,7 +38,7 @@ def resolve(mode: str, env: Mapping[str, str] = os.environ) -> str:
         return mode
     if any(k in env for k in _USER_SET) or "glibc.malloc" in env.get("GLIBC_TUNABLES", ""):
         return "default"
-    sharded = env_flag("ACCELERATE_USE_FSDP", env) or env_flag("ACCELERATE_USE_DEEPSPEED", env)
+    sharded = splits_models(env)
     return "release" if sharded else "keep"
 
 

@@ -40,9 +40,8 @@ from rlft.insight.eval import load_sets
 from rlft.insight.plot import write_run_plots
 from rlft.insight.report import build_report
 from rlft.models.loading import check_model_path, quiet_transformers
-from rlft.parallel import zero
-from rlft.parallel.dist import Dist, init_dist
-from rlft.parallel.fsdp import check_supported
+from rlft.parallel import launch
+from rlft.parallel.dist import Dist
 from rlft.runs import checkpoint
 from rlft.runs.start import (base_model_dir, prepare_run_dir, process_settings, removed_if_start_fails,
                              seed_everything, stops_on_write_failure)
@@ -92,14 +91,15 @@ def run_pipeline(cfg: Config, echo=print, only: str | None = None) -> RunResult:
     t0 = time.perf_counter()
     quiet_transformers()
     process_settings(cfg)
-    dist = init_dist(cfg.model.device)
+    strategy = launch.init(cfg.model.device)
+    dist = strategy.dist
     echo = echo if dist.is_main else _silent
     steps = plan(cfg, only)
     flat = steps[0].out == ""
     _check_resume(cfg, steps, flat)
     task = preflight(cfg, [s.kind for s in steps])  # before anything is written
-    if any(STAGES.get(s.kind).every_process for s in steps):
-        _check_launch(cfg, dist)
+    if any(STAGES.get(s.kind).every_process for s in steps):  # what the launch cannot run, before anything is written
+        strategy.check(cfg)
     cfg = prepare_run_dir(cfg)
     run_dir = cfg.log.path
     with removed_if_start_fails(run_dir, keep=cfg.train.resume):
@@ -139,17 +139,6 @@ def _check_resume(cfg: Config, steps: list[Planned], flat: bool) -> None:
         raise ConfigError(f"train.resume: no pipeline run in {cfg.log.path}")
     if flat and STAGES.get(steps[0].kind).resumes and checkpoint.latest(cfg.log.path) is None:
         raise ConfigError(f"train.resume: no checkpoint under {cfg.log.path / 'checkpoints'}")
-
-
-def _check_launch(cfg: Config, dist: Dist) -> None:
-    """What the launch (processes, FSDP, ZeRO) cannot run, refused before anything is written."""
-    if dist.shard is not None:
-        check_supported(cfg, dist.shard)
-    if dist.zero is not None:
-        zero.check_supported(cfg, dist.zero)
-    if cfg.train.prompts_per_step < dist.world:
-        raise ConfigError(f"train.prompts_per_step: {cfg.train.prompts_per_step} prompts cannot be shared by "
-                          f"{dist.world} processes; use at least one per process")
 
 
 def preflight(cfg: Config, kinds: list[str]) -> Task:

@@ -31,7 +31,7 @@ from rlft.insight.eval import HeldOut, evaluate_sets, primary_set, without_examp
 from rlft.models.lora import save_policy
 from rlft.models.loading import resolve_device
 from rlft.parallel.dist import current
-from rlft.parallel.fsdp import full_model_state, gathered, is_sharded
+from rlft.parallel.launch import strategy
 from rlft.rewards.model import PIPELINE_RM
 from rlft.rewards.prm import PIPELINE_PRM
 from rlft.rewards.terms import reward_pool
@@ -98,7 +98,7 @@ def rl_stage(inp: StageInput) -> StageResult:
         run_rl(policy, tokenizer, task.train, train_prompts, cfg, out_dir, ckpt, echo, held_out)
         results["after_rl"] = _evaluate(policy, tokenizer, held_out, cfg, echo, "after RL")
         write_json(out_dir / "eval.json", results)
-    whole = full_model_state(policy) if is_sharded(policy) else None  # every process takes part; the main one writes
+    whole, _ = strategy().whole_state(policy)  # every process takes part; the main one writes (None: not sharded)
     if dist.is_main:
         with stops_on_write_failure(out_dir):  # policy/ appears whole or not at all
             checkpoint.write_dir(out_dir / "policy",
@@ -131,7 +131,7 @@ def _evaluate(policy, tokenizer, held_out: list[HeldOut], cfg: Config, echo, lab
     """The held-out evaluation of every set, run by the main process; every process gets its results."""
     extra = "".join(f" and {len(h.examples)} in {h.name}" for h in held_out[1:])
     echo(f"rlft: evaluating {label} on {len(held_out[0].examples)} held-out problems{extra}")
-    with gathered(policy):
+    with strategy().gathered(policy):
         return current().on_main(lambda: evaluate_sets(policy, tokenizer, held_out, cfg))
 
 

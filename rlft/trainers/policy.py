@@ -7,8 +7,9 @@ from pathlib import Path
 
 from rlft.config import Config
 from rlft.models.loading import load_policy
-from rlft.models.lora import add_lora, is_adapter_dir, load_adapters, merged_copy
-from rlft.parallel.dist import current
+from rlft.models.lora import add_lora, is_adapter_dir, load_adapters
+from rlft.models.loading import merged_copy
+from rlft.parallel.launch import strategy
 
 
 def training_policy(cfg: Config, model_path: str, ckpt: Path | None, work_dir: Path) -> tuple:
@@ -24,8 +25,7 @@ def training_policy(cfg: Config, model_path: str, ckpt: Path | None, work_dir: P
         policy = load_adapters(policy, ckpt / "policy", trainable=True) if ckpt else add_lora(policy, cfg.lora)
     else:
         policy, tokenizer = load_policy(str(ckpt / "policy") if ckpt else model_path, cfg.model)
-    plan = current().shard
-    if cfg.model.gradient_checkpointing or (plan is not None and plan.activation_checkpointing):
+    if cfg.model.gradient_checkpointing or strategy().activation_checkpointing:
         _enable_checkpointing(policy)
         if cfg.lora.rank:  # frozen embeddings: the checkpointed blocks need an input that requires grad
             policy.enable_input_require_grads()

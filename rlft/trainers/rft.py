@@ -48,7 +48,8 @@ from rlft.data.templates import encode_prompts
 from rlft.registry import Registry
 from rlft.rollout.hf import generate, sampling_args
 from rlft.trainers.optim import make_optimizer, make_scheduler
-from rlft.trainers.rl import PromptSampler, score
+from rlft.trainers.state import PromptSampler
+from rlft.trainers.rl import score
 from rlft.trainers.sft import Item, sft_item, sft_updates
 
 KeepFn = Callable[[list[int], Sequence[int]], list[int]]

@@ -13,21 +13,18 @@ from __future__ import annotations
 import math
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
 import torch
 
 from rlft.config import Config
 from rlft.core.advantages import ADVANTAGES, AdvantageInputs, ema_update, group_stats, mean_return
-from rlft.core.kl import KLController, PenaltyCoefController, k3, kl_penalty_rewards
-from rlft.core.reward_hacking import HackingTracker
+from rlft.core.kl import PenaltyCoefController, k3, kl_penalty_rewards
 from rlft.core.ops import masked_mean, masked_sum
 from rlft.core.shaping import informative_groups, overlong_filter, soft_overlong_penalty
 from rlft.core.value import explained_variance
 from rlft.data.schema import Example
-from rlft.parallel.dist import Dist
-from rlft.parallel.fsdp import gathered, load_model_state, load_optimizer_state
+from rlft.parallel.launch import strategy
 from rlft.models.forward import autocast
 from rlft.rewards import score_batch
 from rlft.rewards.scoring import ScoreResult
@@ -36,101 +33,8 @@ from rlft.rewards.terms import built
 from rlft.rollout.batch import Batch, cat_batches
 from rlft.rollout.hf import generate, sampling_args
 from rlft.trainers import hacking
+from rlft.trainers.state import RLState
 from rlft.trainers.update import batch_logprobs, micro_batches, shares_prefix, update
-
-
-class PromptSampler:
-    """Walks a seeded permutation of the training prompts, epoch after epoch; its position is checkpointed."""
-
-    def __init__(self, n: int, seed: int):
-        self.n, self.seed = n, seed
-        self.epoch, self.pos = 0, 0
-
-    def _perm(self) -> list[int]:
-        return torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed + self.epoch)).tolist()
-
-    def take(self, k: int) -> list[int]:
-        out: list[int] = []
-        while len(out) < k:
-            perm = self._perm()
-            grab = perm[self.pos:self.pos + k - len(out)]
-            out += grab
-            self.pos += len(grab)
-            if self.pos >= self.n:
-                self.epoch, self.pos = self.epoch + 1, 0
-        return out
-
-    def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "pos": self.pos, "n": self.n, "seed": self.seed}
-
-    def load_state_dict(self, state: dict) -> None:
-        if (state["n"], state["seed"]) != (self.n, self.seed):
-            raise ValueError(f"checkpoint data position is for {state['n']} prompts with seed {state['seed']}, "
-                             f"this run has {self.n} prompts with seed {self.seed}")
-        self.epoch, self.pos = state["epoch"], state["pos"]
-
-
-@dataclass
-class RLState:
-    policy: torch.nn.Module
-    tokenizer: object
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler
-    sampler: PromptSampler
-    examples: Sequence[Example]
-    prompts: list[list[int]]  # token ids, one per example
-    ref: torch.nn.Module | None = None
-    critic: torch.nn.Module | None = None  # rlft.models.critic.Critic
-    critic_optimizer: torch.optim.Optimizer | None = None
-    critic_scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
-    kl_ctl: KLController | None = None  # coefficient of the KL term (fixed or adaptive)
-    penalty_ctl: PenaltyCoefController | None = None  # beta of policy_loss ppo_penalty (PPO §4)
-    ptx: object | None = None  # rlft.trainers.ptx.PtxData
-    baseline: float | None = None  # moving-average REINFORCE baseline (algo.baseline='ema')
-    hacking: HackingTracker = field(default_factory=HackingTracker)  # reward-up-rule-not running state
-    rm_refresh: object | None = None  # rlft.trainers.rm_refresh.RMRefresh (rm.refresh_every > 0)
-    dist: Dist = field(default_factory=Dist)  # this process's share of the work (rlft.parallel.dist)
-    health: object | None = None  # rlft.insight.health.HealthMonitor (the run's health warnings)
-    reward_parts: dict[str, list] = field(default_factory=dict)  # each reward's value per row of the last batch
-    last_batch: Batch | None = None  # the last step's batch, as it was trained on (for the sample log)
-    skipped_steps: int = 0  # RL steps whose every policy update was skipped (a non-finite gradient), in all
-    consecutive_skips: int = 0  # ... and in a row, up to the last step
-    step: int = 0
-
-    def trainer_state(self, ref_state: dict | None = None, critic_states: tuple[dict, dict] | None = None) -> dict:
-        """What a checkpoint needs besides the policy, its optimizer and scheduler; ``ref_state``: the reference's
-        whole state when it is sharded (rlft.parallel.fsdp.full_model_state); ``critic_states``: the critic's and its
-        optimizer's when it is sharded (full_model_state, full_optimizer_state)."""
-        if ref_state is None and self.ref is not None:
-            ref_state = self.ref.state_dict()
-        out = {"step": self.step, "sampler": self.sampler.state_dict(), "baseline": self.baseline,
-               "ref": ref_state,
-               "kl_ctl": self.kl_ctl.state_dict() if self.kl_ctl is not None else None,
-               "penalty_ctl": self.penalty_ctl.state_dict() if self.penalty_ctl is not None else None,
-               "ptx": self.ptx.state_dict() if self.ptx is not None else None, "critic": None,
-               "hacking": self.hacking.state_dict(),
-               "skips": [self.skipped_steps, self.consecutive_skips],
-               "health": self.health.state_dict() if self.health is not None else None,
-               "rm_refresh": self.rm_refresh.state_dict() if self.rm_refresh is not None else None}
-        if self.critic is not None:
-            model, optim = critic_states or (self.critic.state_dict(), self.critic_optimizer.state_dict())
-            out["critic"] = {"model": model, "optimizer": optim, "scheduler": self.critic_scheduler.state_dict()}
-        return out
-
-    def load_trainer_state(self, saved: dict) -> None:
-        self.step, self.baseline = saved["step"], saved.get("baseline")
-        self.skipped_steps, self.consecutive_skips = saved.get("skips", [0, 0])
-        self.sampler.load_state_dict(saved["sampler"])
-        if self.ref is not None and saved.get("ref") is not None:
-            load_model_state(self.ref, saved["ref"])  # sharded or not
-        for name in ("kl_ctl", "penalty_ctl", "ptx", "hacking", "rm_refresh", "health"):  # run._rl_state
-            obj = getattr(self, name)
-            if obj is not None and saved.get(name) is not None:
-                obj.load_state_dict(saved[name])
-        if self.critic is not None and saved.get("critic") is not None:
-            load_model_state(self.critic, saved["critic"]["model"])  # sharded or not
-            load_optimizer_state(self.critic, self.critic_optimizer, saved["critic"]["optimizer"])
-            self.critic_scheduler.load_state_dict(saved["critic"]["scheduler"])
 
 
 @contextmanager
@@ -148,7 +52,7 @@ def rl_step(state: RLState, cfg: Config, *, train_policy: bool = True) -> dict[s
     """
     t: dict[str, float] = {}  # timing_s/<phase>
     t_start = time.perf_counter()
-    with gathered(state.policy):  # a sharded policy (rlft.parallel.fsdp): whole weights for sampling
+    with strategy().gathered(state.policy):  # a sharded policy: whole weights for sampling
         batch, metrics = collect(state, cfg, t)
     with _timed(t, "logprob"):  # each sharded model whole for its own pass only, one at a time
         fill_logprobs(state, batch, cfg)
@@ -158,7 +62,7 @@ def rl_step(state: RLState, cfg: Config, *, train_policy: bool = True) -> dict[s
     with _timed(t, "update"):
         metrics.update(update(state, batch, cfg, train_policy=train_policy))
         if state.penalty_ctl is not None and train_policy:  # PPO §4: d = KL(pi_old || pi) after the update
-            with gathered(state.policy):
+            with strategy().gathered(state.policy):
                 metrics["actor/ppo_penalty_kl_post"] = penalty_kl(state, batch, cfg)
             state.penalty_ctl.update(metrics["actor/ppo_penalty_kl_post"], n_steps=1)
     if state.kl_ctl is not None and train_policy:
@@ -393,7 +297,7 @@ def fill_logprobs(state: RLState, batch: Batch, cfg: Config) -> None:
     own = batch.index(state.dist.share(len(batch)))  # this process's rows; the others compute theirs
     for name, (model, fn, shared) in models.items():
         out = torch.zeros(own.response_ids.shape)  # (b, T)
-        with gathered(model):  # sharded (rlft.parallel.fsdp): whole for this pass, then split again before the next model's
+        with strategy().gathered(model):  # sharded: whole for this pass, then split again before the next model's
             for rows, mb in micro_batches(own, cfg.train.micro_batch_size, cfg.train.micro_batch_tokens, shared):
                 out[rows, :mb.response_ids.shape[1]] = fn(mb).cpu()  # (rows, t <= T): trimmed columns stay 0
         setattr(batch, name, torch.cat(state.dist.gather(out)))

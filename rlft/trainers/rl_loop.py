@@ -12,11 +12,12 @@ from rlft.config import Config
 from rlft.errors import TrainingHalted
 from rlft.insight.eval import HeldOut, evaluate_sets, val_metrics
 from rlft.parallel.dist import current
-from rlft.parallel.fsdp import full_model_state, gathered, is_sharded
+from rlft.parallel.launch import strategy
 from rlft.runs import checkpoint
 from rlft.runs.start import append_jsonl, seed_everything, write_json
 from rlft.runs.tracking import MetricsLog
-from rlft.trainers.rl import RLState, rl_step, sample_records
+from rlft.trainers.state import RLState
+from rlft.trainers.rl import rl_step, sample_records
 from rlft.trainers.rl_setup import PROCESS_SEED_STRIDE, build_rl_state, restore, save_checkpoint
 from rlft.trainers.rm_refresh import RUN_RM
 
@@ -75,7 +76,7 @@ def run_rl(policy, tokenizer, train_ex, train_prompts, cfg: Config, run_dir: Pat
             log.close()
     write_json(run_dir / "health.json", state.health.report())
     if state.critic is not None:
-        critic = full_model_state(state.critic, tied_once=False) if is_sharded(state.critic) else None  # all take part
+        critic, _ = strategy().whole_state(state.critic, tied_once=False)  # every process takes part; None: not sharded
         if dist.is_main:
             checkpoint.write_dir(run_dir / "critic", lambda tmp: state.critic.save_pretrained(tmp, state_dict=critic))
     if dist.is_main and state.rm_refresh is not None:
@@ -126,7 +127,7 @@ def validation(policy, tokenizer, held_out: list[HeldOut], cfg: Config) -> dict[
     """The held-out evaluation during RL, every set's, as ``val/<set>/<metric>`` metrics (the policy's training
     mode kept)."""
     was_training = policy.training
-    with gathered(policy):
+    with strategy().gathered(policy):
         results = current().on_main(lambda: evaluate_sets(policy, tokenizer, held_out, cfg))
     policy.train(was_training)
     return val_metrics(results, held_out[0].name)

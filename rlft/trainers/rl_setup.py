@@ -12,14 +12,13 @@ from rlft.config import Config, ConfigError
 from rlft.core.kl import make_kl_controller
 from rlft.insight.health import HealthMonitor
 from rlft.models.lora import AdaptersOff, is_peft
-from rlft.parallel import zero
-from rlft.parallel.dist import current
-from rlft.parallel.fsdp import full_model_state, full_optimizer_state, is_sharded, load_optimizer_state, shard_
+from rlft.parallel.launch import strategy
 from rlft.runs import checkpoint
 from rlft.runs.start import seed_everything
 from rlft.runs.tracking import truncate_jsonl
 from rlft.trainers.optim import make_optimizer, make_scheduler
-from rlft.trainers.rl import PromptSampler, RLState, penalty_controller
+from rlft.trainers.state import PromptSampler, RLState
+from rlft.trainers.rl import penalty_controller
 from rlft.trainers.rm_refresh import RMRefresh
 
 
@@ -31,20 +30,27 @@ def build_rl_state(policy, tokenizer, train_ex, train_prompts, cfg: Config) -> R
     ref = None
     if a.needs_ref:  # the frozen policy as it enters RL; under LoRA the base, i.e. the policy without its adapters
         ref = AdaptersOff(policy) if is_peft(policy) else copy.deepcopy(policy).eval().requires_grad_(False)
-    critic = build_critic(policy, cfg) if a.needs_critic else None  # from the policy's weights before sharding
-    plan = current().shard
-    if plan is not None:  # an FSDP launch: the policy's parameters, gradients and AdamW state split over processes
-        for model in (policy, ref, critic):  # the reference (unless LoRA's view of the policy) and the critic too
-            if isinstance(model, torch.nn.Module):
-                shard_(model, plan)
-    optimizer = make_optimizer(policy.parameters(), lr=o.lr, weight_decay=o.weight_decay, betas=(o.beta1, o.beta2),
-                               eps=o.eps)
-    total_opt_steps = cfg.train.steps * a.epochs * a.minibatches
-    scheduler = make_scheduler(optimizer, warmup=o.warmup_steps, total=total_opt_steps, schedule=o.schedule)
-    if current().zero is not None:  # a DeepSpeed launch: AdamW's state (and gradients, parameters) split by ZeRO
-        zero.wrap(policy, optimizer, current().zero, o.grad_clip)
-        if isinstance(ref, torch.nn.Module):  # the reference's parameters too, at stage 3 (not LoRA's view)
-            zero.wrap_frozen(ref, current().zero)
+    critic = build_critic(policy, cfg) if a.needs_critic else None  # from the policy's weights before they are placed
+    s, made = strategy(), {}
+
+    def policy_optimizer(params) -> torch.optim.Optimizer:  # AdamW and its schedule, on the parameters as placed
+        opt = make_optimizer(params, lr=o.lr, weight_decay=o.weight_decay, betas=(o.beta1, o.beta2), eps=o.eps)
+        made["scheduler"] = make_scheduler(opt, warmup=o.warmup_steps, total=cfg.train.steps * a.epochs * a.minibatches,
+                                           schedule=o.schedule)
+        return opt
+
+    def critic_optimizer(params) -> torch.optim.Optimizer:
+        c = cfg.critic
+        opt = make_optimizer(params, lr=c.lr, weight_decay=o.weight_decay, betas=(o.beta1, o.beta2), eps=o.eps)
+        made["critic_scheduler"] = make_scheduler(opt, warmup=c.warmup_steps, schedule=o.schedule,
+                                                  total=(cfg.train.steps + c.pretrain_steps) * a.epochs * a.minibatches)
+        return opt
+
+    optimizer = s.prepare(policy, policy_optimizer, grad_clip=o.grad_clip)
+    s.prepare(ref)  # frozen; nothing to place for LoRA's view of the policy
+    if critic is not None:
+        made["critic_optimizer"] = s.prepare(critic, critic_optimizer, grad_clip=cfg.critic.grad_clip)
+    scheduler = made["scheduler"]
     state = RLState(policy=policy, tokenizer=tokenizer, optimizer=optimizer, scheduler=scheduler,
                     sampler=PromptSampler(len(train_ex), cfg.train.seed), examples=train_ex, prompts=train_prompts)
     state.penalty_ctl = penalty_controller(state, cfg)  # PPO-penalty's adaptive beta, when the loss reads one
@@ -56,14 +62,7 @@ def build_rl_state(policy, tokenizer, train_ex, train_prompts, cfg: Config) -> R
         state.kl_ctl = make_kl_controller(a.kl_coef, a.kl_target, a.kl_horizon)
     if critic is not None:
         state.critic = critic
-        c = cfg.critic
-        state.critic_optimizer = make_optimizer(state.critic.parameters(), lr=c.lr, weight_decay=o.weight_decay,
-                                                betas=(o.beta1, o.beta2), eps=o.eps)
-        critic_steps = (cfg.train.steps + c.pretrain_steps) * a.epochs * a.minibatches
-        state.critic_scheduler = make_scheduler(state.critic_optimizer, warmup=c.warmup_steps, total=critic_steps,
-                                                schedule=o.schedule)
-        if current().zero is not None:  # a DeepSpeed launch: the critic in an engine of its own
-            zero.wrap(critic, state.critic_optimizer, current().zero, c.grad_clip)
+        state.critic_optimizer, state.critic_scheduler = made["critic_optimizer"], made["critic_scheduler"]
     if a.ptx_coef > 0:
         from rlft.trainers.ptx import PtxData
 
@@ -85,16 +84,12 @@ def build_critic(policy, cfg: Config):
 def save_checkpoint(state: RLState, cfg: Config, run_dir: Path) -> None:
     """A checkpoint of the run, written by the main process with the random states of every process."""
     rngs = state.dist.gather(checkpoint.rng_state())
-    model_state = optimizer_state = ref_state = None
-    if is_sharded(state.policy):  # whole state dicts, gathered by every process into the main one
-        model_state = full_model_state(state.policy)
-        optimizer_state = full_optimizer_state(state.policy, state.optimizer)
-    if is_sharded(state.ref):
-        ref_state = full_model_state(state.ref, tied_once=False)
+    s = strategy()  # a sharded model's whole state dicts, gathered by every process into the main one
+    model_state, optimizer_state = s.whole_state(state.policy, state.optimizer)
+    ref_state, _ = s.whole_state(state.ref, tied_once=False)
     critic_states = None
-    if is_sharded(state.critic):
-        critic_states = (full_model_state(state.critic, tied_once=False),
-                         full_optimizer_state(state.critic, state.critic_optimizer))
+    if s.shards(state.critic):
+        critic_states = s.whole_state(state.critic, state.critic_optimizer, tied_once=False)
     if state.dist.is_main:
         checkpoint.save(run_dir, state.step, model=state.policy, tokenizer=state.tokenizer,
                         optimizer=state.optimizer, scheduler=state.scheduler, keep=cfg.train.keep_checkpoints,
@@ -103,7 +98,7 @@ def save_checkpoint(state: RLState, cfg: Config, run_dir: Path) -> None:
 
 def restore(state: RLState, ckpt: Path, run_dir: Path, echo) -> None:
     saved = checkpoint.load_state(ckpt)
-    load_optimizer_state(state.policy, state.optimizer, saved["optimizer"])
+    strategy().load_state(state.policy, optimizer=state.optimizer, optim_state=saved["optimizer"])
     state.scheduler.load_state_dict(saved["scheduler"])
     rngs, dist = saved.get("process_rngs") or [saved["rng"]], state.dist
     if len(rngs) == dist.world:

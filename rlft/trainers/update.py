@@ -21,16 +21,14 @@ from rlft.core.kl import KL_ESTIMATORS
 from rlft.core.losses import POLICY_LOSSES, aggregate_parts, aggregation_weight, positive_lm_parts
 from rlft.core.ops import masked_mean, masked_sum
 from rlft.core.value import value_loss
-from rlft.parallel.dist import Dist
-from rlft.parallel import zero
-from rlft.parallel.fsdp import agreed_count, forward_communicates, idle_loss, is_sharded, lockstep_extra
-from rlft.parallel.zero import engine_of
+from rlft.parallel.launch import strategy
+from rlft.parallel.strategy import idle_loss
 from rlft.models.forward import autocast, response_logprobs
 from rlft.rollout.batch import Batch
 from rlft.trainers.ptx import lm_loss_sum, lm_tokens
 
 if TYPE_CHECKING:
-    from rlft.trainers.rl import RLState
+    from rlft.trainers.state import RLState
 
 
 def micro_batches(batch: Batch, size: int, max_tokens: int = 0, shared: bool = False
@@ -150,19 +148,16 @@ def _policy_step(state: "RLState", mb: Batch, cfg: Config) -> dict[str, float]:
     loss_cfg = replace(a, penalty_coef=state.penalty_ctl.value) if state.penalty_ctl is not None else a
     totals: dict[str, float] = {}
     n_tok = full_mask.sum().item()
-    dist = state.dist
-    engine = engine_of(policy)
-    model = policy if engine is None else engine  # under DeepSpeed the update's passes go through its engine
-    # FSDP2 and ZeRO-3 communicate in every forward call, so every process must make the same calls: the
-    # shared-prefix forward then makes as many calls for runs of similar response lengths as the process with the
-    # most (agreed in each pass), a number that would otherwise differ between processes
-    agree = agreed_count(dist) if forward_communicates(policy) else None
+    dist, s = state.dist, strategy()
+    model = s.runner(policy)  # what the update's passes call (a DeepSpeed engine, say)
+    # a model whose every forward call is a collective (sharded weights gathered layer by layer): every process
+    # must make the same calls, so the shared-prefix forward makes as many calls for runs of similar response
+    # lengths as the process with the most (agreed in each pass), a number that would otherwise differ
+    agree = s.agreed(policy)
     micros = [m for _, m in micro_batches(mb.index(dist.share(len(mb))), cfg.train.micro_batch_size,
                                           cfg.train.micro_batch_tokens, shares_prefix(policy, cfg))]
-    if is_sharded(policy):  # every process runs as many forward+backward passes as the busiest
-        for _ in range(lockstep_extra(dist, len(micros))):
-            _backward(engine, dist, idle_loss(batch_logprobs(model, mb.index(slice(0, 1)), cfg,
-                                                             agree=agree)[0].sum()))
+    for _ in range(s.lockstep(policy, len(micros))):  # every process runs as many passes as the busiest
+        s.backward(policy, idle_loss(batch_logprobs(model, mb.index(slice(0, 1)), cfg, agree=agree)[0].sum()))
     for micro in micros:
         mask = _loss_mask(micro).to(device)  # (b, T)
         logp, ent = batch_logprobs(model, micro, cfg, with_entropy=True, entropy_grad=a.entropy_coef > 0,
@@ -186,7 +181,7 @@ def _policy_step(state: "RLState", mb: Batch, cfg: Config) -> dict[str, float]:
             lm_num, _ = positive_lm_parts(logp, mask, _positive(micro, a.lm_threshold).to(device))
             loss = loss + a.lm_coef * lm_num / lm_den
             totals["actor/lm_loss"] = totals.get("actor/lm_loss", 0.0) + (lm_num / lm_den).item()
-        _backward(engine, dist, loss)
+        s.backward(policy, loss)
         share = mask.sum().item() / max(n_tok, 1)  # token-weighted average of per-micro-batch metrics
         with torch.no_grad():
             for name, mat in terms.items():
@@ -200,26 +195,18 @@ def _policy_step(state: "RLState", mb: Batch, cfg: Config) -> dict[str, float]:
         rows = dist.share(len(ids))  # each process its rows, over the whole batch's token count
         if len(ids[rows]):
             ptx = lm_loss_sum(model, ids[rows], mask[rows], weights[rows]) / lm_tokens(mask, weights)
-            _backward(engine, dist, a.ptx_coef * ptx)
+            s.backward(policy, a.ptx_coef * ptx)
             totals["actor/ptx_loss"] = ptx.item()
-        elif is_sharded(policy):  # no rows here: the sharded model still runs the pass the others run
-            _backward(engine, dist, idle_loss(lm_loss_sum(model, ids[:1], mask[:1], weights[:1])))
+        elif s.shards(policy):  # no rows here: the sharded model still runs the pass the others run
+            s.backward(policy, idle_loss(lm_loss_sum(model, ids[:1], mask[:1], weights[:1])))
     totals = dist.sum_floats(totals)  # each process's share of the mini-batch's loss terms
     if a.needs_ref and a.kl_in == "loss":
         totals["actor/kl_coef"] = kl_coef
     if state.penalty_ctl is not None:
         totals["actor/ppo_penalty_coef"] = loss_cfg.penalty_coef
     totals["actor/positive_frac"] = positive.float().mean().item()
-    totals.update(_optimizer_step(policy, state.optimizer, state.scheduler, cfg.optim.grad_clip, "actor", dist))
+    totals.update(_optimizer_step(policy, state.optimizer, state.scheduler, cfg.optim.grad_clip, "actor"))
     return totals
-
-
-def _backward(engine, dist: Dist, loss: torch.Tensor) -> None:
-    """``loss.backward()``, or through the DeepSpeed engine (rlft.parallel.zero) when there is one."""
-    if engine is None:
-        loss.backward()
-    else:
-        zero.backward(engine, loss, dist.world)
 
 
 def _positive(mb: Batch, threshold: float) -> torch.Tensor:
@@ -230,19 +217,17 @@ def _positive(mb: Batch, threshold: float) -> torch.Tensor:
 
 def _critic_step(state: "RLState", mb: Batch, cfg: Config) -> dict[str, float]:
     """One critic optimizer step: clipped value loss, token mean over the mini-batch."""
-    critic, dist = state.critic, state.dist
+    critic, dist, s = state.critic, state.dist, strategy()
     device = next(critic.parameters()).device
     total = _loss_mask(mb).sum().clamp(min=1.0)
     totals = {"critic/vf_loss": 0.0, "critic/vf_clipfrac": 0.0}
     micros = [m for _, m in micro_batches(mb.index(dist.share(len(mb))), cfg.train.micro_batch_size,
                                           cfg.train.micro_batch_tokens)]
-    engine = engine_of(critic)
-    model = critic if engine is None else engine  # under DeepSpeed the update's passes go through its engine
-    if is_sharded(critic):  # every process runs as many forward+backward passes as the busiest
-        for _ in range(lockstep_extra(dist, len(micros))):
-            one = mb.index(slice(0, 1))
-            _backward(engine, dist, idle_loss(model(one.prompt_ids, one.prompt_mask, one.response_ids,
-                                                    one.response_mask).sum()))
+    model = s.runner(critic)
+    for _ in range(s.lockstep(critic, len(micros))):  # every process runs as many passes as the busiest
+        one = mb.index(slice(0, 1))
+        s.backward(critic, idle_loss(model(one.prompt_ids, one.prompt_mask, one.response_ids,
+                                           one.response_mask).sum()))
     for micro in micros:
         mask = _loss_mask(micro).to(device)
         with autocast(critic, cfg.model.autocast):  # V(s_t) (critic.values)
@@ -250,35 +235,20 @@ def _critic_step(state: "RLState", mb: Batch, cfg: Config) -> dict[str, float]:
         values = values.float()
         loss_mat, m = value_loss(values, micro.values.to(device), micro.ret.to(device), mask, cfg.algo.vf_clip)
         loss = masked_sum(loss_mat, mask) / total
-        _backward(engine, dist, loss)
+        s.backward(critic, loss)
         totals["critic/vf_loss"] += loss.item()
         totals["critic/vf_clipfrac"] += float(m["vf_clipfrac"]) * mask.sum().item() / total.item()
     totals = state.dist.sum_floats(totals)
     totals.update(_optimizer_step(critic, state.critic_optimizer, state.critic_scheduler, cfg.critic.grad_clip,
-                                  "critic", state.dist))
+                                  "critic"))
     return totals
 
 
-def _optimizer_step(model, optimizer, scheduler, grad_clip: float, prefix: str, dist: Dist) -> dict[str, float]:
-    """Sum the gradients over the processes (a sharded model's were summed by FSDP in the backward), clip, step
-    (skipped on a non-finite gradient norm), advance the schedule, clear gradients."""
-    engine = engine_of(model)
-    if engine is not None:  # DeepSpeed reduces, clips and steps (skipping a non-finite gradient) in its engine
-        grad_norm = zero.step(engine)
-        out = {f"{prefix}/lr": scheduler.get_last_lr()[0], f"{prefix}/grad_norm": grad_norm,
-               f"{prefix}/skipped_steps": float(not math.isfinite(grad_norm))}
-        scheduler.step()
-        return out
-    if not is_sharded(model):
-        dist.sum_grads_(model.parameters())
-    clip = grad_clip if grad_clip > 0 else float("inf")
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
-    if hasattr(grad_norm, "full_tensor"):  # sharded gradients: the norm is a DTensor holding the global norm
-        grad_norm = grad_norm.full_tensor()
-    out = {f"{prefix}/lr": scheduler.get_last_lr()[0], f"{prefix}/grad_norm": grad_norm.item(),
-           f"{prefix}/skipped_steps": float(not torch.isfinite(grad_norm))}
-    if torch.isfinite(grad_norm):
-        optimizer.step()
+def _optimizer_step(model, optimizer, scheduler, grad_clip: float, prefix: str) -> dict[str, float]:
+    """The strategy's step (gradients summed over the processes, clipped, applied unless their norm is not finite),
+    then the schedule advances."""
+    lr = scheduler.get_last_lr()[0]
+    grad_norm = strategy().step(model, optimizer, grad_clip)
     scheduler.step()
-    optimizer.zero_grad(set_to_none=True)
-    return out
+    return {f"{prefix}/lr": lr, f"{prefix}/grad_norm": grad_norm,
+            f"{prefix}/skipped_steps": float(not math.isfinite(grad_norm))}
