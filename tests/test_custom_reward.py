@@ -10,7 +10,7 @@ import pytest
 
 from rlft.rewards.terms import built
 from rlft.recipe import load_config
-from rlft.config.sections import ConfigError
+from rlft.config import ConfigError
 from rlft.rewards import REWARDS, is_batched, is_group_level, score_batch
 from rlft.rewards.pool import RewardPool
 

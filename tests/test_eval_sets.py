@@ -13,7 +13,7 @@ import yaml
 from rlft.insight import eval as ev
 from rlft.config import ConfigError
 from rlft.recipe import load_config
-from rlft.config.sections import EvalSet
+from rlft.config.insight import EvalSet
 from rlft.data.schema import Example
 from rlft.insight.health import HealthMonitor
 from rlft.insight.plot import PANELS, read_metrics, series

@@ -35,7 +35,7 @@ from hypothesis import strategies as st
 
 from rlft.config import Config, ConfigError
 from rlft.recipe import load_config
-from rlft.config.sections import EvalSet
+from rlft.config.insight import EvalSet
 from rlft.data import gsm8k
 from rlft.data.loaders import load_examples, load_rows
 from rlft.data.schema import DataError

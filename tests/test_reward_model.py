@@ -15,7 +15,7 @@ import torch
 
 from rlft.rewards.terms import built
 from rlft.recipe import load_config
-from rlft.config.sections import ConfigError
+from rlft.config import ConfigError
 from rlft.models.tiny import build_tokenizer
 from rlft.rewards import REWARDS, is_batched, score_batch
 from rlft.rewards import model as rm

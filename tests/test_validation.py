@@ -10,7 +10,7 @@ import pytest
 from rlft.insight import eval as ev
 from rlft.recipe import load_config
 from rlft.data.schema import Example
-from rlft.config.sections import primary_name as eval_set_name
+from rlft.config.insight import primary_name as eval_set_name
 from rlft.stages.pipeline import run_pipeline
 
 

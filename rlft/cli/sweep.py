@@ -136,7 +136,7 @@ def _finished(run_dir: Path) -> bool:
 
 def _primary_val_key(run_dir: Path) -> str:
     """``val/<primary set>/exact_match`` of the run (eval.sets' extra sets are not what the sweep compares)."""
-    from rlft.config.sections import primary_name
+    from rlft.config.insight import primary_name
 
     return f"val/{primary_name(load_config(run_dir / 'config.yaml', []))}/exact_match"
 

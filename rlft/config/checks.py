@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import string
+from typing import Any
 
 
 class ConfigError(ValueError):
@@ -35,3 +36,13 @@ def template_problem(template: str, allowed: tuple[str, ...] = ("chat", "raw")) 
     except (ValueError, KeyError, IndexError, AttributeError) as e:
         return f"{hint}; {template!r} cannot be filled in: {type(e).__name__}: {e}"
     return None
+
+
+def plain(x: Any) -> Any:
+    """``x`` with tuples as lists, all the way down (what YAML writes)."""
+    if isinstance(x, dict):
+        return {k: plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [plain(v) for v in x]
+    return x
+

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from rlft.config import Config, ConfigError
-from rlft.config.sections import EvalSet, primary_name
+from rlft.config.insight import EvalSet, primary_name
 from rlft.core.passk import maj_at_k, mean_pass_at_k
 from rlft.data.loaders import load_examples
 from rlft.data.schema import DataError, Example

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import torch
 
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 

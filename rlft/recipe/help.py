@@ -8,7 +8,9 @@ import inspect
 import typing
 from dataclasses import fields
 
-from rlft.config.sections import Config, EvalSet, RewardTerm
+from rlft.config.sections import Config
+from rlft.config.insight import EvalSet
+from rlft.config.reward import RewardTerm
 from rlft.recipe.presets import help_lines
 from rlft.rewards import REWARDS, is_batched, is_group_level, is_step_level
 

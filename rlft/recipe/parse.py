@@ -18,7 +18,11 @@ from typing import Any, Literal, Mapping
 
 import yaml
 
-from rlft.config.sections import AlgoConfig, Config, ConfigError, EvalSet, RewardTerm, _check
+from rlft.config.algo import AlgoConfig
+from rlft.config.checks import ConfigError, _check
+from rlft.config.sections import Config
+from rlft.config.insight import EvalSet
+from rlft.config.reward import RewardTerm
 from rlft.errors import utf8_text
 from rlft.recipe.presets import PRESETS, conflict
 from rlft.recipe.validate import validate

@@ -32,14 +32,23 @@ from dataclasses import dataclass
 
 from rlft.rewards.base import REWARDS, step_level
 
+
 _LINE = re.compile(r"[^\n]+")
+
+
 _WORK = re.compile(r"\s*(-?\d+)\s*([+\-*])\s*(-?\d+)\s*=\s*(-?\d+)\s*")
+
+
 _FINAL = re.compile(r"\s*####\s*(-?\d+)\s*")
 
 
 @REWARDS.register("chain_steps")
 @step_level
+
+
 @dataclass(frozen=True)
+
+
 class ChainSteps:
     """Step-level checker of the synthetic chain task: each working line and the #### line, right or wrong."""
 
@@ -132,6 +141,7 @@ def chain_steps_of(question: str) -> list[tuple[int, str, int, int]]:
         steps.append((acc, op, b, _CHAIN_OPS[op](acc, b)))
         acc = steps[-1][3]
     return steps
+
 
 _CHAIN_RE = re.compile(r"(\d+(?:[+\-*]\d+)+)=\?")
 

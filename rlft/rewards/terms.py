@@ -9,7 +9,8 @@ import weakref
 from typing import Any, Callable
 
 from rlft.config.checks import ConfigError
-from rlft.config.sections import Config, RewardConfig, RewardTerm
+from rlft.config.sections import Config
+from rlft.config.reward import RewardConfig, RewardTerm
 from rlft.rewards.base import REWARDS
 from rlft.rewards.jail import JailUnavailable
 from rlft.rewards.pool import RewardPool

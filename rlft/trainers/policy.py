@@ -31,6 +31,7 @@ def training_policy(cfg: Config, model_path: str, ckpt: Path | None, work_dir: P
             policy.enable_input_require_grads()
     return policy, tokenizer
 
+
 def _enable_checkpointing(model) -> None:
     """Activation checkpointing under its transformers >= 5 name, or the older one."""
     enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable

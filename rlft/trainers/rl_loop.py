@@ -82,6 +82,7 @@ def run_rl(policy, tokenizer, train_ex, train_prompts, cfg: Config, run_dir: Pat
     if dist.is_main and state.rm_refresh is not None:
         checkpoint.write_dir(run_dir / RUN_RM, state.rm_refresh.save)
 
+
 def pretrain_critic(state: RLState, cfg: Config, run_dir: Path) -> None:
     """VAPO value pre-training (Yuan et al. 2025 §3.1): critic-only steps on rollouts of the frozen initial policy."""
     log = MetricsLog(run_dir, tensorboard=False, filename="critic_pretrain_metrics.jsonl") if state.dist.is_main \
@@ -98,6 +99,7 @@ def pretrain_critic(state: RLState, cfg: Config, run_dir: Path) -> None:
         bar.close()
         if log is not None:
             log.close()
+
 
 class StopSignals:
     """While active, SIGINT and SIGTERM ask the RL loop to stop after the current step (``signum``), which then
@@ -123,6 +125,7 @@ class StopSignals:
         for s, handler in self._previous.items():
             signal.signal(s, handler)
 
+
 def validation(policy, tokenizer, held_out: list[HeldOut], cfg: Config) -> dict[str, float]:
     """The held-out evaluation during RL, every set's, as ``val/<set>/<metric>`` metrics (the policy's training
     mode kept)."""
@@ -131,6 +134,7 @@ def validation(policy, tokenizer, held_out: list[HeldOut], cfg: Config) -> dict[
         results = current().on_main(lambda: evaluate_sets(policy, tokenizer, held_out, cfg))
     policy.train(was_training)
     return val_metrics(results, held_out[0].name)
+
 
 def halt_on_skips(state: RLState, cfg: Config, run_dir: Path) -> None:
     """Stop after ``train.max_consecutive_skips`` RL steps in a row that could not update (non-finite gradients)."""
@@ -145,6 +149,7 @@ def halt_on_skips(state: RLState, cfg: Config, run_dir: Path) -> None:
         f"RL steps {first}-{state.step}: every update met a non-finite loss or gradient and was skipped "
         f"({state.consecutive_skips} in a row, train.max_consecutive_skips={limit}); {where}. "
         "Try a lower optim.lr, optim.grad_clip, or check the rewards and the data for extreme values")
+
 
 def progress_bar(total: int, desc: str, cfg: Config, initial: int = 0):
     from tqdm.auto import tqdm

@@ -24,6 +24,7 @@ from rlft.trainers.rm_refresh import RMRefresh
 
 PROCESS_SEED_STRIDE = 1_000_003  # process r > 0 of a multi-process run seeds its sampling with seed + r * this
 
+
 def build_rl_state(policy, tokenizer, train_ex, train_prompts, cfg: Config) -> RLState:
     """Optimizer and schedule of the policy, plus the reference model, critic, KL controller and ptx data it needs."""
     o, a = cfg.optim, cfg.algo
@@ -69,6 +70,7 @@ def build_rl_state(policy, tokenizer, train_ex, train_prompts, cfg: Config) -> R
         state.ptx = PtxData.from_config(cfg, tokenizer, train_ex)  # data.ptx_source=task: train_ex as SFT renders them
     return state
 
+
 def build_critic(policy, cfg: Config):
     """A critic on ``critic.path``, or on the policy's weights as they enter RL (a separate copy) when empty."""
     from rlft.models.critic import Critic, load_critic
@@ -80,6 +82,7 @@ def build_critic(policy, cfg: Config):
     whole = copy.deepcopy(policy).merge_and_unload() if is_peft(policy) else policy  # LoRA: base + adapters, merged
     backbone = copy.deepcopy(whole.base_model)  # the decoder without its LM head
     return Critic(backbone.requires_grad_(True)).train()  # trained whole, as from critic.path (LoRA froze the base)
+
 
 def save_checkpoint(state: RLState, cfg: Config, run_dir: Path) -> None:
     """A checkpoint of the run, written by the main process with the random states of every process."""
@@ -95,6 +98,7 @@ def save_checkpoint(state: RLState, cfg: Config, run_dir: Path) -> None:
                         optimizer=state.optimizer, scheduler=state.scheduler, keep=cfg.train.keep_checkpoints,
                         trainer_state=state.trainer_state(ref_state, critic_states), process_rngs=rngs,
                         model_state=model_state, optimizer_state=optimizer_state)
+
 
 def restore(state: RLState, ckpt: Path, run_dir: Path, echo) -> None:
     saved = checkpoint.load_state(ckpt)

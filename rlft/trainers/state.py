@@ -48,6 +48,8 @@ class PromptSampler:
 
 
 @dataclass
+
+
 class RLState:
     policy: torch.nn.Module
     tokenizer: object
