@@ -132,3 +132,16 @@ def test_a_model_is_evaluated_once(tmp_path, tiny_size_overrides, monkeypatch):
     assert len(calls) == 3
     dpo_eval = json.loads((tmp_path / "once" / "1-dpo" / "dpo_eval.json").read_text())
     assert dpo_eval["task_before"] == {k: v for k, v in entries[0]["metrics"].items() if "/" not in k}
+
+
+def test_each_stage_data_is_read_once(tmp_path, tiny_size_overrides, monkeypatch):
+    """The task is read once for the whole pipeline (before anything is written) and handed to every stage: the SFT
+    stage's training rows and evaluations, DPO's pairs made from the task, the RL stage's prompts and held-out sets."""
+    import rlft.data.task
+
+    reads = []
+    real = rlft.data.task.configured_task
+    monkeypatch.setattr(rlft.data.task, "configured_task", lambda *a, **k: reads.append(a[0]) or real(*a, **k))
+    entries = run_pipeline(pipeline(tmp_path, tiny_size_overrides, "once", "stages=[sft,dpo,grpo]"), echo=quiet).stages
+    assert [e["stage"] for e in entries] == ["sft", "dpo", "grpo"]
+    assert reads == ["synthetic:max"]
