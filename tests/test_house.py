@@ -56,3 +56,17 @@ def test_the_floor_test_sees_an_upward_import(tmp_path):
 
 def test_config_imports_nothing_above_it():
     assert house.into_config(house.graph()) == []
+
+
+BACKENDS = ("rlft.parallel.fsdp", "rlft.parallel.zero", "rlft.parallel.zero_state")
+
+
+def test_only_parallel_names_a_backend():
+    """Trainers, stages and samplers ask the run's Strategy (rlft.parallel.launch.strategy()); only parallel/ imports
+    a backend's module."""
+    g = house.graph()
+    named = sorted((a, b) for a, targets in g.items() for b in targets
+                   if b in BACKENDS and not a.startswith("rlft.parallel"))
+    assert named == []
+    assert {"rlft.parallel.fsdp", "rlft.parallel.zero"} <= g["rlft.parallel.launch"]  # the check looks where they are
+
