@@ -22,7 +22,7 @@ FLOORS = {  # a module imports only from its own floor or a lower one (docs/arch
     "rlft.userfn": 1,  # a user's function by import path; the standard library only: child processes import it fast
     "rlft.config": 2, "rlft.core": 2,
     "rlft.models": 3,
-    "rlft.rewards": 4, "rlft.parallel": 4,
+    "rlft.rewards": 4, "rlft.parallel": 4, "rlft.envs": 4,
     "rlft.data": 5, "rlft.rollout": 5, "rlft.runs": 5,
     "rlft.trainers": 6, "rlft.insight": 6,
     "rlft.stages": 7,
