@@ -79,14 +79,15 @@ def held_out(policy_dir: Path, overrides: list[str]) -> dict[str, float]:
     from rlft.rollout.batch import left_pad, right_pad
     from rlft.data.task import load_task
     from rlft.runs.start import process_settings
-    from rlft.stages.base import task_metrics
+    from rlft.stages.base import StageInput, task_metrics
 
     # the outcome mode's algo and reward: evaluation reads neither, and a reward override (e.g. a control reward)
     # that the recipe's process advantage would refuse still gives a valid configuration
     cfg = load_config(RECIPE, [*QUIET, *MODES["outcome"], *overrides, "stages=[]"])
     process_settings(cfg)
     policy, tok = load_policy(str(policy_dir), cfg.model)
-    em = task_metrics(policy, tok, cfg)["exact_match"]
+    where = Path(policy_dir)
+    em = task_metrics(policy, tok, StageInput(cfg=cfg, model_dir=where, out_dir=where))["exact_match"]
     _, eval_ex = load_task(cfg)
     prompts = encode_prompts(eval_ex, cfg.data.template, tok, cfg.data.max_prompt_tokens)
     p_ids, p_mask = left_pad(prompts, tok.pad_token_id)

@@ -36,7 +36,7 @@ def start_model(cfg, out: Path, model: str | None) -> tuple[str, dict, float]:
     from rlft.models.loading import load_policy
     from rlft.runs.start import base_model_dir, seed_everything
     from rlft.stages import STAGES
-    from rlft.stages.base import task_metrics, write_json
+    from rlft.stages.base import StageInput, task_metrics, write_json
 
     saved = out / "start.json"
     if saved.exists():
@@ -46,10 +46,11 @@ def start_model(cfg, out: Path, model: str | None) -> tuple[str, dict, float]:
     seed_everything(cfg.train.seed)
     if model:
         policy, tok = load_policy(model, cfg.model)
-        metrics = task_metrics(policy, tok, cfg)
+        metrics = task_metrics(policy, tok, StageInput(cfg=cfg, model_dir=Path(model), out_dir=out))
     else:
         (out / "sft").mkdir(parents=True, exist_ok=True)
-        result = STAGES.get("sft")(cfg, base_model_dir(cfg, out), out / "sft", quiet)
+        result = STAGES.get("sft")(StageInput(cfg=cfg, model_dir=Path(base_model_dir(cfg, out)), out_dir=out / "sft",
+                                              echo=quiet))
         model, metrics = str(result.model_dir), {k: v for k, v in result.metrics.items() if "/" not in k}
     seconds = time.perf_counter() - t0
     write_json(saved, {"model_dir": model, "metrics": metrics, "seconds": seconds})
@@ -58,7 +59,7 @@ def start_model(cfg, out: Path, model: str | None) -> tuple[str, dict, float]:
 
 def rft_run(cfg, out: Path, model: str, start: dict, mode: str, seed: int) -> dict:
     from rlft.runs.start import seed_everything
-    from rlft.stages import STAGES
+    from rlft.stages import STAGES, StageInput
 
     run = out / f"{mode}_s{seed}"
     result = run / "result.json"
@@ -66,7 +67,7 @@ def rft_run(cfg, out: Path, model: str, start: dict, mode: str, seed: int) -> di
         run.mkdir(parents=True, exist_ok=True)
         seed_everything(seed)
         t0 = time.perf_counter()
-        r = STAGES.get(f"rft_{mode}")(cfg, model, run, quiet, start)
+        r = STAGES.get(f"rft_{mode}")(StageInput(cfg=cfg, model_dir=Path(model), out_dir=run, start=start, echo=quiet))
         result.write_text(json.dumps({"mode": mode, "seed": seed, "seconds": time.perf_counter() - t0,
                                       "metrics": r.metrics}, indent=2))
     return json.loads(result.read_text())
