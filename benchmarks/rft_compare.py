@@ -36,7 +36,8 @@ def start_model(cfg, out: Path, model: str | None) -> tuple[str, dict, float]:
     from rlft.models.loading import load_policy
     from rlft.runs.start import base_model_dir, seed_everything
     from rlft.stages import STAGES
-    from rlft.stages.base import StageInput, task_metrics, write_json
+    from rlft.stages.base import StageInput, task_metrics
+    from rlft.runs.start import write_json
 
     saved = out / "start.json"
     if saved.exists():

@@ -122,7 +122,7 @@ def test_optimizer_state_loads_from_either_format():
     for saved in (by_index, by_name):
         fresh, fresh_opt = _stepped(1)
         fresh.load_state_dict(model.state_dict())
-        fsdp.load_optimizer_state(fresh, fresh_opt, saved)
+        plain.load_optimizer_state(fresh, fresh_opt, saved)
         for i, p in enumerate(fresh.parameters()):
             for key in ("exp_avg", "exp_avg_sq", "step"):
                 assert torch.equal(fresh_opt.state[p][key], by_index["state"][i][key]), (i, key)

@@ -26,8 +26,6 @@ def primary_name(cfg) -> str:
 
 
 @dataclass(frozen=True)
-
-
 class EvalSet:
     """One entry of ``eval.sets``: an extra held-out set, evaluated wherever the primary one (``data``) is (before
     and after RL, every ``eval.every`` steps, a pipeline's stages) and logged as ``val/<name>/<metric>``.
@@ -77,8 +75,6 @@ class EvalSet:
 
 
 @dataclass(frozen=True)
-
-
 class EvalConfig:
     ks: tuple[int, ...] = (1, 4, 8)
     """pass@k reported for each k; max(ks) samples are drawn per problem (0 samples if empty)."""
@@ -121,8 +117,6 @@ class EvalConfig:
 
 
 @dataclass(frozen=True)
-
-
 class HealthConfig:
     """Thresholds of the health warnings (rlft.insight.health): each rule reads the mean of the last ``window`` RL steps."""
 
@@ -156,8 +150,6 @@ class HealthConfig:
 
 
 @dataclass(frozen=True)
-
-
 class LogConfig:
     run_dir: str = "runs"
     """Parent directory of runs."""

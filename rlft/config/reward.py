@@ -11,8 +11,6 @@ from rlft.config.checks import _check, plain
 
 
 @dataclass(frozen=True)
-
-
 class RewardTerm:
     """One entry of ``reward.fns``: a registered reward, its weight, its metric label and its own parameters.
 
@@ -45,8 +43,6 @@ class RewardTerm:
 
 
 @dataclass(frozen=True)
-
-
 class RewardConfig:
     fns: tuple[RewardTerm, ...] = (RewardTerm("final_answer"), RewardTerm("format_final"))
     """Rewards (rlft.rewards.REWARDS), combined as a weighted sum: names, or mappings {name, weight, label, <params>}."""

@@ -28,8 +28,6 @@ __all__ = ["Config", "DataConfig", "LoraConfig", "ModelConfig", "OptimConfig", "
 
 
 @dataclass(frozen=True)
-
-
 class ModelConfig:
     path: str = ""
     """Local directory or hub id of a causal LM; empty builds the embedded tiny model."""
@@ -65,8 +63,6 @@ class ModelConfig:
 
 
 @dataclass(frozen=True)
-
-
 class LoraConfig:
     rank: int = 0
     """LoRA through PEFT: train rank-r adapters on lora.target_modules instead of every weight (0: full fine-tuning). The reference policy is the same model with its adapters disabled (no second copy)."""
@@ -88,8 +84,6 @@ class LoraConfig:
 
 
 @dataclass(frozen=True)
-
-
 class DataConfig:
     source: str = "synthetic:max"
     """'synthetic:<task>' (max, arith, chain), a .jsonl/.json/.parquet file, a directory with <split>.parquet|jsonl, or 'hf:<name>[:<config>]'."""
@@ -142,8 +136,6 @@ class DataConfig:
 
 
 @dataclass(frozen=True)
-
-
 class RolloutConfig:
     max_new_tokens: int = 16
     """Generation budget per response; longer responses are truncated (and counted)."""
@@ -178,8 +170,6 @@ class RolloutConfig:
 
 
 @dataclass(frozen=True)
-
-
 class OptimConfig:
     lr: float = 1e-4
     weight_decay: float = 0.0
@@ -201,8 +191,6 @@ class OptimConfig:
 
 
 @dataclass(frozen=True)
-
-
 class TrainConfig:
     steps: int = 360
     """RL steps (one rollout batch and its update each)."""
@@ -247,8 +235,6 @@ class TrainConfig:
 
 
 @dataclass(frozen=True)
-
-
 class Config:
     stages: tuple[str, ...] = ()
     """A pipeline run by `rlft train`, in order (e.g. [sft, grpo], [sft, rm, ppo], [sft, dpo]); each stage starts from the previous stage's model. Names: sft, rm, dpo, rft (rft_offline / rft_online force rft.mode), rl, or an algorithm preset (which also selects algo.preset). Empty: SFT warm-up (sft.steps) then RL, in one directory."""

@@ -56,7 +56,7 @@ from torch import nn
 
 from rlft.parallel.dist import env_flag, solo
 from rlft.parallel.strategy import MakeOptimizer, Strategy, clip_and_step, refuse_unsharded_parts, weights_of
-from rlft.parallel.strategy import load_optimizer_state as load_whole_optimizer_state
+from rlft.parallel.strategy import load_optimizer_state
 
 
 @dataclass(frozen=True)
@@ -231,12 +231,6 @@ def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> 
     return sd if torch.distributed.get_rank() == 0 else None
 
 
-def load_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
-    """Load a saved optimizer state into ``optimizer``: a whole state keyed by parameter name (a sharded run's
-    checkpoint) into a sharded or a plain model, or a plain ``optimizer.state_dict()`` into a plain one."""
-    load_whole_optimizer_state(model, optimizer, state)
-
-
 class FSDP(Strategy):
     """FSDP2: every layer and the root of each trained or frozen model sharded over the processes
     (:func:`shard_`), gathered whole for sampling and no-grad passes (:func:`gathered`), saved whole."""
@@ -273,14 +267,7 @@ class FSDP(Strategy):
             self.dist.sum_grads_(model.parameters())
         return clip_and_step(model, optimizer, grad_clip)
 
-    def whole_state(self, model, optimizer=None, *, tied_once: bool = True):
-        if not self.shards(model):
-            return None, None
-        whole = full_model_state(model, tied_once=tied_once)
-        return whole, (full_optimizer_state(model, optimizer) if optimizer is not None else None)
-
-    def load_state(self, model, state=None, optimizer=None, optim_state=None) -> None:
-        if state is not None:
-            load_model_state(model, state)
-        if optim_state is not None:
-            load_optimizer_state(model, optimizer, optim_state)
+    _gather_model = staticmethod(full_model_state)
+    _gather_optimizer = staticmethod(full_optimizer_state)
+    _load_model = staticmethod(load_model_state)
+    _load_optimizer = staticmethod(load_optimizer_state)  # torch.distributed.checkpoint loads into FSDP too

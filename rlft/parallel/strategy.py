@@ -97,17 +97,24 @@ class Strategy:
     def whole_state(self, model, optimizer: torch.optim.Optimizer | None = None, *,
                     tied_once: bool = True) -> tuple[dict | None, dict | None]:
         """(model state, optimizer state) gathered whole into the main process, for a model whose weights are
-        split (every process calls it); (None, None) otherwise: its own state dicts are whole already."""
-        return None, None
+        split (every process calls it; the others get None); (None, None) otherwise: its own state dicts are
+        whole already. A subclass that splits models names its gatherers ``_gather_model(model, tied_once=)``
+        and ``_gather_optimizer(model, optimizer)``."""
+        if not self.shards(model):
+            return None, None
+        whole = self._gather_model(model, tied_once=tied_once)
+        return whole, (self._gather_optimizer(model, optimizer) if optimizer is not None else None)
 
     def load_state(self, model, state: dict | None = None, optimizer: torch.optim.Optimizer | None = None,
                    optim_state: dict | None = None) -> None:
         """Load a whole model state and/or a saved optimizer state: keyed by index (``optimizer.state_dict()``) or
-        by parameter name (a sharded run's whole state)."""
+        by parameter name (a sharded run's whole state). A model whose weights are split loads through the
+        subclass's ``_load_model(model, state)`` and ``_load_optimizer(model, optimizer, state)``."""
+        split = self.shards(model)
         if state is not None:
-            model.load_state_dict(state)
+            self._load_model(model, state) if split else model.load_state_dict(state)
         if optim_state is not None:
-            load_optimizer_state(model, optimizer, optim_state)
+            (self._load_optimizer if split else load_optimizer_state)(model, optimizer, optim_state)
 
 
 def clip_and_step(model, optimizer: torch.optim.Optimizer, grad_clip: float) -> float:

@@ -59,8 +59,6 @@ _OWN_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_acc
 
 
 @dataclass(frozen=True)
-
-
 class ZeroPlan:
     """What DeepSpeed shards, read from ``accelerate launch``'s DeepSpeed settings."""
 
@@ -235,8 +233,6 @@ def step(engine) -> float:
 
 
 @contextmanager
-
-
 def gathered(model) -> Iterator[None]:
     """Under stage 3: every process holds the whole weights and the engine's hooks are off (so processes may run
     different numbers of forward passes) until the block ends; at stages 1 and 2 the weights are whole anyway."""
@@ -310,18 +306,8 @@ class Zero(Strategy):
             return super().step(model, optimizer, grad_clip)
         return step(engine)  # DeepSpeed reduces, clips and steps (skipping a non-finite gradient) in its engine
 
-    def whole_state(self, model, optimizer=None, *, tied_once: bool = True):
-        if not self.shards(model):
-            return None, None
-        whole = full_model_state(model, tied_once=tied_once)
-        return whole, (full_optimizer_state(model, optimizer) if optimizer is not None else None)
-
-    def load_state(self, model, state=None, optimizer=None, optim_state=None) -> None:
-        if not self.shards(model):
-            super().load_state(model, state, optimizer, optim_state)
-            return
-        if state is not None:
-            load_model_state(model, state)
-        if optim_state is not None:
-            load_optimizer_state(model, optimizer, optim_state)
+    _gather_model = staticmethod(full_model_state)
+    _gather_optimizer = staticmethod(full_optimizer_state)
+    _load_model = staticmethod(load_model_state)
+    _load_optimizer = staticmethod(load_optimizer_state)
 

@@ -47,8 +47,6 @@ _FINAL = re.compile(r"\s*####\s*(-?\d+)\s*")
 
 
 @dataclass(frozen=True)
-
-
 class ChainSteps:
     """Step-level checker of the synthetic chain task: each working line and the #### line, right or wrong."""
 

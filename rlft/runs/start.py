@@ -83,8 +83,6 @@ def base_model_dir(cfg: Config, run_dir: Path) -> str:
 
 
 @contextlib.contextmanager
-
-
 def removed_if_start_fails(run_dir: Path, *, keep: bool):
     """A run whose start fails (before any training) removes the directory it created, so nothing half-written is
     left behind; ``keep`` (a resumed run) leaves it alone."""
@@ -97,8 +95,6 @@ def removed_if_start_fails(run_dir: Path, *, keep: bool):
 
 
 @contextlib.contextmanager
-
-
 def stops_on_write_failure(run_dir: Path):
     """A failed write (:class:`WriteFailed`: a full disk, a read-only directory) ends the run with the path that
     failed and where to continue from: the last checkpoint, which the failure left intact."""

@@ -5,7 +5,6 @@ it continues from its own checkpoints), so the pipeline has no special case for 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -16,7 +15,7 @@ from rlft.data.preferences import Ranking
 from rlft.data.rankings import load_rankings
 from rlft.data.schema import Example
 from rlft.data.task import load_task
-from rlft.insight.eval import HeldOut, evaluate_task
+from rlft.insight.eval import HeldOut, evaluate_task, load_sets
 from rlft.registry import Registry
 
 
@@ -57,8 +56,6 @@ class StageInput:
         """The task's problems: the pipeline's, else read now."""
         if self.task is not None:
             return self.task
-        from rlft.insight.eval import load_sets
-
         return Task(*load_task(self.cfg), load_sets(self.cfg))
 
 
@@ -103,14 +100,6 @@ def task_metrics(policy, tokenizer, inp: StageInput) -> dict:
     sets of ``eval.sets`` under ``"sets"``."""
     task = inp.problems
     return evaluate_task(policy, tokenizer, inp.cfg, task.held_out, sets=task.sets)
-
-
-def write_json(path: Path, obj: dict) -> None:
-    """Write ``obj`` as JSON through a temporary file, so a reader never sees half of it (a failed write:
-    ``WriteFailed`` naming ``path``)."""
-    from rlft.runs.tracking import write_atomic
-
-    write_atomic(path, json.dumps(obj, indent=2))
 
 
 @contextmanager

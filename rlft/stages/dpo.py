@@ -18,7 +18,8 @@ from pathlib import Path
 
 from rlft.models.lora import save_policy
 from rlft.trainers.policy import training_policy
-from rlft.stages.base import StageInput, StageResult, stage, step_log, task_metrics, write_json
+from rlft.stages.base import StageInput, StageResult, stage, step_log, task_metrics
+from rlft.runs.start import write_json
 from rlft.runs.checkpoint import save_whole
 from rlft.trainers.dpo import encode_pairs, evaluate_dpo, reference_logps, train_dpo
 

@@ -45,7 +45,8 @@ from rlft.parallel.dist import Dist
 from rlft.runs import checkpoint
 from rlft.runs.start import (base_model_dir, prepare_run_dir, process_settings, removed_if_start_fails,
                              seed_everything, stops_on_write_failure)
-from rlft.stages.base import STAGES, StageInput, Task, write_json
+from rlft.stages.base import STAGES, StageInput, Task
+from rlft.runs.start import write_json
 from rlft.stages.rl import rl_summary
 from rlft.trainers.sft import sft_examples
 

@@ -19,7 +19,8 @@ from pathlib import Path
 from rlft.models.loading import DTYPES, resolve_device
 from rlft.models.prm_head import build_prm
 from rlft.rewards import REWARDS
-from rlft.stages.base import StageInput, StageResult, stage, step_log, write_json
+from rlft.stages.base import StageInput, StageResult, stage, step_log
+from rlft.runs.start import write_json
 from rlft.runs.checkpoint import save_model, save_whole
 from rlft.trainers.prm import evaluate_prm, step_examples, train_prm
 

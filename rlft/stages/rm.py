@@ -24,7 +24,8 @@ from rlft.config import Config, ConfigError
 from rlft.data.preferences import Ranking
 from rlft.models.loading import DTYPES, resolve_device
 from rlft.models.reward_head import build_reward_model
-from rlft.stages.base import StageInput, StageResult, Task, stage, step_log, write_json
+from rlft.stages.base import StageInput, StageResult, Task, stage, step_log
+from rlft.runs.start import write_json
 from rlft.runs.checkpoint import save_model, save_whole
 from rlft.trainers.policy_pairs import policy_preferences
 from rlft.trainers.rm import encode_ranking, evaluate_rm, train_rm

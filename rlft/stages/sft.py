@@ -14,7 +14,8 @@ from pathlib import Path
 
 from rlft.models.lora import save_policy
 from rlft.trainers.policy import training_policy
-from rlft.stages.base import StageInput, StageResult, stage, step_log, task_metrics, write_json
+from rlft.stages.base import StageInput, StageResult, stage, step_log, task_metrics
+from rlft.runs.start import write_json
 from rlft.runs.checkpoint import save_whole
 from rlft.trainers.sft import train_sft
 

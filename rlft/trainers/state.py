@@ -48,8 +48,6 @@ class PromptSampler:
 
 
 @dataclass
-
-
 class RLState:
     policy: torch.nn.Module
     tokenizer: object
