@@ -37,6 +37,7 @@ import numbers
 import sys
 import threading
 import types
+from pathlib import Path
 from collections.abc import Callable, Sequence
 
 BLOCKED_MODULES = frozenset({
@@ -48,15 +49,17 @@ BLOCKED_MODULES = frozenset({
 """Modules (and their submodules) whose functions and classes are never a reward."""
 
 _MAX_REPLY = 16 << 20  # bytes of a child's reply: a batch reward's list of floats fits many times over
-_RESOLVED: dict[str, Callable] = {}  # target ("module:attr" or "/abs/file.py:attr") -> the user's function
+_RESOLVED: dict[tuple[str, bool], Callable] = {}  # (target "module:attr" or "/abs/file.py:attr", classes) -> the object
 _LOCK = threading.RLock()
+_HEAP_TYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: set on classes made by a class statement, not on types written in C
 
 
-def resolve(target: str, spec: str) -> Callable:
+def resolve(target: str, spec: str, *, classes: bool = False) -> Callable:
     """The function at ``target`` (imported once per process); a ValueError naming ``spec`` when it is missing,
-    not callable, or a refused target (see the module's docstring)."""
+    not callable, or a refused target (see the module's docstring). ``classes``: a Python class of the user's own
+    is accepted too (an environment's factory)."""
     with _LOCK:
-        if target not in _RESOLVED:
+        if (target, classes) not in _RESOLVED:
             where, _, attr = target.rpartition(":")
             check_module(target, spec)
             obj = _import(where, spec)
@@ -66,9 +69,9 @@ def resolve(target: str, spec: str) -> Callable:
                 obj = getattr(obj, part)
             if not callable(obj):
                 raise ValueError(f"fn: {spec!r}: {attr!r} is a {type(obj).__name__}, not a function")
-            check_plain(obj, attr, spec)
-            _RESOLVED[target] = obj
-        return _RESOLVED[target]
+            check_plain(obj, attr, spec, classes=classes)
+            _RESOLVED[target, classes] = obj
+        return _RESOLVED[target, classes]
 
 
 def check_module(target: str, spec: str) -> None:
@@ -79,9 +82,10 @@ def check_module(target: str, spec: str) -> None:
                          "primitives, not rewards; name a function of your own")
 
 
-def check_plain(obj: Callable, attr: str, spec: str) -> None:
+def check_plain(obj: Callable, attr: str, spec: str, *, classes: bool = False) -> None:
     """A ValueError naming ``spec`` unless ``obj`` is a Python function or a callable instance of a Python class
-    from a module outside :data:`BLOCKED_MODULES` (a partial or a bound method: the function it wraps)."""
+    (with ``classes``, also a Python class) from a module outside :data:`BLOCKED_MODULES` (a partial or a bound
+    method: the function it wraps)."""
     inner = _unwrapped(obj)
     known = _primitives().get(id(inner))
     if known is not None and known[1] is inner:
@@ -89,6 +93,8 @@ def check_plain(obj: Callable, attr: str, spec: str) -> None:
                          "primitive, not a reward; name a function of your own")
     if isinstance(inner, types.FunctionType):
         module = inner.__module__
+    elif isinstance(inner, type) and classes and inner.__flags__ & _HEAP_TYPE:
+        module = inner.__module__  # a class made by a class statement, not a type written in C
     elif isinstance(inner, type):
         raise ValueError(f"fn: {spec!r}: refused: {attr!r} is a class; name a function or an instance")
     elif isinstance(getattr(type(inner), "__call__", None), types.FunctionType):
@@ -262,3 +268,18 @@ def _plain(value):
     if isinstance(value, dict) and all(isinstance(k, str) for k in value):
         return {str(k): _plain(v) for k, v in value.items()}
     raise TypeError(f"returned a {type(value).__name__}, which cannot be sent back (numbers, None, text, lists)")
+
+
+def target(spec: str, what: str = "function") -> str:
+    """``module:attr`` as given, or ``/absolute/file.py:attr``; a ValueError naming the spec when malformed."""
+    where, sep, attr = spec.rpartition(":")
+    if not sep or not where.strip() or not attr.strip():
+        raise ValueError(f"fn: {spec!r}: expected package.module:{what} or path/to/file.py:{what}")
+    if where.endswith(".py") or "/" in where or "\\" in where:
+        path = Path(where).expanduser()
+        if not path.is_file():
+            raise ValueError(f"fn: {spec!r}: no file {where!r} (relative to {Path.cwd()})")
+        return f"{path.resolve()}:{attr}"
+    if not all(part.isidentifier() for part in where.split(".")):
+        raise ValueError(f"fn: {spec!r}: {where!r} is not a module name (or a path ending in .py)")
+    return spec

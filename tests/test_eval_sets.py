@@ -102,7 +102,7 @@ def test_a_missing_set_file_fails_before_anything_is_written(tmp_path):
 def test_each_set_is_judged_by_its_own_correct_fn(monkeypatch):
     """Every response is '#### 7' on problems whose answer is 7: final_answer counts all of them, math (which
     reads \\boxed{}) none, on the same responses."""
-    def responses(model, tok, prompts, n, cfg, greedy, lengths=None):
+    def responses(model, tok, prompts, examples, n, cfg, greedy, lengths=None, episodes=None):
         if lengths is not None:
             lengths.extend([2] * len(prompts))
         return ["#### 7"] * (len(prompts) * n)
@@ -150,7 +150,7 @@ def test_math500_from_the_shared_data_is_judged_by_math(monkeypatch):
     assert len(math500.examples) == 6 and math500.examples[0].ground_truth == r"\left( 3, \frac{\pi}{2} \right)"
     boxed = [f"The answer is $\\boxed{{{ex.ground_truth}}}$." for ex in math500.examples]
 
-    def responses(model, tok, prompts, n, cfg, greedy, lengths=None):
+    def responses(model, tok, prompts, examples, n, cfg, greedy, lengths=None, episodes=None):
         if lengths is not None:
             lengths.extend([9] * len(prompts))
         return boxed

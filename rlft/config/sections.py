@@ -19,6 +19,7 @@ from typing import Any, Literal
 import yaml
 
 from rlft.config.algo import AlgoConfig, CriticConfig
+from rlft.config.env import EnvConfig
 from rlft.config.checks import _check, plain, template_problem
 from rlft.config.insight import EvalConfig, HealthConfig, LogConfig
 from rlft.config.reward import RewardConfig
@@ -245,6 +246,7 @@ class Config:
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     critic: CriticConfig = field(default_factory=CriticConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
     rm: RMConfig = field(default_factory=RMConfig)
@@ -270,6 +272,7 @@ class Config:
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["reward"]["fns"] = [t.to_plain() for t in self.reward.fns]
+        d["env"] = self.env.to_plain()
         return d
 
     def to_yaml(self) -> str:

@@ -9,7 +9,7 @@ from rlft.data.schema import DataError, Example
 
 def prompt_text(example: Example, template: str, tokenizer) -> str:
     """The text the model is conditioned on, before tokenisation."""
-    messages = _messages(example.prompt)
+    messages = prompt_messages(example.prompt)
     if template == "chat":
         if not getattr(tokenizer, "chat_template", None):
             raise DataError("data.template='chat' but the tokenizer has no chat template; "
@@ -19,7 +19,8 @@ def prompt_text(example: Example, template: str, tokenizer) -> str:
     return text if template == "raw" else template.format(prompt=text)
 
 
-def _messages(prompt: str | Sequence[dict]) -> tuple[dict, ...]:
+def prompt_messages(prompt: str | Sequence[dict]) -> tuple[dict, ...]:
+    """The chat messages of a prompt (a plain string is one user message)."""
     if isinstance(prompt, str):
         return ({"role": "user", "content": prompt},)
     return tuple(prompt)

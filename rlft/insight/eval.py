@@ -21,20 +21,29 @@ from rlft.data.templates import encode_prompts
 from rlft.rewards import score_batch
 from rlft.rewards.group import EXTRACTORS, answer_key
 from rlft.rollout.hf import generate, sampling_args
+from rlft.rollout.multiturn import rollout_env
 
 
-def _responses(model, tokenizer, prompts: list[list[int]], n: int, cfg: Config, greedy: bool,
-               lengths: list[int] | None = None) -> list[str]:
-    """``n`` responses per prompt (contiguous), generated in chunks of at most eval.batch_size sequences; their
+def _responses(model, tokenizer, prompts: list[list[int]], examples: Sequence[Example], n: int, cfg: Config,
+               greedy: bool, lengths: list[int] | None = None, episodes: list[dict] | None = None) -> list[str]:
+    """``n`` responses per prompt (contiguous), generated in chunks of at most eval.batch_size sequences (with
+    ``env`` set: trajectories with the environment, whose records are appended to ``episodes`` when given); their
     lengths in tokens are appended to ``lengths`` when given."""
     per_chunk = max(1, cfg.eval.batch_size // n)
     texts: list[str] = []
     for start in range(0, len(prompts), per_chunk):
-        batch = generate(model, tokenizer, prompts[start:start + per_chunk], group_size=n, greedy=greedy,
-                         **sampling_args(cfg.rollout, temperature=cfg.eval.temperature))
+        chunk = prompts[start:start + per_chunk]
+        if cfg.env.multi_turn:
+            batch, _ = rollout_env(model, tokenizer, examples[start:start + per_chunk], chunk, cfg, group_size=n,
+                                   temperature=cfg.eval.temperature, greedy=greedy)
+        else:
+            batch = generate(model, tokenizer, chunk, group_size=n, greedy=greedy,
+                             **sampling_args(cfg.rollout, temperature=cfg.eval.temperature))
         texts.extend(batch.texts)
         if lengths is not None:
             lengths.extend(batch.response_lengths.tolist())
+        if episodes is not None:
+            episodes.extend(batch.episodes)
     return texts
 
 
@@ -53,16 +62,20 @@ def evaluate(model, tokenizer, prompts: list[list[int]], examples: Sequence[Exam
     samples = [ex.to_mapping() for ex in examples]
     timeout = cfg.reward.timeout_s
     lengths: list[int] = []
-    greedy = _responses(model, tokenizer, prompts, 1, cfg, greedy=True, lengths=lengths)
-    correct = _hits(greedy, samples, rules.correct_fn, timeout)
-    formatted = _hits(greedy, samples, rules.format_fn, timeout)
+    episodes: list[dict] = []
+    greedy = _responses(model, tokenizer, prompts, examples, 1, cfg, greedy=True, lengths=lengths, episodes=episodes)
+    with_env = _with_env(samples, episodes)
+    correct = _hits(greedy, with_env, rules.correct_fn, timeout)
+    formatted = _hits(greedy, with_env, rules.format_fn, timeout)
     n = len(examples)
     out = {"n": n, "exact_match": sum(correct) / n, "format_rate": sum(formatted) / n,
-           "response_length": sum(lengths) / n}
+           "response_length": sum(lengths) / n, **_tool_use(episodes)}
     k_max = cfg.eval.num_samples
     if k_max:
-        sampled = _responses(model, tokenizer, prompts, k_max, cfg, greedy=False)
-        hits = _hits(sampled, [s for s in samples for _ in range(k_max)], rules.correct_fn, timeout)
+        episodes = []
+        sampled = _responses(model, tokenizer, prompts, examples, k_max, cfg, greedy=False, episodes=episodes)
+        hits = _hits(sampled, _with_env([s for s in samples for _ in range(k_max)], episodes), rules.correct_fn,
+                     timeout)
         counts = [(k_max, sum(hits[i * k_max:(i + 1) * k_max])) for i in range(n)]
         for k in sorted(set(cfg.eval.ks)):
             out[f"pass@{k}"] = mean_pass_at_k(counts, k)
@@ -73,6 +86,26 @@ def evaluate(model, tokenizer, prompts: list[list[int]], examples: Sequence[Exam
     out["examples"] = [{"prompt_index": i, "response": greedy[i], "ground_truth": examples[i].ground_truth,
                         "correct": correct[i]} for i in range(min(n, 5))]
     return out
+
+
+def _with_env(samples: list[dict], episodes: list[dict]) -> list[dict]:
+    """The samples, each with its trajectory's ``env_reward`` when the responses came from an environment."""
+    if not episodes:
+        return samples
+    return [{**s, "env_reward": e["env_reward"]} for s, e in zip(samples, episodes)]
+
+
+def _tool_use(episodes: list[dict]) -> dict[str, float]:
+    """Multi-turn evaluation: ``turns`` (mean per trajectory), ``tool_call_rate`` (share of trajectories with a
+    call), ``tool_success_rate`` (share of calls answered without an error), ``env_errors`` (trajectories lost)."""
+    if not episodes:
+        return {}
+    calls = [sum(e["tools"].values()) + e["malformed_calls"] for e in episodes]
+    errors = sum(e["tool_errors"] for e in episodes)
+    return {"turns": sum(e["turns"] for e in episodes) / len(episodes),
+            "tool_call_rate": sum(c > 0 for c in calls) / len(episodes),
+            "tool_success_rate": (sum(calls) - errors) / sum(calls) if sum(calls) else 0.0,
+            "env_errors": float(sum(e["error"] is not None for e in episodes))}
 
 
 # --------------------------------------------------------------------------- several held-out sets

@@ -23,6 +23,7 @@ CHAT_TEMPLATE = (
     "{% if m['role'] == 'system' %}{{ m['content'] }}\n"
     "{% elif m['role'] == 'user' %}Q: {{ m['content'] }}\n"
     "{% elif m['role'] == 'assistant' %}A: {{ m['content'] }}{{ eos_token }}"
+    "{% elif m['role'] == 'tool' %}T: {{ m['content'] }}\n"
     "{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}A: {% endif %}"
 )

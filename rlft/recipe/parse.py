@@ -20,9 +20,12 @@ import yaml
 
 from rlft.config.algo import AlgoConfig
 from rlft.config.checks import ConfigError, _check
+from rlft.config.env import FIELDS as ENV_FIELDS
+from rlft.config.env import EnvConfig
 from rlft.config.sections import Config
 from rlft.config.insight import EvalSet
 from rlft.config.reward import RewardTerm
+from rlft.envs.build import check_params
 from rlft.errors import utf8_text
 from rlft.recipe.presets import PRESETS, conflict
 from rlft.recipe.validate import validate
@@ -128,7 +131,9 @@ def _build(cls: type, data: Mapping[str, Any], prefix: str, entry: bool = False)
             continue
         tp = hints[f.name]
         key = f"{prefix}{f.name}"
-        if dataclasses.is_dataclass(tp):  # an empty section (`model:` in YAML) is null
+        if tp is EnvConfig:
+            kwargs[f.name] = _env_section({} if data[f.name] is None else data[f.name])
+        elif dataclasses.is_dataclass(tp):  # an empty section (`model:` in YAML) is null
             kwargs[f.name] = _build(tp, {} if data[f.name] is None else data[f.name], f"{key}.")
         else:
             kwargs[f.name] = _coerce(data[f.name], tp, key)
@@ -138,6 +143,26 @@ def _build(cls: type, data: Mapping[str, Any], prefix: str, entry: bool = False)
         if not entry:
             raise
         raise ConfigError(f"{prefix}{e}") from None
+
+
+def _env_section(data: Any) -> EnvConfig:
+    """``{name: tools, max_turns: 4, tools: [calculator]}`` -> an EnvConfig whose ``params`` hold every key that is
+    not one of the loop's, checked against the environment (its signature, then one environment built)."""
+    if isinstance(data, EnvConfig):
+        return data
+    _check(isinstance(data, Mapping), "env", f"must be a section (a mapping), got {_shown(data)}")
+    own = {k: v for k, v in data.items() if k in ENV_FIELDS}
+    params = {k: v for k, v in data.items() if k not in ENV_FIELDS}
+    cfg = _build(EnvConfig, own, "env.")
+    if cfg.name:
+        try:
+            check_params(cfg.name, cfg.fn, params)
+        except ConfigError:
+            raise
+        except (ValueError, TypeError) as e:
+            raise ConfigError(f"env.{e}") from None
+    _check(bool(cfg.name) or not params, "env", f"parameters {sorted(params)} given, but no env.name")
+    return dataclasses.replace(cfg, params=tuple(params.items()))
 
 
 class _UniqueKeys(yaml.SafeLoader):

@@ -52,11 +52,11 @@ process).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Literal
 
 from rlft.rewards.base import REWARDS, check_choices
 from rlft.userfn import call_in_child, markers, markers_in_child, resolve
+from rlft.userfn import target as userfn_target
 
 
 @REWARDS.register("custom")
@@ -94,7 +94,7 @@ class Custom:
         if self.slow and self.sandboxed:
             raise ValueError(f"slow: {self.fn!r} is sandboxed, so each call runs in a process of its own, not in "
                              "the worker pool; set slow or sandboxed, not both")
-        target = _target(self.fn)
+        target = userfn_target(self.fn)
         marks = markers_in_child(target, self.fn, self.timeout_s) if self.sandboxed else \
             markers(resolve(target, self.fn))  # sandboxed: the module is never imported by the trainer
         marked = "group" if marks["group_level"] else "batch" if marks["batched"] else None
@@ -123,18 +123,3 @@ class Custom:
         if self.sandboxed:
             return call_in_child(self.target, self.fn, args, self.timeout_s)
         return resolve(self.target, self.fn)(*args)
-
-
-def _target(spec: str) -> str:
-    """``module:attr`` as given, or ``/absolute/file.py:attr``; a ValueError naming the spec when malformed."""
-    where, sep, attr = spec.rpartition(":")
-    if not sep or not where.strip() or not attr.strip():
-        raise ValueError(f"fn: {spec!r}: expected package.module:function or path/to/file.py:function")
-    if where.endswith(".py") or "/" in where or "\\" in where:
-        path = Path(where).expanduser()
-        if not path.is_file():
-            raise ValueError(f"fn: {spec!r}: no file {where!r} (relative to {Path.cwd()})")
-        return f"{path.resolve()}:{attr}"
-    if not all(part.isidentifier() for part in where.split(".")):
-        raise ValueError(f"fn: {spec!r}: {where!r} is not a module name (or a path ending in .py)")
-    return spec

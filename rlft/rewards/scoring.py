@@ -130,7 +130,7 @@ def _score_one_fn(name, fn, completions, samples, timeout_s) -> tuple[list[float
     values, n_errors, first_error = [], 0, None
     for i, (completion, sample) in enumerate(zip(completions, samples)):
         try:
-            values.append(checked_value(_call_with_timeout(fn, (completion, sample), timeout_s)))
+            values.append(checked_value(call_with_timeout(fn, (completion, sample), timeout_s)))
         except (Exception, RewardTimeout) as e:
             values.append(None)
             n_errors += 1
@@ -144,7 +144,7 @@ def _score_steps(name, fn, completions, samples, timeout_s) -> tuple[list[list[t
     values, n_errors, first_error = [], 0, None
     for i, (completion, sample) in enumerate(zip(completions, samples)):
         try:
-            values.append(checked_steps(_call_with_timeout(fn, (completion, sample), timeout_s), len(completion)))
+            values.append(checked_steps(call_with_timeout(fn, (completion, sample), timeout_s), len(completion)))
         except (Exception, RewardTimeout) as e:
             values.append([])
             n_errors += 1
@@ -184,7 +184,7 @@ def _score_lists(name, fn, completions, samples, size, timeout_s) -> tuple[list[
     for start in range(0, len(completions), size):
         chunk = slice(start, start + size)
         try:
-            out = _call_with_timeout(fn, (list(completions[chunk]), list(samples[chunk])), timeout_s)
+            out = call_with_timeout(fn, (list(completions[chunk]), list(samples[chunk])), timeout_s)
             if not isinstance(out, Sequence) or isinstance(out, str) or len(out) != len(completions[chunk]):
                 raise TypeError(f"returned {type(out).__name__}, expected a list of {size} values")
             chunk_values = [checked_value(v) for v in out]
@@ -210,7 +210,7 @@ def _alarm_available() -> bool:
     )
 
 
-def _call_with_timeout(fn: Callable, args: tuple, timeout_s: float):
+def call_with_timeout(fn: Callable, args: tuple, timeout_s: float):
     """``fn(*args)``, interrupted after ``timeout_s`` where SIGALRM is usable."""
     if not _alarm_available():
         return fn(*args)

@@ -1,6 +1,8 @@
 """The typed batch that flows through the RL loop.
 
-Sequences are ``prompt (left-padded) + response (right-padded)``; groups are
+Sequences are ``prompt (left-padded) + response (right-padded)``; in a multi-turn rollout the response holds
+the policy's turns and the environment's answers in the order they were written (``env_mask`` marks the
+environment's tokens: attended to, never trained on, never counted). Groups are
 contiguous, so sample ``i`` belongs to prompt ``i // G`` and ``scores.view(P, G)``
 is the group layout.
 """
@@ -34,6 +36,8 @@ class Batch:
     step_rewards: Tensor | None = None  # (B, T) reward of the step ending at each token (NaN: unscorable), else 0
     step_mask: Tensor | None = None  # (B, T) 1 at the tokens where a step ends (step-level rewards)
     correct: Tensor | None = None  # (B,) bool: eval.correct_fn's verdict (reward-hacking metrics, RM refresh)
+    env_mask: Tensor | None = None  # (B, T) 1 on response tokens an environment wrote (multi-turn), else None
+    episodes: list[dict] = field(default_factory=list)  # multi-turn: one record per row (Trajectory.record), else []
 
     def __len__(self) -> int:
         return self.prompt_ids.shape[0]
@@ -47,8 +51,14 @@ class Batch:
         return torch.cat([self.prompt_mask, self.response_mask], dim=1)
 
     @property
-    def response_lengths(self) -> Tensor:  # (B,)
-        return self.response_mask.sum(1)
+    def action_mask(self) -> Tensor:  # (B, T) 1 on the tokens the policy sampled: the only ones any loss reads
+        if self.env_mask is None:
+            return self.response_mask
+        return self.response_mask * (1 - self.env_mask)
+
+    @property
+    def response_lengths(self) -> Tensor:  # (B,) tokens the policy sampled (an environment's are not counted)
+        return self.action_mask.sum(1)
 
     def index(self, idx: Tensor | slice) -> "Batch":
         """The sub-batch at ``idx`` (sequence dimension); texts follow the same selection."""
@@ -57,7 +67,7 @@ class Batch:
             v = getattr(self, f.name)
             if isinstance(v, Tensor):
                 out[f.name] = v[idx]
-            elif f.name == "texts" and v:
+            elif f.name in ("texts", "episodes") and v:
                 rows = range(len(self))[idx] if isinstance(idx, slice) else idx.tolist()
                 out[f.name] = [v[i] for i in rows]
             else:
@@ -117,7 +127,8 @@ def cat_batches(batches: list[Batch]) -> Batch:
         raise ValueError("cannot concatenate batches with different group sizes")
     tp = max(b.prompt_ids.shape[1] for b in batches)
     t = max(b.response_ids.shape[1] for b in batches)
-    out = {"group_size": batches[0].group_size, "texts": [x for b in batches for x in b.texts]}
+    out = {"group_size": batches[0].group_size, "texts": [x for b in batches for x in b.texts],
+           "episodes": [x for b in batches for x in b.episodes] if all(b.episodes for b in batches) else []}
     for f in dataclasses.fields(Batch):
         vals = [getattr(b, f.name) for b in batches]
         if f.name in out or not all(isinstance(v, Tensor) for v in vals):

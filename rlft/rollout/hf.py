@@ -45,14 +45,12 @@ def generate(model, tokenizer, prompts: list[list[int]], *, group_size: int, max
              temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, greedy: bool = False,
              sampler: str = "rlft", sampler_options: dict | None = None) -> Batch:
     """Sample ``group_size`` responses per prompt; rows ``[i*G, (i+1)*G)`` belong to prompt ``i``."""
-    stops = eos_ids(model, tokenizer)
-    extra = {"options": sampler_options} if sampler_options else {}
+    run = turn_sampler(model, tokenizer, temperature=temperature, top_p=top_p, top_k=top_k, greedy=greedy,
+                       sampler=sampler, sampler_options=sampler_options)
     was_training = model.training
     model.eval()
     try:
-        s = SAMPLERS.get(sampler)(model, prompts, group_size=group_size, max_new_tokens=max_new_tokens, stops=stops,
-                                  pad_id=tokenizer.pad_token_id, temperature=temperature, top_p=top_p, top_k=top_k,
-                                  greedy=greedy, **extra)
+        s = run(prompts, group_size, max_new_tokens)
     finally:
         model.train(was_training)
     ends = torch.zeros_like(s.response_mask, dtype=torch.bool)  # the stop token of each finished row
@@ -63,6 +61,23 @@ def generate(model, tokenizer, prompts: list[list[int]], *, group_size: int, max
     return Batch(prompt_ids=s.prompt_ids, prompt_mask=s.prompt_mask, response_ids=s.response_ids,
                  response_mask=s.response_mask, truncated=s.truncated, group_size=group_size,
                  texts=tokenizer.batch_decode(shown, skip_special_tokens=True), rollout_logp=s.logprobs)
+
+
+def turn_sampler(model, tokenizer, *, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
+                 greedy: bool = False, sampler: str = "rlft", sampler_options: dict | None = None):
+    """``run(prompts, group_size, max_new_tokens) -> Sampled``: the configured backend with these settings, ending
+    each response at the model's end-of-turn tokens (``run.stops``)."""
+    stops = eos_ids(model, tokenizer)
+    extra = {"options": sampler_options} if sampler_options else {}
+    backend = SAMPLERS.get(sampler)
+
+    def run(prompts: list[list[int]], group_size: int, max_new_tokens: int) -> Sampled:
+        return backend(model, prompts, group_size=group_size, max_new_tokens=max_new_tokens, stops=stops,
+                       pad_id=tokenizer.pad_token_id, temperature=temperature, top_p=top_p, top_k=top_k,
+                       greedy=greedy, **extra)
+
+    run.stops = stops
+    return run
 
 
 @SAMPLERS.register("rlft")

@@ -32,6 +32,7 @@ from rlft.rewards.steps import step_metrics, step_tensors
 from rlft.rewards.terms import built
 from rlft.rollout.batch import Batch, cat_batches
 from rlft.rollout.hf import generate, sampling_args
+from rlft.rollout.multiturn import episode_metrics, rollout_env
 from rlft.trainers import hacking
 from rlft.trainers.state import RLState
 from rlft.trainers.update import batch_logprobs, micro_batches, shares_prefix, update
@@ -93,14 +94,17 @@ def sample_records(state: RLState, step: int, n_groups: int) -> list[dict]:
     out = []
     for i in rows:
         prompt = tok.decode(batch.prompt_ids[i][batch.prompt_mask[i].bool()], skip_special_tokens=True)
-        n = max(int(lengths[i]), 1)
-        adv = float(batch.adv[i, :n].mean()) if batch.adv is not None else None
+        adv = masked_mean(batch.adv[i], batch.action_mask[i]).item() if batch.adv is not None and lengths[i] else (
+            0.0 if batch.adv is not None else None)  # over the tokens the policy wrote
         score = float(batch.scores[i])
-        out.append({"step": step, "group": i // G, "prompt": prompt, "completion": batch.texts[i],
-                    "reward": score if math.isfinite(score) else None,
-                    "rewards": {k: v[i] for k, v in state.reward_parts.items()},
-                    "advantage": adv, "length": int(lengths[i]),
-                    "correct": bool(batch.correct[i]) if batch.correct is not None else None})
+        record = {"step": step, "group": i // G, "prompt": prompt, "completion": batch.texts[i],
+                  "reward": score if math.isfinite(score) else None,
+                  "rewards": {k: v[i] for k, v in state.reward_parts.items()},
+                  "advantage": adv, "length": int(lengths[i]),
+                  "correct": bool(batch.correct[i]) if batch.correct is not None else None}
+        if batch.episodes:  # a trajectory: who wrote what, turn by turn
+            record["episode"] = batch.episodes[i]
+        out.append(record)
     return out
 
 
@@ -182,6 +186,7 @@ def collect(state: RLState, cfg: Config, t: dict[str, float]) -> tuple[Batch, di
     metrics = reward_metrics(drawn, cfg)
     metrics.update(step_metrics([(b.step_rewards, b.step_mask) for b, _ in drawn if b.step_mask is not None]))
     metrics.update(hacking.batch_metrics([b.scores for b, _ in drawn], [b.correct for b, _ in drawn], G))
+    metrics.update(episode_metrics([e for b, _ in drawn for e in b.episodes]))
     if a.dynamic_sampling:
         metrics.update({"dynamic_sampling/rounds": float(len(drawn)),
                         "dynamic_sampling/groups_drawn": float(len(drawn) * P),
@@ -195,9 +200,13 @@ def collect(state: RLState, cfg: Config, t: dict[str, float]) -> tuple[Batch, di
 def _rollout_share(state: RLState, cfg: Config, idx: list[int], t: dict[str, float]) -> tuple[Batch, ScoreResult]:
     """Generate and score the groups of prompts ``idx`` in this process."""
     examples = [state.examples[i] for i in idx]
+    prompts = [state.prompts[i] for i in idx]
     with _timed(t, "rollout"), autocast(state.policy, cfg.model.autocast):
-        batch = generate(state.policy, state.tokenizer, [state.prompts[i] for i in idx],
-                         group_size=cfg.algo.group_size, **sampling_args(cfg.rollout))
+        if cfg.env.multi_turn:  # trajectories: the policy's turns and the environment's answers, token-exact
+            batch, _ = rollout_env(state.policy, state.tokenizer, examples, prompts, cfg, group_size=cfg.algo.group_size)
+        else:
+            batch = generate(state.policy, state.tokenizer, prompts, group_size=cfg.algo.group_size,
+                             **sampling_args(cfg.rollout))
     with _timed(t, "reward"):
         scored = score(batch, examples, cfg)
         attach_steps(batch, scored, state.tokenizer, cfg)
@@ -221,9 +230,12 @@ def score(batch: Batch, examples: Sequence[Example], cfg: Config) -> ScoreResult
     G = batch.group_size
     lengths = batch.response_lengths.tolist()  # (B,) response tokens, for length-shaping rewards
     samples = [{**ex.to_mapping(), "num_tokens": lengths[i * G + j]} for i, ex in enumerate(examples) for j in range(G)]
+    for sample, episode in zip(samples, batch.episodes):  # multi-turn: the environment's own verdict
+        sample["env_reward"] = episode["env_reward"]
     scored = score_batch(batch.texts, samples, built(cfg.reward), cfg.reward.resolved_weights,
                          timeout_s=cfg.reward.timeout_s, group_size=G)
-    scores = torch.tensor([math.nan if s is None else s for s in scored.total])  # (B,)
+    lost = [bool(e["error"]) for e in batch.episodes] or [False] * len(batch)  # the environment failed them
+    scores = torch.tensor([math.nan if s is None or bad else s for s, bad in zip(scored.total, lost)])  # (B,)
     a = cfg.algo
     if a.overlong_buffer_frac > 0:
         L = cfg.rollout.max_new_tokens
@@ -306,7 +318,7 @@ def fill_logprobs(state: RLState, batch: Batch, cfg: Config) -> None:
 def compute_advantages(state: RLState, batch: Batch, cfg: Config) -> dict[str, float]:
     """Sets ``batch.adv``, ``batch.ret`` and ``batch.loss_mask``; returns KL-in-reward and critic metrics."""
     a = cfg.algo
-    mask = batch.response_mask
+    mask = batch.action_mask  # (B, T) the policy's tokens: an environment's carry no advantage, loss or KL
     metrics: dict[str, float] = {}
     token_rewards = None
     if a.kl_in == "reward" and a.needs_ref:  # PPO-RLHF: r_t = -beta * kl_t (Ouyang et al. 2022 eq. 2)

@@ -128,7 +128,7 @@ def update(state: "RLState", batch: Batch, cfg: Config, *, train_policy: bool = 
 
 
 def _loss_mask(mb: Batch) -> torch.Tensor:
-    return (mb.loss_mask if mb.loss_mask is not None else mb.response_mask).float()
+    return (mb.loss_mask if mb.loss_mask is not None else mb.action_mask).float()
 
 
 def _policy_step(state: "RLState", mb: Batch, cfg: Config) -> dict[str, float]:

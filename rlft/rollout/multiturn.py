@@ -1,0 +1,373 @@
+"""Multi-turn rollouts: the policy and an environment write each trajectory in turns, token-exact by construction.
+
+A trajectory is the prompt's tokens followed by segments in the order they were written: tokens the policy
+sampled (with their sampling log-probs) and tokens the environment added. Nothing is ever tokenised twice:
+
+* the policy's tokens are the sampler's own ids, kept as they came (a turn is cut only after its end, never
+  re-encoded from its text);
+* an observation is tokenised once, when it arrives, and appended after the ids already there. When the policy
+  paused in the middle of its message (at ``env.stop``, the end of a tool call in the plain-text protocol) the
+  observation's text continues that message as it is; when the policy ended its message (its end-of-turn
+  token), the observation is a new ``env.role`` message and its tokens are what the chat template adds after the
+  conversation so far: ``render(messages + [observation], add_generation_prompt=True)`` minus
+  ``render(messages)``, plus whatever the template writes after the policy's last sampled token. A template that
+  renders the earlier messages differently once the observation follows (one that drops old ``<think>`` blocks)
+  or that does not render the turn as it was sampled is refused for that trajectory (``env/errors``), never
+  papered over by re-tokenising.
+
+Each turn samples every unfinished row with the configured sampler (``rollout.sampler``: any backend), its
+context being the trajectory so far; in the first turn the G rows of a prompt share its prefill. A row's turn
+ends at an end-of-turn token, at a stop text (its tokens after the stop are dropped: the kept ones are exactly
+what was sampled), or at the turn's token budget (the trajectory is then truncated, as an overlong response is).
+
+The environment answers each finished turn (``Env.step``) under ``env.deadline_s``; one that raises, hangs, or
+answers with something other than text or with more than ``env.max_observation_chars`` characters ends its
+trajectory, unscored, and is counted; the run goes on.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from rlft.config.sections import Config
+from rlft.data.schema import Example
+from rlft.data.templates import prompt_messages
+from rlft.envs.build import factory
+from rlft.models.lora import core_model
+from rlft.rewards import call_with_timeout
+from rlft.rollout.batch import Batch, left_pad, right_pad
+from rlft.rollout.hf import turn_sampler
+
+logger = logging.getLogger("rlft.rollout")
+
+
+@dataclass
+class Trajectory:
+    """One conversation between the policy and its environment."""
+
+    prompt: list[int]  # the prompt's tokens
+    messages: list[dict]  # the chat so far, as the template renders it (prompt, then turns)
+    ids: list[int] = field(default_factory=list)  # the response: policy and environment tokens, in order
+    env: list[int] = field(default_factory=list)  # 1 where the environment wrote ids[k]
+    logp: list[float] = field(default_factory=list)  # the sampler's log-prob of each policy token, 0.0 elsewhere
+    segments: list[dict] = field(default_factory=list)  # {"who": "policy" | "env", "text", "tokens"} in order
+    turns: int = 0  # turns the policy wrote
+    done: bool = False
+    truncated: bool = False  # ended by a limit (turns, tokens), not by the policy or the environment
+    reward: float | None = None  # the environment's own verdict, when it gives one
+    error: str | None = None  # why the environment cost this trajectory, else None
+    tools: Counter = field(default_factory=Counter)  # calls per tool name
+    tool_errors: int = 0
+    malformed: int = 0  # calls that named no tool it has, or could not be read
+    open_turn: list[int] = field(default_factory=list)  # tokens of the assistant message still being written
+
+    def record(self) -> dict:
+        """What samples, metrics and reports keep of this trajectory (plain data)."""
+        return {"turns": self.turns, "truncated": self.truncated, "error": self.error, "env_reward": self.reward,
+                "tools": dict(self.tools), "tool_errors": self.tool_errors,
+                "malformed_calls": self.malformed, "segments": list(self.segments)}
+
+    @property
+    def text(self) -> str:
+        """What the rewards score: the whole response as written, the environment's text included."""
+        return "".join(s["text"] for s in self.segments if s["who"] == "policy" or s["tokens"])
+
+
+@dataclass(frozen=True)
+class TurnLimits:
+    max_turns: int
+    max_tokens: int  # prompt + response
+    max_new_tokens: int  # per turn
+    deadline_s: float
+    max_observation_chars: int
+    role: str
+    stop: tuple[str, ...]
+
+
+class Renderer:
+    """Turns an observation into token ids (once) and keeps the chat messages the template renders."""
+
+    def __init__(self, tokenizer, chat: bool, role: str):
+        self.tok, self.chat, self.role = tokenizer, chat and bool(getattr(tokenizer, "chat_template", None)), role
+        if self.chat:
+            self._probe()
+
+    def _probe(self) -> None:
+        """A ValueError at once when the template drops ``role`` messages (the observation would vanish)."""
+        base = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
+        mark = "OBSERVATION-PROBE-7f3a"
+        before = self._render(base, False)
+        after = self._render(base + [{"role": self.role, "content": mark}], True)
+        if not after.startswith(before) or mark not in after[len(before):]:
+            raise ValueError(f"env.role: the chat template does not render a {self.role!r} message after an "
+                             f"assistant turn; use env.role=user, or a template with a {self.role!r} role")
+
+    def _render(self, messages: list[dict], generation: bool) -> str:
+        return self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation)
+
+    def encode(self, text: str) -> list[int]:
+        return self.tok(text, add_special_tokens=False)["input_ids"]
+
+    def opening(self, tr: Trajectory, text: str) -> list[int]:
+        """The prompt's ids with the first observation ``text`` added to its last user message."""
+        last = max((k for k, m in enumerate(tr.messages) if m.get("role") == "user"), default=None)
+        if last is None:
+            tr.messages.append({"role": "user", "content": text})
+        else:
+            tr.messages[last] = {**tr.messages[last], "content": f"{tr.messages[last]['content']}\n{text}"}
+        return self.encode(self._render(tr.messages, True))
+
+    def observation(self, tr: Trajectory, turn: list[int], ended_message: bool, text: str) -> list[int]:
+        """The ids of observation ``text`` after the policy's ``turn``; a ValueError when the template cannot."""
+        if not ended_message or not self.chat:
+            return self.encode(text)
+        said = self.tok.decode(tr.open_turn, skip_special_tokens=True)
+        messages = tr.messages + [{"role": "assistant", "content": said}]
+        before = self._render(messages, False)
+        after = self._render(messages + [{"role": self.role, "content": text}], True)
+        sampled = self.tok.decode(turn, skip_special_tokens=False)
+        end = before.rfind(sampled)
+        if not sampled or end < 0:
+            raise ValueError("the chat template does not render the policy's turn as it was sampled")
+        if not after.startswith(before):
+            raise ValueError("the chat template renders earlier messages differently once an observation follows")
+        tr.messages = messages + [{"role": self.role, "content": text}]
+        return self.encode(before[end + len(sampled):] + after[len(before):])
+
+
+@torch.no_grad()
+def rollout_env(model, tokenizer, examples: Sequence[Example], prompts: list[list[int]], cfg: Config, *,
+                group_size: int, temperature: float | None = None, greedy: bool = False
+                ) -> tuple[Batch, list[Trajectory]]:
+    """The configured environment's trajectories for ``examples`` (whose prompt ids are ``prompts``)."""
+    e, r = cfg.env, cfg.rollout
+    run = turn_sampler(model, tokenizer, temperature=r.temperature if temperature is None else temperature,
+                       top_p=r.top_p, top_k=r.top_k, greedy=greedy, sampler=r.sampler,
+                       sampler_options=r.sampler_options)
+    limits = TurnLimits(max_turns=e.max_turns, max_tokens=e.max_tokens or model_positions(model),
+                        max_new_tokens=e.max_new_tokens or r.max_new_tokens, deadline_s=e.deadline_s,
+                        max_observation_chars=e.max_observation_chars, role=e.role, stop=e.stop)
+    was_training = model.training
+    model.eval()
+    try:
+        return multiturn_rollout(tokenizer, prompts, [ex.to_mapping() for ex in examples],
+                                 [prompt_messages(ex.prompt) for ex in examples],
+                                 make_env=functools.partial(factory(e.name, e.fn), **e.kwargs), limits=limits,
+                                 group_size=group_size, sample_turn=run, stops=run.stops,
+                                 chat=cfg.data.template == "chat")
+    finally:
+        model.train(was_training)
+
+
+def model_positions(model) -> int:
+    """The longest sequence the model takes (its ``max_position_embeddings``), else a bound no rollout reaches."""
+    n = getattr(getattr(core_model(model), "config", None), "max_position_embeddings", None)
+    return int(n) if isinstance(n, int) and n > 0 else 1 << 30
+
+
+def multiturn_rollout(tokenizer, prompts: list[list[int]], samples: Sequence[Mapping[str, Any]],
+                      messages: Sequence[Sequence[dict]], *, make_env: Callable[[], Any], limits: TurnLimits,
+                      group_size: int, sample_turn: Callable[..., Any], stops: list[int], chat: bool
+                      ) -> tuple[Batch, list[Trajectory]]:
+    """Roll out ``group_size`` trajectories per prompt; rows ``[i*G, (i+1)*G)`` belong to prompt ``i``.
+
+    ``sample_turn(contexts, group_size, max_new_tokens) -> Sampled`` samples one turn of every context (the
+    configured backend); ``stops`` are the end-of-turn token ids; ``chat``: observations after an end of turn
+    go through the tokenizer's chat template.
+    """
+    G = group_size
+    render = Renderer(tokenizer, chat, limits.role)
+    stop_ids = [render.encode(s) for s in limits.stop]
+    trajs, envs = [], []
+    for i, prompt in enumerate(prompts):
+        for _ in range(G):
+            tr = Trajectory(prompt=list(prompt), messages=[dict(m) for m in messages[i]])
+            env = _start(tr, make_env, samples[i], limits, render)
+            trajs.append(tr)
+            envs.append(env)
+    first, exact = True, True  # exact: every turn came with the sampler's log-probs
+    while True:
+        live = [r for r, tr in enumerate(trajs) if not tr.done]
+        if not live:
+            break
+        budgets = {r: min(limits.max_new_tokens, limits.max_tokens - len(trajs[r].prompt) - len(trajs[r].ids))
+                   for r in live}
+        for r in [r for r in live if budgets[r] < 1]:
+            trajs[r].done = trajs[r].truncated = True
+        live = [r for r in live if budgets[r] >= 1]
+        if not live:
+            break
+        width = max(budgets[r] for r in live)
+        shared = first and len(live) == len(trajs) and all(
+            trajs[r].ids == trajs[r - r % G].ids for r in live)  # a group's rows share the prompt's prefill
+        contexts = [trajs[r].prompt + trajs[r].ids for r in (live[::G] if shared else live)]
+        s = sample_turn(contexts, G if shared else 1, width)
+        exact = exact and s.logprobs is not None
+        for k, r in enumerate(live):
+            n = int(s.response_mask[k].sum())
+            ids = s.response_ids[k, :n].tolist()
+            logp = s.logprobs[k, :n].tolist() if s.logprobs is not None else [0.0] * n
+            _turn(trajs[r], envs[r], ids, logp, budgets[r], stops, stop_ids, limits, render, tokenizer)
+        first = False
+    return _batch(trajs, tokenizer.pad_token_id, G, exact), trajs
+
+
+def _start(tr: Trajectory, make_env: Callable[[], Any], sample: Mapping[str, Any], limits: TurnLimits,
+           render: Renderer) -> Any:
+    """A new environment for ``tr``; its first observation joins the conversation before the first turn."""
+    try:
+        env = call_with_timeout(make_env, (), limits.deadline_s)
+        first = call_with_timeout(env.reset, (sample,), limits.deadline_s)
+        first = _checked(first, limits, allow_none=True)
+    except BaseException as e:  # noqa: BLE001  an environment that raises or hangs costs its trajectory
+        _failed(tr, e)
+        return None
+    if first is not None and render.chat:  # the opening message gains it: the prompt is re-rendered, unsampled
+        tr.prompt = render.opening(tr, first)
+        tr.segments.append({"who": "env", "text": first, "tokens": 0})
+    elif first is not None:
+        ids = render.encode(first)
+        tr.ids += ids
+        tr.env += [1] * len(ids)
+        tr.logp += [0.0] * len(ids)
+        tr.segments.append({"who": "env", "text": first, "tokens": len(ids)})
+    return env
+
+
+def _turn(tr: Trajectory, env: Any, ids: list[int], logp: list[float], budget: int, stops: list[int],
+          stop_ids: list[list[int]], limits: TurnLimits, render: Renderer, tokenizer) -> None:
+    """Append one sampled turn of ``tr`` (cut at its end), let the environment answer, append the answer."""
+    ends = [k + 1 for k, t in enumerate(ids[:budget]) if t in stops][:1]
+    paused = _first_stop(ids[:budget], stop_ids)
+    cut = min(ends + ([paused] if paused else []) + [min(len(ids), budget)])
+    ended_message, paused_here = bool(ends) and cut == ends[0], bool(paused) and cut == paused
+    ids, logp = ids[:cut], logp[:cut]
+    text = tokenizer.decode(ids, skip_special_tokens=True)
+    tr.ids += ids
+    tr.env += [0] * len(ids)
+    tr.logp += logp
+    tr.open_turn += ids
+    tr.turns += 1
+    tr.segments.append({"who": "policy", "text": text, "tokens": len(ids)})
+    if not (ended_message or paused_here):  # the turn ran out of tokens: the trajectory is cut here
+        tr.done = tr.truncated = True
+        return
+    try:
+        step = call_with_timeout(env.step, (text,), limits.deadline_s)
+        observation = _checked(step.observation, limits, allow_none=True)
+    except BaseException as e:  # noqa: BLE001  the environment's failure costs this trajectory only
+        _failed(tr, e)
+        return
+    _count_tools(tr, step.info)
+    if step.reward is not None:
+        tr.reward = step.reward
+    if step.done or tr.turns >= limits.max_turns:
+        tr.done = True
+        tr.truncated = not step.done
+        if observation:  # shown in samples and reports; no policy token follows, so it is not trained on
+            tr.segments.append({"who": "env", "text": observation, "tokens": 0})
+        return
+    try:
+        obs = render.observation(tr, ids, ended_message, observation or "")
+    except ValueError as e:
+        _failed(tr, e)
+        return
+    if len(tr.prompt) + len(tr.ids) + len(obs) >= limits.max_tokens:  # no room left for the policy to answer
+        tr.done = tr.truncated = True
+        tr.segments.append({"who": "env", "text": observation or "", "tokens": 0})
+        return
+    tr.open_turn = [] if ended_message else tr.open_turn + obs
+    tr.ids += obs
+    tr.env += [1] * len(obs)
+    tr.logp += [0.0] * len(obs)
+    tr.segments.append({"who": "env", "text": observation or "", "tokens": len(obs)})
+
+
+def _first_stop(ids: list[int], stop_ids: list[list[int]]) -> int:
+    """One past the end of the first stop sequence in ``ids``, else 0."""
+    best = 0
+    for seq in stop_ids:
+        n = len(seq)
+        for k in range(n, len(ids) + 1):
+            if ids[k - n:k] == seq:
+                best = k if not best else min(best, k)
+                break
+    return best
+
+
+def _checked(observation: Any, limits: TurnLimits, *, allow_none: bool) -> str | None:
+    if observation is None and allow_none:
+        return None
+    if not isinstance(observation, str):
+        raise TypeError(f"observation is a {type(observation).__name__}, not text")
+    if len(observation) > limits.max_observation_chars:
+        raise ValueError(f"observation of {len(observation)} characters, over env.max_observation_chars="
+                         f"{limits.max_observation_chars}")
+    return observation
+
+
+def _failed(tr: Trajectory, e: BaseException) -> None:
+    if isinstance(e, (KeyboardInterrupt, SystemExit)):
+        raise e
+    tr.done = True
+    tr.error = f"{type(e).__name__}: {str(e)[:200]}"
+
+
+def _count_tools(tr: Trajectory, info: Mapping[str, Any]) -> None:
+    tool = info.get("tool") if isinstance(info, Mapping) else None
+    if isinstance(info, Mapping) and ("calls" in info or tool):
+        if tool:
+            tr.tools[str(tool)] += 1
+        elif info.get("error"):
+            tr.malformed += 1
+        if info.get("error"):
+            tr.tool_errors += 1
+
+
+def _batch(trajs: list[Trajectory], pad_id: int, G: int, exact: bool) -> Batch:
+    """The trajectories as a Batch: prompts left-padded, responses right-padded, ``env_mask`` on the environment's
+    tokens; ``rollout_logp`` only when the sampler gave every policy token's log-prob."""
+    prompt_ids, prompt_mask = left_pad([t.prompt for t in trajs], pad_id)
+    response_ids, response_mask = right_pad([t.ids or [pad_id] for t in trajs], pad_id)
+    for k, t in enumerate(trajs):
+        if not t.ids:
+            response_mask[k] = 0
+    env_mask, _ = right_pad([t.env or [0] for t in trajs], 0)
+    logp = torch.zeros(response_ids.shape)
+    for k, t in enumerate(trajs):
+        logp[k, :len(t.logp)] = torch.tensor(t.logp, dtype=logp.dtype)
+    return Batch(prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=response_ids,
+                 response_mask=response_mask, truncated=torch.tensor([t.truncated for t in trajs]), group_size=G,
+                 texts=[t.text for t in trajs], rollout_logp=logp if exact else None, env_mask=env_mask,
+                 episodes=[t.record() for t in trajs])
+
+
+def episode_metrics(episodes: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """``env/*`` and ``tool/*`` metrics of a batch's trajectories (``Trajectory.record`` of each)."""
+    if not episodes:
+        return {}
+    n = len(episodes)
+    rewarded = [e["env_reward"] for e in episodes if e["env_reward"] is not None]
+    calls = Counter()
+    for e in episodes:
+        calls.update(e["tools"])
+    out = {"env/turns/mean": sum(e["turns"] for e in episodes) / n,
+           "env/errors": float(sum(e["error"] is not None for e in episodes)),
+           "env/truncated": sum(bool(e["truncated"]) for e in episodes) / n,
+           "tool/calls/mean": (sum(calls.values()) + sum(e["malformed_calls"] for e in episodes)) / n,
+           "tool/errors": float(sum(e["tool_errors"] for e in episodes)),
+           **{f"tool/{name}/calls": float(k) for name, k in sorted(calls.items())}}
+    if rewarded:
+        out["env/success"] = sum(r > 0 for r in rewarded) / len(rewarded)
+        out["env/reward/mean"] = sum(rewarded) / len(rewarded)
+    errors = [e["error"] for e in episodes if e["error"] is not None]
+    if errors:
+        logger.warning("the environment cost %d of %d trajectories; first: %s", len(errors), n, errors[0])
+    return out
