@@ -3,6 +3,8 @@
 ``ENVS`` (``rlft.envs.base``) holds one factory per environment: ``ENVS.get(name)(**params)`` is a fresh
 :class:`Env` for one trajectory. Registered here: ``"tools"`` (``tool_env.ToolEnv``: the tools of ``TOOLS`` in a
 plain-text call protocol, ``rlft.envs.tools``) and ``"guess"`` (``games.GuessEnv``: guess the number).
+Tools registered in ``TOOLS``: ``"calculator"`` (``tools``), ``"python"`` (``python_tool``: a program run in the code
+sandbox) and ``"lookup"`` (``lookup``: BM25 over a local file of documents).
 """
 
 from rlft.envs.base import ENVS, Env, EpisodeOver, Step  # noqa: F401
@@ -10,6 +12,8 @@ from rlft.envs.tools import (  # noqa: F401  (registers the calculator)
     TOOLS, Call, Tool, ToolError, parse_call, render_error, render_result, schema)
 from rlft.envs.tool_env import ToolEnv  # noqa: E402,F401  (registers "tools")
 from rlft.envs.games import GuessEnv  # noqa: E402,F401  (registers "guess")
+from rlft.envs.python_tool import RunPython  # noqa: E402,F401  (registers the python tool)
+from rlft.envs.lookup import Lookup  # noqa: E402,F401  (registers the lookup tool)
 
-__all__ = ["ENVS", "TOOLS", "Call", "Env", "EpisodeOver", "GuessEnv", "Step", "Tool", "ToolEnv", "ToolError",
-           "parse_call", "render_error", "render_result", "schema"]
+__all__ = ["ENVS", "TOOLS", "Call", "Env", "EpisodeOver", "GuessEnv", "Lookup", "RunPython", "Step", "Tool", "ToolEnv",
+           "ToolError", "parse_call", "render_error", "render_result", "schema"]

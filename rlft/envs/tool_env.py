@@ -12,7 +12,8 @@ None), ``calls`` and ``errors`` (counts so far in this episode).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import inspect
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from rlft.envs.base import ENVS, EpisodeOver, Step, check_int
@@ -21,11 +22,14 @@ from rlft.envs.tools import MAX_CHARS, TOOLS, Call, Tool, ToolError, clip, parse
 
 @ENVS.register("tools")
 class ToolEnv:
-    """Tools for one trajectory. ``tools``: names in ``TOOLS``; ``max_calls``: calls allowed per episode;
-    ``max_chars``: a result or error longer than this is cut (marked ``...[cut]``)."""
+    """Tools for one trajectory. ``tools``: names in ``TOOLS``, or mappings ``{"name": NAME, **parameters}``
+    for factories that take parameters (``{"name": "lookup", "path": "docs.jsonl", "k": 3}``), checked against
+    the factory's signature; ``max_calls``: calls allowed per episode; ``max_chars``: a result or error longer
+    than this is cut (marked ``...[cut]``)."""
 
-    def __init__(self, tools: Sequence[str] = ("calculator",), max_calls: int = 4, max_chars: int = MAX_CHARS):
-        self.tools: dict[str, Tool] = {name: _build(name) for name in _tool_names(tools)}
+    def __init__(self, tools: Sequence[str | Mapping[str, Any]] = ("calculator",), max_calls: int = 4,
+                 max_chars: int = MAX_CHARS):
+        self.tools: dict[str, Tool] = {name: _build(name, params) for name, params in _tool_specs(tools)}
         self.max_calls = check_int("max_calls", max_calls, low=1)
         self.max_chars = check_int("max_chars", max_chars, low=1)
         self.calls = self.errors = 0
@@ -87,22 +91,56 @@ def run(tool: Tool, arguments: Mapping[str, Any]) -> tuple[str, str | None]:
     return output, None
 
 
-def _build(name: str) -> Tool:
-    tool = TOOLS.get(name)()
+def _build(name: str, params: Mapping[str, Any]) -> Tool:
+    try:
+        tool = TOOLS.get(name)(**params)
+    except ValueError as e:  # a value the factory refuses, named by the factory
+        raise ValueError(f"tools: {name}: {e}") from None
     if not isinstance(tool, Tool) or tool.name != name:
         raise ValueError(f"tools: the factory registered as {name!r} built {tool!r}, not a Tool named {name!r}")
     return tool
 
 
-def _tool_names(tools: Any) -> list[str]:
-    """``tools`` as a list of distinct registered names; a ``ValueError`` naming ``tools`` otherwise."""
+def _tool_specs(tools: Any) -> list[tuple[str, dict[str, Any]]]:
+    """``tools`` as ``(name, parameters)`` of distinct registered tools; a ``ValueError`` naming ``tools`` otherwise."""
     if isinstance(tools, str) or not isinstance(tools, Sequence):
         raise ValueError(f"tools: expected a list of tool names, got {type(tools).__name__} {tools!r}")
     if not tools:
         raise ValueError(f"tools: name at least one tool; registered: {', '.join(TOOLS)}")
-    for name in tools:
-        if not isinstance(name, str) or name not in TOOLS:
-            raise ValueError(f"tools: unknown tool {name!r}; registered: {', '.join(TOOLS)}")
-    if len(set(tools)) != len(tools):
-        raise ValueError(f"tools: a tool is named twice in {list(tools)!r}")
-    return list(tools)
+    specs = [_tool_spec(item) for item in tools]
+    names = [name for name, _ in specs]
+    if len(set(names)) != len(names):
+        raise ValueError(f"tools: a tool is named twice in {names!r}")
+    return specs
+
+
+def _tool_spec(item: Any) -> tuple[str, dict[str, Any]]:
+    """A name, or a mapping ``{"name": NAME, **parameters}``, as ``(name, parameters)``, the parameters checked
+    against the factory's signature: one it does not take, or a required one missing, is a ``ValueError``."""
+    name, params = item, {}
+    if isinstance(item, Mapping):
+        params = dict(item)
+        if "name" not in params:
+            raise ValueError(f"tools: a tool given with parameters needs its 'name', got {item!r}")
+        name = params.pop("name")
+    if not isinstance(name, str) or name not in TOOLS:
+        raise ValueError(f"tools: unknown tool {name!r}; registered: {', '.join(TOOLS)}")
+    _check_params(name, TOOLS.get(name), params)
+    return name, params
+
+
+def _check_params(name: str, factory: Callable[..., Tool], params: Mapping[str, Any]) -> None:
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):  # no signature to read (a builtin): the call decides
+        return
+    takes = {k: p for k, p in signature.parameters.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    if not any(p.kind == p.VAR_KEYWORD for p in signature.parameters.values()):
+        for key in params:
+            if key not in takes:
+                raise ValueError(f"tools: tool {name!r} has no parameter {key!r}; it takes: "
+                                 f"{', '.join(takes) or 'none'}")
+    for key, p in takes.items():
+        if p.default is p.empty and key not in params:
+            raise ValueError(f"tools: tool {name!r} needs the parameter {key!r}: "
+                             f"{{name: {name}, {key}: ...}}")

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import inspect
 import json
 import operator
 import re
@@ -156,23 +157,33 @@ def find_call(text: str) -> tuple[str, str] | None:
 
 def parse_call(text: str, tools: Mapping[str, Tool] | None = None) -> Call | None:
     """The call ``text`` ends on, its arguments checked against ``tools`` (name -> Tool; None: every tool in
-    ``TOOLS``); None when the text holds no call; a :class:`ToolError` for a malformed call.
+    ``TOOLS`` whose factory needs no parameters); None when the text holds no call; a :class:`ToolError` for a
+    malformed call.
 
     >>> parse_call("<call>calculator: 123*456</call>")
     Call(name='calculator', arguments={'expression': '123*456'})
     >>> parse_call("<call>calc: 1+1</call>")
     Traceback (most recent call last):
-    rlft.envs.tools.ToolError: unknown tool 'calc'; tools: calculator
+    rlft.envs.tools.ToolError: unknown tool 'calc'; tools: calculator, python
     """
     found = find_call(text)
     if found is None:
         return None
     name, argument_text = found
     if tools is None:
-        tools = {n: TOOLS.get(n)() for n in TOOLS}
+        tools = {n: TOOLS.get(n)() for n in TOOLS if _bare(TOOLS.get(n))}
     if name not in tools:
         raise ToolError(f"unknown tool {short(name)}; tools: {', '.join(sorted(tools)) or 'none'}")
     return Call(name, bind(tools[name], argument_text))
+
+
+def _bare(factory: Callable[..., Tool]) -> bool:
+    """Whether ``factory()`` builds a tool: none of its parameters is required (``lookup`` needs a ``path``)."""
+    try:
+        params = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):
+        return True
+    return all(p.default is not p.empty or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params)
 
 
 def bind(tool: Tool, argument_text: str) -> dict[str, Any]:

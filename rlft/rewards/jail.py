@@ -252,13 +252,14 @@ def start(script: str, argv: list[str], pass_fds: tuple[int, ...], limits: Limit
 
 
 def _start_bwrap(script, argv, pass_fds, limits: Limits, uid, deadline) -> Jailed:
+    binary, seccomp = bwrap(), seccomp_program()  # a JailUnavailable here leaves no pipe open
     info_r, info_w = os.pipe()
     sec_r, sec_w = os.pipe()
     block_r, block_w = os.pipe() if uid is not None else (-1, -1)
-    os.write(sec_w, seccomp_program())  # a few KiB: fits the pipe's buffer
+    os.write(sec_w, seccomp)  # a few KiB: fits the pipe's buffer
     os.close(sec_w)
     own = [info_w, sec_r] + ([block_r] if uid is not None else [])
-    cmd = [bwrap(), "--unshare-all", "--unshare-user", "--die-with-parent", "--new-session",
+    cmd = [binary, "--unshare-all", "--unshare-user", "--die-with-parent", "--new-session",
            "--hostname", "sandbox", "--info-fd", str(info_w), "--seccomp", str(sec_r), *_filesystem(),
            "--size", str(4 * limits.file_mb << 20), "--perms", "1777", "--tmpfs", "/tmp", "--chdir", "/tmp",
            "--clearenv", "--setenv", "LC_CTYPE", "C.UTF-8"]

@@ -35,6 +35,14 @@ code (dataset code is not trusted either).
   the host's: at the deadline it kills each namespace's PID 1 (the kernel then
   kills everything in it) and reaps bwrap.
 
+*A plain program* (:func:`run_program`, for tools such as ``rlft.envs``'s
+``python``): one process (``jailed/main.py``) in the same jail, with the same
+limits, seccomp filter and uid of its own; its standard output and error come
+back through two pipes, at most ``max_bytes`` each (past that, the host stops
+the run), with its exit status. There is no verdict to protect here: what it
+prints and how it exits are the program's to choose, and callers treat them as
+untrusted text.
+
 **Not protected** (say it): the CPU and memory a sample spends within its
 limits are taken from the host and from concurrent samples (no cgroup: up to
 ``max_procs`` threads may run on every core until the deadline); the kernel
@@ -51,6 +59,7 @@ from __future__ import annotations
 
 import os
 import selectors
+import subprocess
 import time
 from dataclasses import dataclass, field
 
@@ -58,7 +67,7 @@ from rlft.rewards.bindings import bindings, defined_names
 from rlft.rewards.jail import MODES, JailUnavailable, Jailed, Limits, Slot, files_in_tmp, start, stop, warn_once
 from rlft.rewards.jailed import wire
 
-__all__ = ["MODES", "JailUnavailable", "Limits", "RunResult", "run"]
+__all__ = ["MODES", "JailUnavailable", "Limits", "ProgramResult", "RunResult", "run", "run_program"]
 MAX_REPORT_BYTES = 1 << 20
 WATCH_S = 0.05  # how often the host counts the files in each jail's /tmp
 
@@ -91,17 +100,22 @@ def run(program: str, *, check_module: str | None = None, entry_point: str | Non
     """
     n_tests = (1 if check_module else 0) + len(asserts)
     deadline = time.monotonic() + limits.timeout_s
-    drop = mode == "jail" and os.geteuid() == 0
-    if mode == "jail" and not drop:
-        warn_once("not root: every sample runs as this user, so the thread limit (max_procs) counts all of "
-                  "the user's processes")
-    base = {"limits": limits.as_job(), "drop": drop}
+    base = {"limits": limits.as_job(), "drop": _drops(mode)}
     p_job = {**base, "program": program}
     t_job = {**base, "check_module": check_module or "", "entry_point": entry_point or "", "prompt": prompt,
              "asserts": list(asserts), "setup": setup, "n_tests": n_tests,
              "bindings": _bindings(setup, tuple(asserts), prompt, check_module or "")}
     out, complete = _execute(p_job, t_job, limits, mode, deadline)
     return _parse(out, n_tests, timed_out=not complete, timeout_s=limits.timeout_s)
+
+
+def _drops(mode: str) -> bool:
+    """Whether the jailed scripts become the run's own uid (as root in a jail); a warning once when they cannot."""
+    drop = mode == "jail" and os.geteuid() == 0
+    if mode == "jail" and not drop:
+        warn_once("not root: every sample runs as this user, so the thread limit (max_procs) counts all of "
+                  "the user's processes")
+    return drop
 
 
 def _bindings(setup: str, asserts: tuple[str, ...], prompt: str, check_module: str) -> list:
@@ -223,3 +237,108 @@ def _parse(out: bytes, n_tests: int, timed_out: bool, timeout_s: float) -> RunRe
     else:
         status, reason = "crashed", "ended before finishing the tests"
     return RunResult(status=status, n_tests=n_tests, passed=passed, reason=reason, not_plain=not_plain)
+
+
+# ---- a plain program: its output and exit status ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ProgramResult:
+    """What :func:`run_program` saw. ``status``: ok (exit status 0), error (another exit status), timeout, limit
+    (stopped by the host: output past ``max_bytes``, too many files in /tmp); ``stdout`` and ``stderr``: what the
+    program wrote (at most ``max_bytes`` of each, decoded as UTF-8 with replacement); ``exit_code``: its exit
+    status when it ended by itself (killed by signal N: 128 + N in a jail, -N unjailed), else None; ``reason``:
+    one line (the timeout, the limit), empty for ok and error."""
+
+    status: str
+    stdout: str = ""
+    stderr: str = ""
+    exit_code: int | None = None
+    reason: str = ""
+
+
+def run_program(program: str, *, limits: Limits = Limits(), max_bytes: int = 1 << 16,
+                mode: str = "jail") -> ProgramResult:
+    """Run ``program`` as ``__main__`` in one jailed process, stdin empty; its output and exit status.
+
+    The same jail, limits and uid of its own as :func:`run`; ``limits.timeout_s`` bounds everything, start-up
+    included. A :class:`JailUnavailable` when the jail cannot start here.
+
+    >>> r = run_program("print(6 * 7)\\nraise SystemExit(3)")
+    >>> r.status, r.stdout, r.exit_code
+    ('error', '42\\n', 3)
+    """
+    deadline = time.monotonic() + limits.timeout_s
+    job = {"limits": limits.as_job(), "drop": _drops(mode), "program": program}
+    slot = Slot()
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    jailed = None
+    try:
+        jailed = start("main.py", [str(out_w), str(err_w)], (out_w, err_w), limits, mode, slot.uid(0), deadline)
+        os.close(out_w)
+        os.close(err_w)
+        out_w = err_w = -1
+        _give(jailed, job)
+        (out, err), status, reason = _read_streams(  # _over_limits's reason is a report line: "limit ..."
+            (out_r, err_r), deadline, max_bytes, lambda: _over_limits([jailed], limits).removeprefix("limit "))
+        exit_code = None
+        if not status and mode == "jail" and jailed.init_pid is None:  # the deadline passed while bwrap started
+            status = "timeout"
+        if not status:
+            try:
+                exit_code = jailed.proc.wait(timeout=max(deadline - time.monotonic(), 0.0))
+            except subprocess.TimeoutExpired:  # it closed its output and goes on
+                status = "timeout"
+        if status == "timeout":
+            reason = f"timed out after {limits.timeout_s:g}s"
+    finally:
+        if jailed is not None:
+            stop(jailed)
+            for stream in (jailed.proc.stdin, jailed.proc.stderr):
+                if stream is not None:
+                    stream.close()
+        for fd in (out_r, out_w, err_r, err_w):
+            if fd >= 0:
+                os.close(fd)
+        slot.release()
+    if not status:
+        status = "ok" if exit_code == 0 else "error"
+    text = [b.decode("utf-8", "replace") for b in (out, err)]
+    return ProgramResult(status, text[0], text[1], exit_code, reason)
+
+
+def _read_streams(fds: tuple[int, ...], deadline: float, max_bytes: int,
+                  over_limits=lambda: "") -> tuple[list[bytes], str, str]:
+    """What each of ``fds`` yields, and ``("", "")`` once all reached EOF, else why the read stopped: ``("timeout",
+    "")`` at the deadline, ``("limit", reason)`` when one passed ``max_bytes`` (each keeps its first ``max_bytes``)
+    or ``over_limits`` (asked every ``WATCH_S``) gave a reason."""
+    chunks: dict[int, list[bytes]] = {fd: [] for fd in fds}
+    sizes = dict.fromkeys(fds, 0)
+
+    def kept() -> list[bytes]:
+        return [b"".join(chunks[fd])[:max_bytes] for fd in fds]
+
+    watch = time.monotonic() + WATCH_S
+    with selectors.DefaultSelector() as sel:
+        for fd in fds:
+            sel.register(fd, selectors.EVENT_READ)
+        while sel.get_map():
+            now = time.monotonic()
+            if now >= deadline:
+                return kept(), "timeout", ""
+            if now >= watch:
+                watch = now + WATCH_S
+                reason = over_limits()
+                if reason:
+                    return kept(), "limit", reason
+            for key, _ in sel.select(min(deadline, watch) - now):
+                data = os.read(key.fd, 65536)
+                if not data:
+                    sel.unregister(key.fd)
+                    continue
+                chunks[key.fd].append(data)
+                sizes[key.fd] += len(data)
+                if sizes[key.fd] > max_bytes:
+                    return kept(), "limit", f"wrote more than {max_bytes} bytes"
+    return kept(), "", ""
