@@ -13,17 +13,23 @@ Loss masking (``sft.loss_on``), the three schemes the tutorials compare:
 ``all`` (prompt and completion), ``response`` (the completion and its eos) and
 ``answer`` (only the final answer and the eos: the ``#### ...`` line, the last
 ``\\boxed{...}`` or the last ``<answer>...</answer>``; reasoning tokens carry
-no loss).
+no loss). Under each of them, a tool's answer written into a demonstration
+(``<result>...</result>``, ``<error>...</error>``) carries no loss either: at rollout time the environment
+writes it.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
 from rlft.data.loaders import load_rows, resolve_path
 from rlft.data.schema import Example, RowError, convert_rows, prompt_field
 
 LOSS_ON = ("all", "response", "answer")
+# A tool's answer inside a demonstration (the plain-text protocol of rlft.envs.tools): the environment writes it
+# at rollout time, so SFT does not train the model to write it (weight 0 under every loss_on).
+_TOOL_ANSWER = re.compile(r"<result>.*?</result>|<error>.*?</error>", re.DOTALL)
 
 
 def answer_span(text: str) -> tuple[int, int] | None:
@@ -74,13 +80,16 @@ def response_weights(text: str, tokenizer, loss_on: str) -> tuple[list[int], lis
     """(response ids ending in eos, 0/1 loss weight per id) for ``loss_on`` ``response`` or ``answer``."""
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     ids = list(enc["input_ids"]) + [tokenizer.eos_token_id]
+    tools = [m.span() for m in _TOOL_ANSWER.finditer(text)]  # what a tool wrote in a demonstration
     if loss_on != "answer":
-        return ids, [1] * len(ids)
-    span = answer_span(text)
-    if span is None:
-        raise ValueError("no final answer (#### line, \\boxed{} or <answer> tag) in the response")
-    a, b = span
-    weights = [int(s < b and e > a) for s, e in enc["offset_mapping"]]  # tokens that overlap the answer
+        weights = [1] * len(enc["input_ids"])
+    else:
+        span = answer_span(text)
+        if span is None:
+            raise ValueError("no final answer (#### line, \\boxed{} or <answer> tag) in the response")
+        a, b = span
+        weights = [int(s < b and e > a) for s, e in enc["offset_mapping"]]  # tokens that overlap the answer
+    weights = [0 if any(s < b and e > a for a, b in tools) else w for w, (s, e) in zip(weights, enc["offset_mapping"])]
     return ids, weights + [1]  # the eos: the model must learn to stop after its answer
 
 

@@ -14,7 +14,11 @@ Tasks (``data.source=synthetic:<task>``):
   whose reference response writes one intermediate result per line before the
   answer (``12+7=19``, ``19-5=14``, ``14+3=17``, ``#### 17``): a multi-step
   task whose steps the ``chain_steps`` reward checks one by one (process
-  supervision).
+  supervision);
+* ``product`` — ``a*b`` of two numbers of as many digits as ``max_operand``
+  (999: three): beyond a tiny model's head; ``product_tool`` is the same
+  problems with a reference that asks the ``calculator`` tool first (the
+  multi-turn demo).
 
 A task returns ``(question, answer)`` pairs, or ``(question, answer, working)``
 triples whose ``working`` (the lines before ``#### answer``) goes into the
@@ -63,8 +67,30 @@ def max_of_three(rng: random.Random, n: int, max_operand: int, ops: str) -> list
 CHAIN_OPS = 3  # operations per ``chain`` problem
 
 
+def products(rng: random.Random, n: int, max_operand: int) -> list[tuple[int, int]]:
+    """``n`` distinct pairs of factors with as many digits as ``max_operand`` (999: 100..999)."""
+    low = max(2, (max_operand + 1) // 10)
+    _check_space((max_operand - low + 1) ** 2 // 2, n, "product")
+    seen: set[tuple[int, int]] = set()
+    while len(seen) < n:
+        seen.add((rng.randint(low, max_operand), rng.randint(low, max_operand)))
+    pairs = sorted(seen)
+    rng.shuffle(pairs)
+    return pairs
 
 
+@SYNTHETIC_TASKS.register("product")
+def product(rng: random.Random, n: int, max_operand: int, ops: str) -> list[Problem]:
+    """``a*b`` of two numbers of ``max_operand``'s digits; the reference answers at once (``#### p``)."""
+    return [(f"{a}*{b}=?", a * b) for a, b in products(rng, n, max_operand)]
+
+
+@SYNTHETIC_TASKS.register("product_tool")
+def product_tool(rng: random.Random, n: int, max_operand: int, ops: str) -> list[Problem]:
+    """The problems of ``product`` (the same for the same seed), whose reference calls the calculator first:
+    ``<call>calculator: a*b</call><result>p</result>#### p`` (the multi-turn demo, recipes/tool_demo.yaml)."""
+    return [(f"{a}*{b}=?", a * b, f"<call>calculator: {a}*{b}</call><result>{a * b}</result>")
+            for a, b in products(rng, n, max_operand)]
 
 
 @SYNTHETIC_TASKS.register("chain")

@@ -128,7 +128,7 @@ class Renderer:
         """The ids of observation ``text`` after the policy's ``turn``; a ValueError when the template cannot."""
         if not ended_message or not self.chat:
             return self.encode(text)
-        said = self.tok.decode(tr.open_turn, skip_special_tokens=True)
+        said = self.tok.decode(tr.open_turn[:-1], skip_special_tokens=False)  # the message, its end-of-turn cut
         messages = tr.messages + [{"role": "assistant", "content": said}]
         before = self._render(messages, False)
         after = self._render(messages + [{"role": self.role, "content": text}], True)
