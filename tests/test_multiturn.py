@@ -3,6 +3,7 @@ trainer on trajectories (environment tokens masked out of every loss and statist
 
 from __future__ import annotations
 
+import json
 import math
 import time
 
@@ -397,7 +398,7 @@ def test_a_planted_retokenisation_between_turns_is_caught(tok, monkeypatch):
     import rlft.rollout.multiturn as mt
 
     unk = tok.unk_token
-    turns = [[f"<call>calculator: 1+1</call>", f"ok{unk}done$"]]
+    turns = [["<call>calculator: 1+1</call>", f"ok{unk}done$"]]
     _, trajs, sampler = run_scripted(tok, turns)
     calls = [([c for c in ctx], scripted_sampled(sampler, k)) for k, (ctx, _, _) in enumerate(sampler.calls)]
     assert not_sampled(trajs, calls) == []
@@ -480,3 +481,100 @@ def test_environment_tokens_get_exactly_zero_gradient_and_change_no_metric(sampl
     planted_grads, planted_metrics = update_grads(model, tok, planted, cfg)
     assert planted_metrics != clean_metrics
     assert any(not torch.equal(a[n], b[n]) for a, b in zip(clean_grads, planted_grads) for n in a)
+
+
+# --------------------------------------------------------------------------- the whole run on trajectories
+
+
+ALWAYS = '''
+from rlft.envs import Step
+
+class Always:
+    """Answers every turn, whatever the policy wrote, so that an untrained model's trajectories have several turns;
+    every `fail_every`-th environment built breaks at its reset. Takes (and ignores) any other parameter, so that
+    it can stand in for a recipe's environment."""
+    made = 0
+
+    def __init__(self, turns: int = 3, fail_every: int = 0, **ignored):
+        Always.made += 1
+        self.turns, self.n = turns, 0
+        self.fail = fail_every and Always.made % fail_every == 0
+
+    def reset(self, sample):
+        if self.fail:
+            raise RuntimeError("broken on purpose")
+        return None
+
+    def step(self, text):
+        self.n += 1
+        done = self.n >= self.turns
+        return Step(f"<result>{len(text)}</result>", 1.0 if "1" in text else 0.0, done, {"tool": "calculator"})
+'''
+
+
+@pytest.fixture(scope="module")
+def always_env(tmp_path_factory):
+    path = tmp_path_factory.mktemp("envs") / "always.py"
+    path.write_text(ALWAYS)
+    return f"{path}:Always"
+
+
+# A turn of the untrained model ends at its token budget (a truncated trajectory) unless it writes a stop text:
+# pausing at any lowercase letter or digit (36 of the 101 characters) ends 97% of its 8-token turns.
+STOP_OFTEN = "env.stop=[" + ",".join(f"'{c}'" for c in "abcdefghijklmnopqrstuvwxyz0123456789") + "]"
+
+
+def trajectory_run(tmp_path, tiny_size_overrides, recipes_dir, *extra):
+    from rlft.stages.pipeline import run_pipeline
+    from test_pipeline import quiet, read_jsonl
+
+    cfg = load_config(recipes_dir / "tool_demo.yaml", tiny_size_overrides(
+        tmp_path, "data.synth_train_size=20", "rollout.max_new_tokens=8", "env.max_turns=3", "eval.ks=[1]",
+        "eval.before_rl=false", STOP_OFTEN, *extra))
+    run_dir = run_pipeline(cfg, echo=quiet).run_dir
+    return run_dir, read_jsonl(run_dir / "metrics.jsonl"), cfg
+
+
+@pytest.mark.parametrize("preset", ["grpo", "ppo", "dapo", "vapo", "gspo", "rloo", "reinforce_pp", "dr_grpo",
+                                    "reinforce"])
+def test_every_preset_trains_20_steps_on_trajectories(preset, tmp_path, tiny_size_overrides, recipes_dir,
+                                                      always_env):
+    from rlft.recipe.presets import PRESETS
+    from test_algorithms import finite_keys
+
+    assert preset in PRESETS
+    extra = ["critic.lr=1e-3"] if preset in ("ppo", "vapo") else []
+    _, records, cfg = trajectory_run(tmp_path, tiny_size_overrides, recipes_dir, f"algo={preset}",
+                                     "train.steps=20", "env.name=custom", f"env.fn={always_env}",
+                                     "reward.fns=[env_reward]", "reward.weights=[]", *extra)
+    assert len(records) == 20 and cfg.env.multi_turn
+    finite_keys(records, ["actor/pg_loss", "actor/grad_norm", "reward/mean", "env/turns/mean", "tool/calls/mean",
+                          "response_length/mean"])
+    assert sum(r["env/turns/mean"] for r in records) / len(records) > 2  # trajectories of several turns
+    if cfg.algo.needs_critic:
+        finite_keys(records, ["critic/vf_loss", "critic/values/mean"])
+
+
+def test_every_preset_is_in_the_trajectory_test():
+    from rlft.recipe.presets import PRESETS
+
+    tested = {"grpo", "ppo", "dapo", "vapo", "gspo", "rloo", "reinforce_pp", "dr_grpo", "reinforce"}
+    assert set(PRESETS.names()) <= tested, set(PRESETS.names()) - tested
+
+
+def test_a_run_on_trajectories_logs_them_reports_them_and_survives_a_broken_environment(
+        tmp_path, tiny_size_overrides, recipes_dir, always_env):
+    run_dir, records, cfg = trajectory_run(
+        tmp_path, tiny_size_overrides, recipes_dir, "train.steps=4", "env.name=custom", f"env.fn={always_env}",
+        "env.fail_every=3", "log.samples_every=2", "log.samples_groups=2")
+    assert sum(r["env/errors"] for r in records) > 0  # broken trajectories were counted, and the run finished
+    samples = [json.loads(x) for x in (run_dir / "samples.jsonl").read_text().splitlines()]
+    assert samples and all("episode" in s for s in samples)
+    ep = next(s["episode"] for s in samples if s["episode"]["error"] is None)
+    assert [seg["who"] for seg in ep["segments"]][:2] == ["policy", "env"] and ep["turns"] >= 2
+    lost = [s for s in samples if s["episode"]["error"]]  # every third environment built breaks: some logged
+    assert lost and all(s["reward"] is None for s in lost)  # a lost trajectory is unscored, never 0
+    page = (run_dir / "report.html").read_text()
+    assert 'class="turn env"' in page and '<span class="who">environment</span>' in page
+    after = json.loads((run_dir / "eval.json").read_text())["after_rl"]
+    assert after["turns"] > 0 and 0 <= after["tool_call_rate"] <= 1 and after["env_errors"] >= 0

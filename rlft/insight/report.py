@@ -26,6 +26,8 @@ h1{font-size:22px}h2{font-size:17px;margin-top:28px;border-bottom:1px solid #ddd
 table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ddd;padding:3px 6px;vertical-align:top}
 th{background:#f5f5f5}pre{background:#f8f8f8;padding:8px;font-size:12px;overflow:auto;max-height:360px}
 .warn{color:#a40000}.ok{color:#176e17}td.text{white-space:pre-wrap;font-family:monospace;max-width:420px}
+.turn{display:block;margin:1px 0}.turn.env{color:#555;background:#eef3f8}.turn.shown{font-style:italic}
+.who{font-family:system-ui,sans-serif;font-size:11px;color:#777;margin-right:4px}
 """
 
 
@@ -120,11 +122,30 @@ def _samples(run: Path, limit: int) -> str:
     records = records[-limit:]
     if not records:
         return '<p id="samples-none">No samples logged (log.samples_every).</p>'
-    rows = [[_cell(r["step"]), _cell(r["group"]), _cell(r["prompt"], "text"), _cell(r["completion"], "text"),
+    rows = [[_cell(r["step"]), _cell(r["group"]), _cell(r["prompt"], "text"), _completion(r),
              _cell(r.get("reward")), _cell(", ".join(f"{k} {v}" for k, v in r.get("rewards", {}).items())),
              _cell(r.get("advantage")), _cell(r.get("correct"))] for r in records]
     return _table(rows, ["step", "group", "prompt", "completion", "reward", "rewards", "advantage", "correct"],
                   "samples")
+
+
+def _completion(record: dict) -> str:
+    """A sample's completion; a multi-turn trajectory turn by turn: who wrote each segment (the environment's
+    shaded; one shown but not trained on, after the last turn, in italics), and how the trajectory ended."""
+    episode = record.get("episode")
+    if not episode:
+        return _cell(record["completion"], "text")
+    turns = []
+    for seg in episode.get("segments", []):
+        env = seg.get("who") == "env"
+        cls = "turn env" + (" shown" if not seg.get("tokens") else "") if env else "turn"
+        who = ("environment" if seg.get("tokens") else "environment, not trained on") if env else "policy"
+        turns.append(f'<span class="{cls}"><span class="who">{who}</span>{html.escape(str(seg.get("text", "")))}'
+                     "</span>")
+    end = "error: " + str(episode["error"]) if episode.get("error") else (
+        "truncated" if episode.get("truncated") else "done")
+    turns.append(f'<span class="who">{episode.get("turns", 0)} turns, {html.escape(end)}</span>')
+    return f'<td class="text">{"".join(turns)}</td>'
 
 
 def build_report(run: Path, samples: int = 200) -> Path:
