@@ -80,7 +80,7 @@ class Scripted:
 
 
 def run_scripted(tok, turns, *, env="tools", params=None, group_size=1, chat=False, lim=None, samples=None):
-    make = (lambda: ENVS.get(env)(**(params or {}))) if isinstance(env, str) else env
+    make = (lambda sample: ENVS.get(env)(**(params or {}))) if isinstance(env, str) else (lambda sample: env())
     prompts = [tok("Q: go\nA: ", add_special_tokens=False)["input_ids"]] * (len(turns) // group_size)
     sampler = Scripted(tok, turns)
     batch, trajs = multiturn_rollout(
@@ -578,3 +578,26 @@ def test_a_run_on_trajectories_logs_them_reports_them_and_survives_a_broken_envi
     assert 'class="turn env"' in page and '<span class="who">environment</span>' in page
     after = json.loads((run_dir / "eval.json").read_text())["after_rl"]
     assert after["turns"] > 0 and 0 <= after["tool_call_rate"] <= 1 and after["env_errors"] >= 0
+
+
+def test_a_row_carries_its_own_environment_parameters(model, tok, tiny_overrides, tmp_path, monkeypatch):
+    cfg = load_config(None, tiny_overrides(tmp_path, "env.name=tools", "env.tools=[calculator]", "env.max_calls=3",
+                                           "rollout.max_new_tokens=4"))
+    seen = []
+    import rlft.rollout.multiturn as mt
+
+    examples = [Example(prompt="a", ground_truth="1", extra={"env": {"max_calls": 1}}),
+                Example(prompt="b", ground_truth="1", extra={"extra_info": {"env": {"max_calls": 2}}}),
+                Example(prompt="c", ground_truth="1", extra={"tools": ["nope"]}),
+                Example(prompt="d", ground_truth="1")]
+    original = mt._make_env
+
+    def spy(make, params, sample):
+        env = original(make, params, sample)
+        seen.append(env.max_calls)
+        return env
+
+    monkeypatch.setattr(mt, "_make_env", spy)
+    _, trajs = rollout_env(model, tok, examples, encode_prompts(examples, "chat", tok, 50), cfg, group_size=1)
+    assert seen == [1, 2, 3]  # the third row's unknown tool cost its trajectory, counted, before any turn
+    assert "unknown tool 'nope'" in trajs[2].error and [t.error for t in trajs[:2] + trajs[3:]] == [None] * 3

@@ -159,11 +159,35 @@ def rollout_env(model, tokenizer, examples: Sequence[Example], prompts: list[lis
     try:
         return multiturn_rollout(tokenizer, prompts, [ex.to_mapping() for ex in examples],
                                  [prompt_messages(ex.prompt) for ex in examples],
-                                 make_env=functools.partial(factory(e.name, e.fn), **e.kwargs), limits=limits,
+                                 make_env=functools.partial(_make_env, factory(e.name, e.fn), e.kwargs), limits=limits,
                                  group_size=group_size, sample_turn=run, stops=run.stops,
                                  chat=cfg.data.template == "chat")
     finally:
         model.train(was_training)
+
+
+def _make_env(make: Callable[..., Any], params: Mapping[str, Any], sample: Mapping[str, Any]) -> Any:
+    """One trajectory's environment: the configured parameters, overridden by the row's own (``row_params``)."""
+    return make(**{**params, **row_params(sample)})
+
+
+def row_params(sample: Mapping[str, Any]) -> dict[str, Any]:
+    """Environment parameters a data row carries for itself: its ``extra_info.env`` (verl's layout) and its ``env``
+    field (mappings of parameters), and its ``tools`` field (the tools environment's ``tools``), later ones
+    winning. A parameter the environment refuses costs that row's trajectory (``env/errors``).
+
+    >>> row_params({"extra": {"env": {"max_calls": 1}, "tools": ["calculator"]}})
+    {'max_calls': 1, 'tools': ['calculator']}
+    """
+    extra = sample.get("extra") or {}
+    out: dict[str, Any] = {}
+    info = extra.get("extra_info")
+    for found in (info.get("env") if isinstance(info, Mapping) else None, extra.get("env")):
+        if isinstance(found, Mapping):
+            out.update(found)
+    if extra.get("tools") is not None:
+        out["tools"] = extra["tools"]
+    return out
 
 
 def model_positions(model) -> int:
@@ -173,11 +197,12 @@ def model_positions(model) -> int:
 
 
 def multiturn_rollout(tokenizer, prompts: list[list[int]], samples: Sequence[Mapping[str, Any]],
-                      messages: Sequence[Sequence[dict]], *, make_env: Callable[[], Any], limits: TurnLimits,
-                      group_size: int, sample_turn: Callable[..., Any], stops: list[int], chat: bool
-                      ) -> tuple[Batch, list[Trajectory]]:
+                      messages: Sequence[Sequence[dict]], *, make_env: Callable[[Mapping[str, Any]], Any],
+                      limits: TurnLimits, group_size: int, sample_turn: Callable[..., Any], stops: list[int],
+                      chat: bool) -> tuple[Batch, list[Trajectory]]:
     """Roll out ``group_size`` trajectories per prompt; rows ``[i*G, (i+1)*G)`` belong to prompt ``i``.
 
+    ``make_env(sample)`` builds one trajectory's environment for its data row.
     ``sample_turn(contexts, group_size, max_new_tokens) -> Sampled`` samples one turn of every context (the
     configured backend); ``stops`` are the end-of-turn token ids; ``chat``: observations after an end of turn
     go through the tokenizer's chat template.
@@ -219,11 +244,11 @@ def multiturn_rollout(tokenizer, prompts: list[list[int]], samples: Sequence[Map
     return _batch(trajs, tokenizer.pad_token_id, G, exact), trajs
 
 
-def _start(tr: Trajectory, make_env: Callable[[], Any], sample: Mapping[str, Any], limits: TurnLimits,
+def _start(tr: Trajectory, make_env: Callable[[Mapping[str, Any]], Any], sample: Mapping[str, Any], limits: TurnLimits,
            render: Renderer) -> Any:
     """A new environment for ``tr``; its first observation joins the conversation before the first turn."""
     try:
-        env = call_with_timeout(make_env, (), limits.deadline_s)
+        env = call_with_timeout(make_env, (sample,), limits.deadline_s)
         first = call_with_timeout(env.reset, (sample,), limits.deadline_s)
         first = _checked(first, limits, allow_none=True)
     except BaseException as e:  # noqa: BLE001  an environment that raises or hangs costs its trajectory
