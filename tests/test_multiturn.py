@@ -107,8 +107,8 @@ def test_a_tool_call_pauses_the_turn_and_the_result_follows_as_environment_token
     t = trajs[0]
     assert [s["who"] for s in t.segments] == ["policy", "env", "policy"]
     assert t.segments[1]["text"] == "<result>156</result>"
-    assert t.text == "<call>calculator: 12*13</call><result>156</result>#### 156"
-    assert batch.texts == [t.text]
+    assert t.text(tok) == "<call>calculator: 12*13</call><result>156</result>#### 156"
+    assert batch.texts == [t.text(tok)]
     call = sampler.ids("<call>calculator: 12*13</call>")  # the sampled turn, cut after the stop: nothing re-encoded
     assert policy_ids(batch, 0) == call + sampler.ids("#### 156$")
     assert env_ids(batch, 0) == tok("<result>156</result>", add_special_tokens=False)["input_ids"]
@@ -160,7 +160,7 @@ def test_tool_errors_and_malformed_calls_are_observations_and_counted(tok):
     t = trajs[0]
     assert [s["text"][:7] for s in t.segments if s["who"] == "env"] == ["<error>", "<error>", "<result"]
     assert (t.malformed, t.tool_errors, dict(t.tools), t.error) == (1, 2, {"calculator": 2}, None)
-    m = episode_metrics([t.record()])
+    m = episode_metrics([t.record(tok)])
     assert m["tool/calls/mean"] == 3 and m["tool/errors"] == 2 and m["tool/calculator/calls"] == 2
     assert m["env/turns/mean"] == 4 and m["env/errors"] == 0
 
@@ -232,7 +232,7 @@ def test_an_environment_that_fails_costs_its_trajectory_only(tok, fail):
     ok, bad = [trajs[0], trajs[2]], trajs[1]
     assert bad.error is not None and bad.done
     assert all(t.error is None and t.reward == 1.0 and t.turns == 2 for t in ok)
-    m = episode_metrics([t.record() for t in trajs])
+    m = episode_metrics([t.record(tok) for t in trajs])
     assert m["env/errors"] == 1 and m["env/success"] == 1.0
 
 
@@ -601,3 +601,35 @@ def test_a_row_carries_its_own_environment_parameters(model, tok, tiny_overrides
     _, trajs = rollout_env(model, tok, examples, encode_prompts(examples, "chat", tok, 50), cfg, group_size=1)
     assert seen == [1, 2, 3]  # the third row's unknown tool cost its trajectory, counted, before any turn
     assert "unknown tool 'nope'" in trajs[2].error and [t.error for t in trajs[:2] + trajs[3:]] == [None] * 3
+
+
+def test_the_environments_turn_rewards_are_step_rewards_at_the_end_of_each_turn(tok, tiny_overrides, tmp_path):
+    """Per-turn rewards (the guess game's, any environment's) reach algo.advantage=process as step rewards: each
+    at the last token of the turn it answered, never on an environment token."""
+    from rlft.rewards.steps import step_tensors
+
+    class Scored:
+        def __init__(self):
+            self.n = 0
+
+        def reset(self, sample):
+            return None
+
+        def step(self, text):
+            self.n += 1
+            return Step(f"[{self.n}]", float(self.n), self.n >= 3)
+
+    batch, trajs, _ = run_scripted(tok, [["ab$", "cd$", "ef$"]], env=Scored, lim=limits(stop=()))
+    ep = batch.episodes[0]
+    text = batch.texts[0]
+    assert text == "ab[1]cd[2]ef"
+    assert ep["turn_rewards"] == [(2, 1.0), (7, 2.0), (12, 3.0)]  # end of "ab", of "ab[1]cd", of the whole text
+    cfg = load_config(None, tiny_overrides(tmp_path, "algo.advantage=process", "reward.fns=[env_turns]",
+                                           "reward.weights=[]", "env.name=guess"))
+    scored = rl.score(batch, [Example(prompt="go", ground_truth="7")], cfg)
+    rewards, mask = step_tensors(tok, batch.response_ids, batch.response_mask, scored.steps, {"env_turns": 1.0})
+    at = mask[0].nonzero().flatten().tolist()
+    assert rewards[0, at].tolist() == [1.0, 2.0, 3.0]
+    assert all(batch.env_mask[0, k] == 0 for k in at)
+    eos = tok.eos_token_id
+    assert [batch.response_ids[0, k].item() for k in at] == [tok.convert_tokens_to_ids("b"), tok.convert_tokens_to_ids("d"), eos]

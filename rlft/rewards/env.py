@@ -4,13 +4,17 @@ A multi-turn rollout (``env.name`` set) puts each trajectory's reward from its e
 its last ``Step`` that had one) in the sample as ``env_reward``; this term returns it, so it is weighted, logged
 as ``reward/env_reward/mean`` and combined with the run's other rewards like any of them. A trajectory whose
 environment gave no reward is unscorable for this term (None), never a silent 0.
+
+``env_turns`` is its step-level sibling: every reward the environment gave during the trajectory, each at the
+end of the policy turn it answered (the trajectory's ``turn_rewards``: ``(end_char, reward)``), for
+``algo.advantage=process`` (process supervision with steps = turns).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from rlft.rewards.base import REWARDS
+from rlft.rewards.base import REWARDS, step_level
 
 
 @REWARDS.register("env_reward")
@@ -24,3 +28,14 @@ def env_reward(completion: str, sample: Mapping) -> float | None:
     """
     value = sample.get("env_reward")
     return None if value is None else float(value)
+
+
+@REWARDS.register("env_turns")
+@step_level
+def env_turns(completion: str, sample: Mapping) -> list[tuple[int, float | None]]:
+    """The environment's reward of each turn it scored, at the end of that turn in ``completion``.
+
+    >>> env_turns("ab", {"env_turn_rewards": [[1, 0.5], [2, 1.0]]})
+    [(1, 0.5), (2, 1.0)]
+    """
+    return [(int(end), None if r is None else float(r)) for end, r in sample.get("env_turn_rewards") or []]

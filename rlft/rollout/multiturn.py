@@ -66,18 +66,21 @@ class Trajectory:
     tools: Counter = field(default_factory=Counter)  # calls per tool name
     tool_errors: int = 0
     malformed: int = 0  # calls that named no tool it has, or could not be read
+    turn_rewards: list[tuple[int, float]] = field(default_factory=list)  # (index in ids of a turn's end, reward)
     open_turn: list[int] = field(default_factory=list)  # tokens of the assistant message still being written
 
-    def record(self) -> dict:
-        """What samples, metrics and reports keep of this trajectory (plain data)."""
+    def record(self, tokenizer) -> dict:
+        """What samples, metrics, rewards and reports keep of this trajectory (plain data); ``turn_rewards`` as
+        ``(end_char, reward)`` in ``text(tokenizer)``."""
+        ends = [(len(tokenizer.decode(self.ids[:k + 1], skip_special_tokens=True)), r) for k, r in self.turn_rewards]
         return {"turns": self.turns, "truncated": self.truncated, "error": self.error, "env_reward": self.reward,
-                "tools": dict(self.tools), "tool_errors": self.tool_errors,
+                "turn_rewards": ends, "tools": dict(self.tools), "tool_errors": self.tool_errors,
                 "malformed_calls": self.malformed, "segments": list(self.segments)}
 
-    @property
-    def text(self) -> str:
-        """What the rewards score: the whole response as written, the environment's text included."""
-        return "".join(s["text"] for s in self.segments if s["who"] == "policy" or s["tokens"])
+    def text(self, tokenizer) -> str:
+        """What the rewards score: the whole response as written (the policy's turns and the environment's
+        tokens, chat-template markup included), decoded as a single-turn completion is."""
+        return tokenizer.decode(self.ids, skip_special_tokens=True)
 
 
 @dataclass(frozen=True)
@@ -241,7 +244,7 @@ def multiturn_rollout(tokenizer, prompts: list[list[int]], samples: Sequence[Map
             logp = s.logprobs[k, :n].tolist() if s.logprobs is not None else [0.0] * n
             _turn(trajs[r], envs[r], ids, logp, budgets[r], stops, stop_ids, limits, render, tokenizer)
         first = False
-    return _batch(trajs, tokenizer.pad_token_id, G, exact), trajs
+    return _batch(trajs, tokenizer, G, exact), trajs
 
 
 def _start(tr: Trajectory, make_env: Callable[[Mapping[str, Any]], Any], sample: Mapping[str, Any], limits: TurnLimits,
@@ -293,6 +296,7 @@ def _turn(tr: Trajectory, env: Any, ids: list[int], logp: list[float], budget: i
     _count_tools(tr, step.info)
     if step.reward is not None:
         tr.reward = step.reward
+        tr.turn_rewards.append((len(tr.ids) - 1, step.reward))  # at the turn's last token
     if step.done or tr.turns >= limits.max_turns:
         tr.done = True
         tr.truncated = not step.done
@@ -356,9 +360,10 @@ def _count_tools(tr: Trajectory, info: Mapping[str, Any]) -> None:
             tr.tool_errors += 1
 
 
-def _batch(trajs: list[Trajectory], pad_id: int, G: int, exact: bool) -> Batch:
+def _batch(trajs: list[Trajectory], tokenizer, G: int, exact: bool) -> Batch:
     """The trajectories as a Batch: prompts left-padded, responses right-padded, ``env_mask`` on the environment's
     tokens; ``rollout_logp`` only when the sampler gave every policy token's log-prob."""
+    pad_id = tokenizer.pad_token_id
     prompt_ids, prompt_mask = left_pad([t.prompt for t in trajs], pad_id)
     response_ids, response_mask = right_pad([t.ids or [pad_id] for t in trajs], pad_id)
     for k, t in enumerate(trajs):
@@ -370,8 +375,8 @@ def _batch(trajs: list[Trajectory], pad_id: int, G: int, exact: bool) -> Batch:
         logp[k, :len(t.logp)] = torch.tensor(t.logp, dtype=logp.dtype)
     return Batch(prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=response_ids,
                  response_mask=response_mask, truncated=torch.tensor([t.truncated for t in trajs]), group_size=G,
-                 texts=[t.text for t in trajs], rollout_logp=logp if exact else None, env_mask=env_mask,
-                 episodes=[t.record() for t in trajs])
+                 texts=[t.text(tokenizer) for t in trajs], rollout_logp=logp if exact else None, env_mask=env_mask,
+                 episodes=[t.record(tokenizer) for t in trajs])
 
 
 def episode_metrics(episodes: Sequence[Mapping[str, Any]]) -> dict[str, float]:
