@@ -62,3 +62,42 @@ def test_rlft_chat_reads_turns_from_stdin(tiny_model_dir):
     bad = subprocess.run([sys.executable, "-m", "rlft", "chat", "/nonexistent"], input="", capture_output=True,
                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert bad.returncode == 2 and "no such directory" in bad.stderr
+
+
+class Scripted(ChatSession):
+    """A session whose model writes the given pieces in turn (each a list of token ids), paused at a call's end."""
+
+    def __init__(self, *args, pieces, **kw):
+        super().__init__(*args, **kw)
+        self.pieces, self.seen = list(pieces), []
+
+    def _generate(self, ids, on_text):
+        self.seen.append(list(ids))
+        text = self.pieces.pop(0)
+        new = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        if on_text is not None:
+            on_text(text)
+        return new, text.endswith("</call>")
+
+
+def test_a_chat_with_tools_answers_each_call_and_goes_on(tiny_model_dir):
+    model, tok = load_policy(str(tiny_model_dir), load_config(None, ["model.device=cpu"]).model)
+    s = Scripted(model, tok, tools=("calculator",), pieces=["<call>calculator: 6*7</call>", " so #### 42"])
+    shown: list[str] = []
+    reply = s.send("6*7=?", on_text=shown.append)
+    assert reply == "<call>calculator: 6*7</call><result>42</result> so #### 42"
+    assert "".join(shown) == reply
+    # the model went on from its own tokens and the result's, as in a multi-turn rollout
+    assert tok.decode(s.seen[1]).endswith("A: <call>calculator: 6*7</call><result>42</result>")
+    assert s.history[-1] == {"role": "assistant", "content": reply}
+    s = Scripted(model, tok, tools=("calculator",), max_calls=1,
+                 pieces=["<call>calculator: 1/0</call>", "<call>calculator: 2</call>", "unused"])
+    assert s.send("x").startswith("<call>calculator: 1/0</call><error>")  # a tool error is shown, not raised
+    assert len(s.seen) == 2  # the second call was past max_calls: refused, and the reply ended there
+
+
+def test_rlft_chat_refuses_an_unknown_tool_before_loading(tiny_model_dir, capsys):
+    from rlft.cli.main import main
+
+    assert main(["chat", str(tiny_model_dir), "--tools", "calculator,nope"]) == 2
+    assert "unknown tool 'nope'" in capsys.readouterr().err

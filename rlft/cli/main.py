@@ -101,14 +101,20 @@ def cmd_plot(ns: argparse.Namespace) -> int:
 
 def cmd_chat(ns: argparse.Namespace) -> int:
     from rlft.cli.chat import ChatSession, chat_loop
+    from rlft.envs.tool_env import ToolEnv
     from rlft.models.loading import load_policy, quiet_transformers
 
     if ns.temperature <= 0 or not 0 < ns.top_p <= 1 or ns.top_k < 0 or ns.max_new_tokens < 1:
         raise ConfigError("chat: --temperature must be > 0, --top-p in (0, 1], --top-k >= 0, --max-new-tokens >= 1")
+    tools = tuple(t.strip() for t in ns.tools.split(",") if t.strip())
+    try:
+        ToolEnv(tools=list(tools)) if tools else None  # an unknown tool is an error before the model loads
+    except ValueError as e:
+        raise ConfigError(f"chat: --tools: {e}") from None
     quiet_transformers()
     model, tok = load_policy(ns.model, load_config(None, [f"model.device={ns.device}"]).model)
     session = ChatSession(model, tok, system=ns.system, max_new_tokens=ns.max_new_tokens,
-                          temperature=ns.temperature, top_p=ns.top_p, top_k=ns.top_k, greedy=ns.greedy)
+                          temperature=ns.temperature, top_p=ns.top_p, top_k=ns.top_k, greedy=ns.greedy, tools=tools)
     interactive = sys.stdin.isatty()
     if interactive:
         print(f"rlft chat with {ns.model}: /reset, /system TEXT, /exit")
@@ -175,6 +181,8 @@ def build_parser() -> argparse.ArgumentParser:
     ch.add_argument("--top-k", type=int, default=0)
     ch.add_argument("--greedy", action="store_true", help="greedy decoding instead of sampling")
     ch.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    ch.add_argument("--tools", default="", help="tools the model may call, comma-separated (calculator, python): "
+                                                "<call>NAME: ARGS</call> is answered by <result>...</result>")
     ch.set_defaults(fn=cmd_chat)
     rp = sub.add_parser("report", help="(re)build runs/<name>/report.html: a self-contained page with the "
                                        "configuration, curves, evaluations, health warnings and samples")
