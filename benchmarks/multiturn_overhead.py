@@ -11,10 +11,14 @@ that token's identity is staged, every forward pass is real). Single-turn side: 
 ``--turns * --turn-tokens`` new tokens in one ``generate`` call, the same sampler. Both sample the same number of
 policy tokens; the multi-turn side also prefills the environment's tokens (``--turns - 1`` observations).
 
-Rounds alternate the two sides; printed: the medians over rounds of the whole rollout, the overhead per extra turn
-((multi - single) / (turns - 1)), and the multi-turn side's split: time inside the sampler (its prefill of each
-turn's whole context, then decoding), in the environment's steps, and the rest (cutting turns, rendering and
-tokenising observations, assembling the batch).
+The multi-turn side runs twice: with the sampler of a single turn (``turn_sampler``: each turn prefills its whole
+context) and with the one ``rollout_env`` uses (``turn_sampler(continuing=True)``, ``rlft.rollout.session``: each
+row keeps its KV cache across turns, a turn prefills only the row's last sampled token and the observation).
+
+Rounds alternate the three sides; printed: the medians over rounds of the whole rollout, the overhead per extra
+turn ((multi - single) / (turns - 1)), and each multi-turn side's split: time inside the sampler (prefill, then
+decoding), in the environment's steps, and the rest (cutting turns, rendering and tokenising observations,
+assembling the batch).
 """
 
 from __future__ import annotations
@@ -93,32 +97,36 @@ def main() -> None:
     limits = TurnLimits(max_turns=args.turns, max_tokens=1 << 30, max_new_tokens=args.turn_tokens, deadline_s=60.0,
                         max_observation_chars=10_000, role="tool", stop=())
     total = args.turns * args.turn_tokens
-    single, multi, split = [], [], []
+    single, multi, split = [], {"re-prefill": [], "kept cache": []}, {"re-prefill": [], "kept cache": []}
     for r in range(args.rounds):
         torch.manual_seed(r)
         t0 = time.perf_counter()
         b1 = generate(model, tok, prompts, group_size=args.group, max_new_tokens=total)
         single.append(time.perf_counter() - t0)
-        clock = {"sampler": 0.0, "env": 0.0}
-        run = staged_end(turn_sampler(model, tok), tok.eos_token_id, clock)
-        torch.manual_seed(r)
-        t0 = time.perf_counter()
-        b2, trajs = multiturn_rollout(tok, prompts, [{}] * len(prompts), [[]] * len(prompts),
-                                      make_env=lambda s: Answering(args.turns, args.obs_chars, clock), limits=limits,
-                                      group_size=args.group, sample_turn=run, stops=[tok.eos_token_id], chat=False)
-        multi.append(time.perf_counter() - t0)
-        split.append((clock["sampler"], clock["env"], multi[-1] - clock["sampler"] - clock["env"]))
-        assert int(b1.response_lengths.sum()) == int(b2.response_lengths.sum()) == len(b1) * total
-        assert all(t.turns == args.turns for t in trajs)
-    ms, mm = statistics.median(single), statistics.median(multi)
-    parts = [statistics.median(x[k] for x in split) for k in range(3)]
+        for side, continuing in (("re-prefill", False), ("kept cache", True)):
+            clock = {"sampler": 0.0, "env": 0.0}
+            run = staged_end(turn_sampler(model, tok, continuing=continuing), tok.eos_token_id, clock)
+            torch.manual_seed(r)
+            t0 = time.perf_counter()
+            b2, trajs = multiturn_rollout(tok, prompts, [{}] * len(prompts), [[]] * len(prompts),
+                                          make_env=lambda s: Answering(args.turns, args.obs_chars, clock),
+                                          limits=limits, group_size=args.group, sample_turn=run,
+                                          stops=[tok.eos_token_id], chat=False)
+            multi[side].append(time.perf_counter() - t0)
+            split[side].append((clock["sampler"], clock["env"], multi[side][-1] - clock["sampler"] - clock["env"]))
+            assert int(b1.response_lengths.sum()) == int(b2.response_lengths.sum()) == len(b1) * total
+            assert all(t.turns == args.turns for t in trajs)
+    ms = statistics.median(single)
     env_tokens = int(b2.env_mask.sum()) // len(b2)
     print(f"{args.prompts} prompts x {args.group}, {args.turns} turns of {args.turn_tokens} tokens "
           f"({total} policy tokens per row), {env_tokens} environment tokens per row; {args.rounds} rounds, medians")
-    print(f"single turn:  {ms:.3f} s")
-    print(f"multi-turn:   {mm:.3f} s  ({mm / ms:.2f}x), {(mm - ms) / max(args.turns - 1, 1) * 1000:.0f} ms per "
-          f"extra turn")
-    print(f"  sampler {parts[0]:.3f} s, environment {parts[1]:.4f} s, the rest {parts[2]:.3f} s")
+    print(f"single turn:              {ms:.3f} s")
+    for side in multi:
+        mm = statistics.median(multi[side])
+        parts = [statistics.median(x[k] for x in split[side]) for k in range(3)]
+        print(f"multi-turn, {side + ':':12}  {mm:.3f} s  ({mm / ms:.2f}x), "
+              f"{(mm - ms) / max(args.turns - 1, 1) * 1000:.0f} ms per extra turn")
+        print(f"  sampler {parts[0]:.3f} s, environment {parts[1]:.4f} s, the rest {parts[2]:.3f} s")
 
 
 if __name__ == "__main__":

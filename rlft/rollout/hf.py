@@ -14,6 +14,7 @@ from rlft.models.lora import core_model
 from rlft.registry import Registry
 from rlft.rollout.batch import Batch, left_pad
 from rlft.rollout.decode import Sampled, sample, supports_fast_sampling
+from rlft.rollout.session import ContinuingSampler
 
 # rollout.sampler -> fn(model, prompts, *, group_size, max_new_tokens, stops, pad_id, temperature, top_p, top_k,
 # greedy) -> Sampled: the rollout backends; a backend with settings of its own (RolloutConfig.sampler_options) also
@@ -64,10 +65,19 @@ def generate(model, tokenizer, prompts: list[list[int]], *, group_size: int, max
 
 
 def turn_sampler(model, tokenizer, *, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
-                 greedy: bool = False, sampler: str = "rlft", sampler_options: dict | None = None):
+                 greedy: bool = False, sampler: str = "rlft", sampler_options: dict | None = None,
+                 continuing: bool = False):
     """``run(prompts, group_size, max_new_tokens) -> Sampled``: the configured backend with these settings, ending
-    each response at the model's end-of-turn tokens (``run.stops``)."""
+    each response at the model's end-of-turn tokens (``run.stops``).
+
+    ``continuing``: the calls are the turns of one multi-turn rollout (``rlft.rollout.multiturn``), each context
+    extending one the previous call returned. With rlft's own sampler on a model it drives, ``run`` is then a
+    ``rlft.rollout.session.ContinuingSampler``, which keeps each row's KV cache between calls and prefills only
+    what a context adds; other backends prefill each context whole, as without it."""
     stops = eos_ids(model, tokenizer)
+    if continuing and sampler == "rlft" and supports_fast_sampling(type(core_model(model))):
+        return ContinuingSampler(model, pad_id=tokenizer.pad_token_id, stops=stops, temperature=temperature,
+                                 top_p=top_p, top_k=top_k, greedy=greedy)
     extra = {"options": sampler_options} if sampler_options else {}
     backend = SAMPLERS.get(sampler)
 

@@ -153,7 +153,7 @@ def rollout_env(model, tokenizer, examples: Sequence[Example], prompts: list[lis
     e, r = cfg.env, cfg.rollout
     run = turn_sampler(model, tokenizer, temperature=r.temperature if temperature is None else temperature,
                        top_p=r.top_p, top_k=r.top_k, greedy=greedy, sampler=r.sampler,
-                       sampler_options=r.sampler_options)
+                       sampler_options=r.sampler_options, continuing=True)
     limits = TurnLimits(max_turns=e.max_turns, max_tokens=e.max_tokens or model_positions(model),
                         max_new_tokens=e.max_new_tokens or r.max_new_tokens, deadline_s=e.deadline_s,
                         max_observation_chars=e.max_observation_chars, role=e.role, stop=e.stop)
