@@ -16,7 +16,9 @@ sampled (with their sampling log-probs) and tokens the environment added. Nothin
   papered over by re-tokenising.
 
 Each turn samples every unfinished row with the configured sampler (``rollout.sampler``: any backend), its
-context being the trajectory so far; in the first turn the G rows of a prompt share its prefill. A row's turn
+context being the trajectory so far; in the first turn the G rows of a prompt share its prefill. With rlft's own
+sampler each row keeps its KV cache between turns (``rlft.rollout.session.ContinuingSampler``): a turn prefills
+only the tokens the row gained since its last one; other backends prefill each turn's context whole. A row's turn
 ends at an end-of-turn token, at a stop text (its tokens after the stop are dropped: the kept ones are exactly
 what was sampled), or at the turn's token budget (the trajectory is then truncated, as an overlong response is).
 
