@@ -37,15 +37,21 @@ def core_model(model):
     return get() if callable(get) else model
 
 
-def add_lora(model, lora):
-    """``model`` with LoRA adapters from the ``lora`` config section; only the adapters require gradients."""
-    from peft import LoraConfig, get_peft_model
+def peft_lora_config(lora):
+    """PEFT's ``LoraConfig`` for the ``lora`` config section."""
+    from peft import LoraConfig
 
     targets = "all-linear" if tuple(lora.target_modules) == ("all-linear",) else list(lora.target_modules)
-    config = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=targets,
-                        task_type="CAUSAL_LM")
+    return LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=targets,
+                      task_type="CAUSAL_LM")
+
+
+def add_lora(model, lora):
+    """``model`` with LoRA adapters from the ``lora`` config section; only the adapters require gradients."""
+    from peft import get_peft_model
+
     try:
-        return get_peft_model(model, config)
+        return get_peft_model(model, peft_lora_config(lora))
     except ValueError as e:  # PEFT: a target module not found in the model
         raise ValueError(f"lora.target_modules {list(lora.target_modules)}: {e}") from None
 
