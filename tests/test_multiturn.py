@@ -633,3 +633,57 @@ def test_the_environments_turn_rewards_are_step_rewards_at_the_end_of_each_turn(
     assert all(batch.env_mask[0, k] == 0 for k in at)
     eos = tok.eos_token_id
     assert [batch.response_ids[0, k].item() for k in at] == [tok.convert_tokens_to_ids("b"), tok.convert_tokens_to_ids("d"), eos]
+
+
+# --------------------------------------------------------------------------- fuzz: any model output
+
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+TURN_PIECES = ["<call>", "</call>", "calculator: ", "python", "lookup: ", "1+1", "9" * 30, "/0", "**", "(", ")",
+               "<result>", "</result>", "$", "$", "#### ", "42", " ", "\n", "{\"expression\": \"2\"}", "é", "x"]
+turn_text = st.lists(st.one_of(st.sampled_from(TURN_PIECES), st.text(max_size=3)), max_size=12).map("".join)
+
+
+@pytest.fixture(scope="module")
+def fuzz_tok(tiny_model_dir):
+    from rlft.models.loading import load_tokenizer
+
+    return load_tokenizer(str(tiny_model_dir))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                 HealthCheck.function_scoped_fixture])
+@given(st.lists(st.lists(turn_text, min_size=1, max_size=5), min_size=2, max_size=2),
+       st.sampled_from(["tools", "guess"]), st.integers(1, 4), st.integers(8, 60))
+def test_any_model_output_gives_well_formed_trajectories(fuzz_tok, turns, env, max_turns, budget):
+    tok = fuzz_tok
+    params = {"tools": ["calculator"], "max_calls": 3} if env == "tools" else {"high": 20}
+    prompt = len(tok("Q: go\nA: ", add_special_tokens=False)["input_ids"])
+    lim = limits(max_turns=max_turns, max_new_tokens=budget, max_tokens=prompt + 3 * budget)
+    texts = [x for t in turns for x in t]
+    make = (lambda s: ENVS.get(env)(**params))
+
+    def sample_turn(contexts, group_size, max_new_tokens):  # a turn picked by the context: no row bookkeeping
+        seqs = [Scripted(tok, []).ids(texts[hash(tuple(c)) % len(texts)])[:max_new_tokens] or [tok.eos_token_id]
+                for c in contexts for _ in range(group_size)]
+        ids = torch.full((len(seqs), max(map(len, seqs))), tok.pad_token_id)
+        mask = torch.zeros_like(ids)
+        for k, x in enumerate(seqs):
+            ids[k, :len(x)], mask[k, :len(x)] = torch.tensor(x), 1
+        return Sampled(prompt_ids=ids, prompt_mask=mask, response_ids=ids, response_mask=mask,
+                       truncated=torch.zeros(len(seqs), dtype=torch.bool), logprobs=mask * -1.0)
+
+    prompts = [tok("Q: go\nA: ", add_special_tokens=False)["input_ids"]] * 2
+    batch, trajs = multiturn_rollout(tok, prompts, [{"ground_truth": "7"}] * 2, [({"role": "user", "content": "go"},)] * 2,
+                                     make_env=make, limits=lim, group_size=2, sample_turn=sample_turn,
+                                     stops=[tok.eos_token_id], chat=False)
+    for r, t in enumerate(trajs):
+        n = len(t.ids)
+        assert t.done and t.error is None and t.turns <= max_turns
+        assert len(t.env) == len(t.logp) == n < lim.max_tokens - len(t.prompt)
+        assert batch.response_ids[r, :n].tolist() == t.ids and batch.env_mask[r, :n].tolist() == t.env
+        assert t.turns == 0 or t.env[-1] == 0  # a trajectory ends on the policy's token
+        assert sum(s["tokens"] for s in t.segments) == n
+        assert batch.response_lengths[r] == n - sum(t.env)

@@ -264,6 +264,10 @@ def _start(tr: Trajectory, make_env: Callable[[Mapping[str, Any]], Any], sample:
         tr.segments.append({"who": "env", "text": first, "tokens": 0})
     elif first is not None:
         ids = render.encode(first)
+        if len(tr.prompt) + len(ids) >= limits.max_tokens:  # no room for a turn after it: shown, not trained on
+            tr.done = tr.truncated = True
+            tr.segments.append({"who": "env", "text": first, "tokens": 0})
+            return env
         tr.ids += ids
         tr.env += [1] * len(ids)
         tr.logp += [0.0] * len(ids)
