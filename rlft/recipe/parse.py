@@ -161,7 +161,8 @@ def _env_section(data: Any) -> EnvConfig:
             raise
         except (ValueError, TypeError) as e:
             raise ConfigError(f"env.{e}") from None
-    _check(bool(cfg.name) or not params, "env", f"parameters {sorted(params)} given, but no env.name")
+    _check(bool(cfg.name) or not params, "env", f"parameters {sorted(params)} given, but no env.name (env=null "
+           "drops the whole section)")
     return dataclasses.replace(cfg, params=tuple(params.items()))
 
 

@@ -94,8 +94,7 @@ def sample_records(state: RLState, step: int, n_groups: int) -> list[dict]:
     out = []
     for i in rows:
         prompt = tok.decode(batch.prompt_ids[i][batch.prompt_mask[i].bool()], skip_special_tokens=True)
-        adv = masked_mean(batch.adv[i], batch.action_mask[i]).item() if batch.adv is not None and lengths[i] else (
-            0.0 if batch.adv is not None else None)  # over the tokens the policy wrote
+        adv = None if batch.adv is None else _mean_advantage(batch, i, int(lengths[i]))
         score = float(batch.scores[i])
         record = {"step": step, "group": i // G, "prompt": prompt, "completion": batch.texts[i],
                   "reward": score if math.isfinite(score) else None,
@@ -106,6 +105,13 @@ def sample_records(state: RLState, step: int, n_groups: int) -> list[dict]:
             record["episode"] = batch.episodes[i]
         out.append(record)
     return out
+
+
+def _mean_advantage(batch: Batch, i: int, n: int) -> float:
+    """Row ``i``'s mean advantage over the tokens the policy wrote (its ``n`` response tokens when single-turn)."""
+    if batch.env_mask is None:
+        return float(batch.adv[i, :max(n, 1)].mean())
+    return masked_mean(batch.adv[i], batch.action_mask[i]).item() if n else 0.0
 
 
 def count_skips(state: RLState, metrics: dict[str, float]) -> dict[str, float]:
