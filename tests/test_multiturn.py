@@ -434,6 +434,12 @@ def tok_pad(sampler: Scripted) -> int:
 
 def test_the_training_forward_gives_the_samplers_logprobs_on_policy_tokens(sampled_trajectories, model):
     batch, _, _, cfg = sampled_trajectories
+    assert_forward_logprobs(model, batch, cfg)
+
+
+def assert_forward_logprobs(model, batch, cfg) -> None:
+    """The training forward's log-probs of ``batch`` equal the sampler's on the policy's tokens within the
+    rounding bound; the environment's tokens carry none."""
     assert batch.rollout_logp is not None
     model.eval()
     with torch.no_grad():

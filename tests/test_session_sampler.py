@@ -15,30 +15,21 @@ import torch
 
 from rlft.data.schema import Example
 from rlft.data.templates import encode_prompts
-from rlft.models.loading import load_model, load_tokenizer
 from rlft.recipe import load_config
 from rlft.rollout import decode, session
 from rlft.rollout.batch import Batch
 from rlft.rollout.hf import eos_ids, turn_sampler
 from rlft.rollout.multiturn import rollout_env
 from rlft.rollout.session import ContinuingSampler
-from rlft.trainers import update as upd
 from numerics import FORWARD_DEPTH, assert_rounding_close, model_reduction_len, rounding_differs, rounding_tol
-from test_rl_loop import _EosBias, naive_logprobs
+from test_multiturn import assert_forward_logprobs
+from test_rl_loop import _EosBias, model, naive_logprobs, tok  # noqa: F401  (fixtures)
 
 # Nested reductions a log-prob goes through per extra decoder layer (numerics.FORWARD_DEPTH counts one layer):
 # RMSNorm, q/k/v, q.k, softmax, attention-weighted sum, o_proj, RMSNorm, gate/up, down.
 LAYER_DEPTH = 9
 
 
-@pytest.fixture
-def tok(tiny_model_dir):
-    return load_tokenizer(str(tiny_model_dir))
-
-
-@pytest.fixture
-def model(tiny_model_dir):
-    return load_model(str(tiny_model_dir), dtype="float32", device="cpu")
 
 
 def forward_depth(m) -> int:
@@ -296,14 +287,6 @@ def test_a_rollout_runs_on_it_and_the_training_forward_gives_its_logprobs(model,
             cut += sum(not any(c[:len(d)] == d for d in decoded) for c in contexts)
             assert stats["fresh"] == 0 and stats["prefilled"] < stats["tokens"] / 2
         assert cut  # some turns paused at a stop text, their tails dropped
-        assert batch.rollout_logp is not None
-        model.eval()
-        with torch.no_grad():
-            fresh = upd.batch_logprobs(model, batch, cfg)[0]
-        act = batch.action_mask.bool()
-        z_max = max(z for _, _, z in naive_logprobs(model, batch, cfg.rollout.temperature))
-        assert_rounding_close(batch.rollout_logp[act], fresh[act], n_terms=model_reduction_len(model, batch),
-                              scale=1 + z_max, depth=FORWARD_DEPTH, what="sampler vs forward log-probs, policy tokens")
-        assert torch.all(batch.rollout_logp[batch.env_mask.bool()] == 0)
+        assert_forward_logprobs(model, batch, cfg)
     finally:
         bias.remove()

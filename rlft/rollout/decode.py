@@ -156,6 +156,20 @@ def draw(probs: Tensor) -> Tensor:
     return torch.minimum(torch.searchsorted(cdf, u, right=True), torch.searchsorted(cdf, total)).squeeze(1)
 
 
+def choose(logits: Tensor, *, temperature: float, top_k: int, top_p: float, greedy: bool,
+           warped: bool) -> tuple[Tensor, Tensor]:
+    """(the next token of each row, its log-prob under softmax(logits / temperature)) from float32 logits (b, V):
+    the argmax when ``greedy``, else one draw from the warped distribution (``warped``: top-k or top-p set)."""
+    logp = torch.log_softmax(logits / temperature if temperature != 1.0 else logits, dim=-1)  # (b, V)
+    if greedy:
+        nxt = logits.argmax(-1)
+    elif warped:
+        nxt = draw(torch.softmax(warp(logits, temperature=temperature, top_k=top_k, top_p=top_p), dim=-1))
+    else:  # temperature alone: the sampling distribution is the one the log-probs are taken from
+        nxt = draw(logp.exp())
+    return nxt, logp.gather(1, nxt[:, None]).squeeze(1)
+
+
 @torch.no_grad()
 def sample(model, prompts: list[list[int]], *, group_size: int, max_new_tokens: int, stops: list[int], pad_id: int,
            temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, greedy: bool = False) -> Sampled:
@@ -195,14 +209,7 @@ def sample(model, prompts: list[list[int]], *, group_size: int, max_new_tokens: 
     stop_ids = torch.tensor(stops, dtype=torch.long, device=device)
     warped = top_k > 0 or top_p < 1.0
     for t in range(max_new_tokens):
-        logp = torch.log_softmax(logits / temperature if temperature != 1.0 else logits, dim=-1)  # (b, V)
-        if greedy:
-            nxt = logits.argmax(-1)
-        elif warped:
-            nxt = draw(torch.softmax(warp(logits, temperature=temperature, top_k=top_k, top_p=top_p), dim=-1))
-        else:  # temperature alone: the sampling distribution is the one the log-probs are taken from
-            nxt = draw(logp.exp())
-        lp = logp.gather(1, nxt[:, None]).squeeze(1)
+        nxt, lp = choose(logits, temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy, warped=warped)
         tokens[rows, t] = torch.where(live, nxt, pad_id)  # rows stopped earlier keep their padding
         logps[rows, t] = torch.where(live, lp, 0.0)
         stopped = live & torch.isin(nxt, stop_ids)

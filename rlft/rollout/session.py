@@ -50,8 +50,7 @@ from torch import Tensor
 from rlft.models.forward import returned_cache, with_cache
 from rlft.models.lora import core_model
 from rlft.rollout.batch import left_pad, right_pad
-from rlft.rollout.decode import (COMPACT_SHARE, Sampled, draw, reserved_cache, sample, supports_fast_sampling,
-                                 warp)
+from rlft.rollout.decode import COMPACT_SHARE, Sampled, choose, reserved_cache, sample, supports_fast_sampling
 from rlft.rollout.lean import LeanDecoder
 
 # Contexts compared at once with the remembered rows when matching (bounds the (contexts, rows, tokens) table).
@@ -202,15 +201,8 @@ class ContinuingSampler:
                 parked[r] = kv[:, :, j, :len(c)]  # (layers, 2, n, Hk, D)
 
         for t in range(max_new_tokens):
-            logp = torch.log_softmax(logits / temperature if temperature != 1.0 else logits, dim=-1)
-            if self.greedy:
-                nxt = logits.argmax(-1)
-            elif warped:
-                nxt = draw(torch.softmax(warp(logits, temperature=temperature, top_k=self.top_k, top_p=self.top_p),
-                                         dim=-1))
-            else:
-                nxt = draw(logp.exp())
-            lp = logp.gather(1, nxt[:, None]).squeeze(1)
+            nxt, lp = choose(logits, temperature=temperature, top_k=self.top_k, top_p=self.top_p,
+                             greedy=self.greedy, warped=warped)
             tokens[rows, t] = torch.where(live, nxt, pad_id)
             logps[rows, t] = torch.where(live, lp, 0.0)
             stopped = live & torch.isin(nxt, stop_ids)
