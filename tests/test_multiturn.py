@@ -693,3 +693,35 @@ def test_any_model_output_gives_well_formed_trajectories(fuzz_tok, turns, env, m
         assert t.turns == 0 or t.env[-1] == 0  # a trajectory ends on the policy's token
         assert sum(s["tokens"] for s in t.segments) == n
         assert batch.response_lengths[r] == n - sum(t.env)
+
+
+# --------------------------------------------------------------------------- the tool demo's data
+
+
+def test_the_product_tasks_share_their_problems_and_mixed_shows_the_tool_on_half():
+    from rlft.data.synthetic import synthetic_task
+
+    kw = dict(n_train=400, n_eval=50, max_operand=999, seed=3)
+    direct, tool, mixed = (synthetic_task(t, **kw) for t in ("product", "product_tool", "product_mixed"))
+    for a, b, c in zip(direct, tool, mixed):
+        assert [x.prompt for x in a] == [x.prompt for x in b] == [x.prompt for x in c]
+        assert [x.ground_truth for x in a] == [x.ground_truth for x in c]
+    train = mixed[0]
+    calls = [x for x in train if x.response.startswith("<call>")]
+    assert 0.4 < len(calls) / len(train) < 0.6  # a + b even: about half
+    x, y = map(int, calls[0].prompt[0]["content"].split("=")[0].split("*"))
+    assert 100 <= x <= 999 and 100 <= y <= 999 and (x + y) % 2 == 0
+    assert calls[0].response == f"<call>calculator: {x}*{y}</call><result>{x * y}</result>#### {x * y}"
+    assert {x.response for x in train if x not in calls} == {f"#### {x.ground_truth}" for x in train if x not in calls}
+
+
+def test_sft_puts_no_loss_on_what_a_tool_wrote(tok):
+    from rlft.data.sft_data import response_weights
+
+    text = "<call>calculator: 2*3</call><result>6</result>#### 6"
+    for loss_on in ("response", "answer"):
+        ids, w = response_weights(text, tok, loss_on)
+        kept = "".join(tok.decode([i]) for i, x in zip(ids[:-1], w[:-1]) if x)
+        assert "<result>" not in kept and "6</result>" not in kept and w[-1] == 1
+    _, w = response_weights(text, tok, "response")
+    assert "".join(tok.decode([i]) for i, x in zip(ids[:-1], w[:-1]) if x) == "<call>calculator: 2*3</call>#### 6"
