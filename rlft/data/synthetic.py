@@ -18,16 +18,19 @@ Tasks (``data.source=synthetic:<task>``):
 * ``product`` — ``a*b`` of two numbers of as many digits as ``max_operand``
   (999: three): beyond a tiny model's head; ``product_tool`` is the same
   problems with a reference that asks the ``calculator`` tool first (the
-  multi-turn demo).
+  multi-turn demo);
+* ``guess`` — games of the ``guess`` environment, guess the number from 1 to
+  ``max_operand`` (the game demo, recipes/game_demo.yaml): see :func:`guess`.
 
 A task returns ``(question, answer)`` pairs, or ``(question, answer, working)``
 triples whose ``working`` (the lines before ``#### answer``) goes into the
-reference response.
+reference response, or :class:`Game` rows.
 """
 
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 from typing import Callable
 
 from rlft.data.schema import Example
@@ -36,7 +39,19 @@ from rlft.rewards.chain import chain_steps_of
 
 INSTRUCTION = "Answer after ####."  # short: the demo model reads characters
 
-Problem = tuple[str, int] | tuple[str, int, str]  # (question, answer[, working lines of the reference])
+
+@dataclass(frozen=True)
+class Game:
+    """A game played with an environment: ``secret`` (the ground truth, which the environment reads) is not in the
+    question, which is asked as written (the environment says how to answer, not ``INSTRUCTION``); the reference
+    response is a first move, all that a single-message SFT warm-up can show."""
+
+    question: str
+    secret: int
+    first_move: str
+
+
+Problem = tuple[str, int] | tuple[str, int, str] | Game  # (question, answer[, working lines of the reference])
 TaskFn = Callable[[random.Random, int, int, str], list[Problem]]
 SYNTHETIC_TASKS: Registry[TaskFn] = Registry("synthetic task")
 
@@ -93,6 +108,39 @@ def product_tool(rng: random.Random, n: int, max_operand: int, ops: str) -> list
             for a, b in products(rng, n, max_operand)]
 
 
+@SYNTHETIC_TASKS.register("product_mixed")
+def product_mixed(rng: random.Random, n: int, max_operand: int, ops: str) -> list[Problem]:
+    """The problems of ``product``, half of whose references call the calculator (``product_tool``'s) and half
+    answer at once (``product``'s, right answers the model cannot compute): a warm-up on them teaches the tool
+    without teaching when to use it; RL on the answers' correctness then has to learn that (recipes/tool_demo.yaml).
+    Which half: ``a + b`` even calls the tool."""
+    return [(f"{a}*{b}=?", a * b, f"<call>calculator: {a}*{b}</call><result>{a * b}</result>" if (a + b) % 2 == 0
+             else "") for a, b in products(rng, n, max_operand)]
+
+
+@SYNTHETIC_TASKS.register("guess")
+def guess(rng: random.Random, n: int, max_operand: int, ops: str) -> list[Problem]:
+    """Games of the ``guess`` environment with ``low=1`` and ``high=max_operand``: "Guess my number from 1 to
+    3." (max_operand 3), the secret as ground truth, and as the reference response a first guess drawn apart from
+    the secret: the middle of the range half of the time, else any number in it. An SFT warm-up on them teaches
+    the form of a move (a number in range, then the end of the message) and a leaning to open in the middle, with
+    room left to explore: a warm-up on the middle alone makes the policy repeat it at every turn (sampled 64 times
+    out of 64 after "Lower than 8"), and RL then has nothing to choose from. The question does not tell the
+    secret, so games repeat: the secrets come in blocks, each a shuffled permutation of the range, and any
+    ``max_operand`` consecutive games (a held-out split that starts at a multiple of it) hold every secret once."""
+    if max_operand < 1:
+        raise ValueError(f"synthetic task 'guess' plays from 1 to data.synth_max_operand, which must be >= 1, "
+                         f"got {max_operand}")
+    secrets: list[int] = []
+    while len(secrets) < n:
+        block = list(range(1, max_operand + 1))
+        rng.shuffle(block)
+        secrets += block
+    middle = (max_operand + 1) // 2
+    firsts = [middle if rng.random() < 0.5 else rng.randint(1, max_operand) for _ in range(n)]
+    return [Game(f"Guess my number from 1 to {max_operand}.", s, str(f)) for s, f in zip(secrets, firsts)]
+
+
 @SYNTHETIC_TASKS.register("chain")
 def chain(rng: random.Random, n: int, max_operand: int, ops: str) -> list[Problem]:
     _check_space((max_operand + 1) ** (CHAIN_OPS + 1) * len(ops) ** CHAIN_OPS // 2, n, "chain")
@@ -118,7 +166,8 @@ def synthetic_task(task: str, *, n_train: int, n_eval: int, max_operand: int = 9
                    seed: int = 0) -> tuple[list[Example], list[Example]]:
     """Disjoint (train, eval) lists of problems of the named task."""
     problems = SYNTHETIC_TASKS.get(task)(random.Random(seed), n_train + n_eval, max_operand, ops)
-    examples = [_example(*p, index=i, task=task) for i, p in enumerate(problems)]
+    examples = [_game(p, index=i, task=task) if isinstance(p, Game) else _example(*p, index=i, task=task)
+                for i, p in enumerate(problems)]
     return examples[:n_train], examples[n_train:]
 
 
@@ -138,3 +187,8 @@ def _example(question: str, answer: int, working: str = "", *, index: int, task:
         response=f"{working}#### {answer}",
         extra={"index": index},
     )
+
+
+def _game(game: Game, *, index: int, task: str) -> Example:
+    return Example(prompt=({"role": "user", "content": game.question},), ground_truth=str(game.secret),
+                   data_source=f"rlft/{task}", response=game.first_move, extra={"index": index})
