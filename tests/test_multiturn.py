@@ -688,7 +688,7 @@ def test_any_model_output_gives_well_formed_trajectories(fuzz_tok, turns, env, m
     for r, t in enumerate(trajs):
         n = len(t.ids)
         assert t.done and t.error is None and t.turns <= max_turns
-        assert len(t.env) == len(t.logp) == n < lim.max_tokens - len(t.prompt)
+        assert len(t.env) == len(t.logp) == n <= lim.max_tokens - len(t.prompt)
         assert batch.response_ids[r, :n].tolist() == t.ids and batch.env_mask[r, :n].tolist() == t.env
         assert t.turns == 0 or t.env[-1] == 0  # a trajectory ends on the policy's token
         assert sum(s["tokens"] for s in t.segments) == n
@@ -725,3 +725,17 @@ def test_sft_puts_no_loss_on_what_a_tool_wrote(tok):
         assert "<result>" not in kept and "6</result>" not in kept and w[-1] == 1
     _, w = response_weights(text, tok, "response")
     assert "".join(tok.decode([i]) for i, x in zip(ids[:-1], w[:-1]) if x) == "<call>calculator: 2*3</call>#### 6"
+
+
+def test_a_game_cut_by_a_limit_before_its_verdict_is_lost_not_unscored(tok, tiny_overrides, tmp_path):
+    """A turn that runs out of tokens ends its trajectory before the environment answers: under env_reward it
+    scores 0.0 (a game not finished is not won), so RL is pushed to finish its turns; an error stays unscored."""
+    turns = [["1$", "3$"], ["1$", "2$"], ["12345", "3$"]]  # secret 3: won, lost, cut in its first turn
+    batch, trajs, _ = run_scripted(tok, turns, env="guess", params={"high": 3, "max_guesses": 2},
+                                   lim=limits(max_new_tokens=4, stop=()), samples=[{"ground_truth": "3"}] * 3)
+    assert [t.reward for t in trajs] == [1.0, 0.0, None] and trajs[2].truncated
+    cfg = load_config(None, tiny_overrides(tmp_path, "reward.fns=[env_reward]", "reward.weights=[]"))
+    rl.score(batch, [Example(prompt="go", ground_truth="3")] * 3, cfg)
+    assert batch.scores.tolist() == [1.0, 0.0, 0.0]
+    m = episode_metrics(batch.episodes)
+    assert m["env/success"] == pytest.approx(1 / 3) and m["env/truncated"] == pytest.approx(1 / 3)

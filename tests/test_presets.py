@@ -287,7 +287,9 @@ def test_demo_recipe_changes_only_the_algo_and_critic(name):
 TASK_RECIPES = ["grpo_math.yaml", "grpo_mbpp.yaml",  # tests/test_task_recipes.py runs them
                 "rlhf_demo.yaml", "sft_dpo_demo.yaml", "sft_grpo_demo.yaml",  # tests/test_stage_pipeline.py
                 "rft_demo.yaml",  # tests/test_rft.py
-                "process_demo.yaml"]  # tests/test_process_supervision.py
+                "process_demo.yaml",  # tests/test_process_supervision.py
+                "tool_demo.yaml",  # tests/test_multiturn.py
+                "game_demo.yaml"]  # tests/test_game_demo.py
 
 
 def test_every_recipe_is_a_preset_recipe_or_a_task_recipe():

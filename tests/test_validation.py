@@ -29,7 +29,7 @@ def test_maj_and_pass_at_k_of_known_samples(monkeypatch):
             lengths.extend([3, 5])
         return greedy if greedy_ else sampled
 
-    monkeypatch.setattr(ev, "_responses", lambda m, t, p, n, c, greedy, lengths=None:
+    monkeypatch.setattr(ev, "_responses", lambda m, t, p, examples, n, c, greedy, lengths=None, episodes=None:
                         responses(m, t, p, n, c, greedy, lengths))
     cfg = load_config(None, ["eval.ks=[1,3]", "eval.correct_fn=final_answer", "eval.format_fn=format_final"])
     examples = [Example(prompt="a", ground_truth="7"), Example(prompt="b", ground_truth="9")]

@@ -92,7 +92,7 @@ def _with_env(samples: list[dict], episodes: list[dict]) -> list[dict]:
     """The samples, each with its trajectory's ``env_reward`` when the responses came from an environment."""
     if not episodes:
         return samples
-    return [{**s, "env_reward": e["env_reward"]} for s, e in zip(samples, episodes)]
+    return [{**s, "env_reward": e["env_reward"], "env_truncated": e["truncated"]} for s, e in zip(samples, episodes)]
 
 
 def _tool_use(episodes: list[dict]) -> dict[str, float]:

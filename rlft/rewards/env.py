@@ -2,8 +2,10 @@
 
 A multi-turn rollout (``env.name`` set) puts each trajectory's reward from its environment (the ``reward`` of
 its last ``Step`` that had one) in the sample as ``env_reward``; this term returns it, so it is weighted, logged
-as ``reward/env_reward/mean`` and combined with the run's other rewards like any of them. A trajectory whose
-environment gave no reward is unscorable for this term (None), never a silent 0.
+as ``reward/env_reward/mean`` and combined with the run's other rewards like any of them. A trajectory cut by a
+limit (turns, tokens) before the environment gave a verdict scores 0.0, as a game not finished is not won (and
+as an overlong single-turn response scores what its text earns); one that ended without any verdict is
+unscorable for this term (None), never a silent 0.
 
 ``env_turns`` is its step-level sibling: every reward the environment gave during the trajectory, each at the
 end of the policy turn it answered (the trajectory's ``turn_rewards``: ``(end_char, reward)``), for
@@ -25,8 +27,12 @@ def env_reward(completion: str, sample: Mapping) -> float | None:
     1.0
     >>> env_reward("42", {}) is None
     True
+    >>> env_reward("42", {"env_reward": None, "env_truncated": True})
+    0.0
     """
     value = sample.get("env_reward")
+    if value is None and sample.get("env_truncated"):
+        return 0.0  # cut by a limit before any verdict: a game not finished is not won
     return None if value is None else float(value)
 
 

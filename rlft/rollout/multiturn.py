@@ -390,7 +390,8 @@ def episode_metrics(episodes: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     if not episodes:
         return {}
     n = len(episodes)
-    rewarded = [e["env_reward"] for e in episodes if e["env_reward"] is not None]
+    rewarded = [e["env_reward"] if e["env_reward"] is not None else 0.0 for e in episodes  # cut before a verdict:
+                if e["env_reward"] is not None or (e["truncated"] and e["error"] is None)]  # not won
     calls = Counter()
     for e in episodes:
         calls.update(e["tools"])

@@ -237,7 +237,8 @@ def score(batch: Batch, examples: Sequence[Example], cfg: Config) -> ScoreResult
     lengths = batch.response_lengths.tolist()  # (B,) response tokens, for length-shaping rewards
     samples = [{**ex.to_mapping(), "num_tokens": lengths[i * G + j]} for i, ex in enumerate(examples) for j in range(G)]
     for sample, episode in zip(samples, batch.episodes):  # multi-turn: the environment's own verdicts
-        sample["env_reward"], sample["env_turn_rewards"] = episode["env_reward"], episode["turn_rewards"]
+        sample.update(env_reward=episode["env_reward"], env_turn_rewards=episode["turn_rewards"],
+                      env_truncated=episode["truncated"])
     scored = score_batch(batch.texts, samples, built(cfg.reward), cfg.reward.resolved_weights,
                          timeout_s=cfg.reward.timeout_s, group_size=G)
     lost = [bool(e["error"]) for e in batch.episodes] or [False] * len(batch)  # the environment failed them
