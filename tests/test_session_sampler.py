@@ -22,7 +22,7 @@ from rlft.rollout.hf import eos_ids, turn_sampler
 from rlft.rollout.multiturn import rollout_env
 from rlft.rollout.session import ContinuingSampler
 from numerics import FORWARD_DEPTH, assert_rounding_close, model_reduction_len, rounding_differs, rounding_tol
-from test_multiturn import assert_forward_logprobs
+from test_multiturn import TOOL_TEMPLATE, assert_forward_logprobs
 from test_rl_loop import _EosBias, model, naive_logprobs, tok  # noqa: F401  (fixtures)
 
 # Nested reductions a log-prob goes through per extra decoder layer (numerics.FORWARD_DEPTH counts one layer):
@@ -240,14 +240,6 @@ def test_only_rlft_sampler_keeps_caches(model, tok):
         assert not isinstance(turn_sampler(model, tok, **other), ContinuingSampler)
 
 
-TOOL_TEMPLATE = (  # tests/test_multiturn.py's: role markers, end of turn after the assistant, tool messages
-    "{% for m in messages %}"
-    "{% if m['role'] == 'user' %}<|user|>{{ m['content'] }}\n"
-    "{% elif m['role'] == 'assistant' %}<|assistant|>{{ m['content'] }}{{ eos_token }}\n"
-    "{% elif m['role'] == 'tool' %}<|tool|>{{ m['content'] }}\n"
-    "{% endif %}{% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
-)
 
 
 def test_a_rollout_runs_on_it_and_the_training_forward_gives_its_logprobs(model, tok, tiny_overrides, tmp_path,

@@ -170,6 +170,21 @@ def choose(logits: Tensor, *, temperature: float, top_k: int, top_p: float, gree
     return nxt, logp.gather(1, nxt[:, None]).squeeze(1)
 
 
+def record(t: int, nxt: Tensor, lp: Tensor, rows: Tensor, live: Tensor, tokens: Tensor, logps: Tensor,
+           lengths: Tensor, ended: Tensor, stop_ids: Tensor, pad_id: int) -> int:
+    """Write decode step ``t``'s tokens and log-probs into the (B, T) buffers at the batch's original ``rows``
+    (rows stopped earlier keep their padding), end the rows that drew a stop token (``live`` is updated in place,
+    their ``lengths`` and ``ended`` set); returns how many rows are still live."""
+    tokens[rows, t] = torch.where(live, nxt, pad_id)
+    logps[rows, t] = torch.where(live, lp, 0.0)
+    stopped = live & torch.isin(nxt, stop_ids)
+    if stopped.any():
+        lengths[rows[stopped]] = t + 1
+        ended[rows[stopped]] = True
+        live &= ~stopped
+    return int(live.sum())
+
+
 @torch.no_grad()
 def sample(model, prompts: list[list[int]], *, group_size: int, max_new_tokens: int, stops: list[int], pad_id: int,
            temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, greedy: bool = False) -> Sampled:
@@ -210,14 +225,7 @@ def sample(model, prompts: list[list[int]], *, group_size: int, max_new_tokens: 
     warped = top_k > 0 or top_p < 1.0
     for t in range(max_new_tokens):
         nxt, lp = choose(logits, temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy, warped=warped)
-        tokens[rows, t] = torch.where(live, nxt, pad_id)  # rows stopped earlier keep their padding
-        logps[rows, t] = torch.where(live, lp, 0.0)
-        stopped = live & torch.isin(nxt, stop_ids)
-        if stopped.any():
-            lengths[rows[stopped]] = t + 1
-            ended[rows[stopped]] = True
-            live &= ~stopped
-        n_live = int(live.sum())
+        n_live = record(t, nxt, lp, rows, live, tokens, logps, lengths, ended, stop_ids, pad_id)
         if n_live == 0 or t == max_new_tokens - 1:
             break
         if len(live) - n_live >= COMPACT_SHARE * len(live):

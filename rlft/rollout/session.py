@@ -50,7 +50,8 @@ from torch import Tensor
 from rlft.models.forward import returned_cache, with_cache
 from rlft.models.lora import core_model
 from rlft.rollout.batch import left_pad, right_pad
-from rlft.rollout.decode import COMPACT_SHARE, Sampled, choose, reserved_cache, sample, supports_fast_sampling
+from rlft.rollout.decode import (COMPACT_SHARE, Sampled, choose, record, reserved_cache, sample,
+                                 supports_fast_sampling)
 from rlft.rollout.lean import LeanDecoder
 
 # Contexts compared at once with the remembered rows when matching (bounds the (contexts, rows, tokens) table).
@@ -203,14 +204,7 @@ class ContinuingSampler:
         for t in range(max_new_tokens):
             nxt, lp = choose(logits, temperature=temperature, top_k=self.top_k, top_p=self.top_p,
                              greedy=self.greedy, warped=warped)
-            tokens[rows, t] = torch.where(live, nxt, pad_id)
-            logps[rows, t] = torch.where(live, lp, 0.0)
-            stopped = live & torch.isin(nxt, stop_ids)
-            if stopped.any():
-                lengths[rows[stopped]] = t + 1
-                ended[rows[stopped]] = True
-                live &= ~stopped
-            n_live = int(live.sum())
+            n_live = record(t, nxt, lp, rows, live, tokens, logps, lengths, ended, stop_ids, pad_id)
             if n_live == 0 or t == max_new_tokens - 1:
                 break
             if len(live) - n_live >= COMPACT_SHARE * len(live):
