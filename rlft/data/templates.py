@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 from rlft.data.schema import DataError, Example
 
 
-def prompt_text(example: Example, template: str, tokenizer) -> str:
-    """The text the model is conditioned on, before tokenisation."""
+def prompt_text(example: Example, template: str, tokenizer, tools: Sequence[dict] | None = None) -> str:
+    """The text the model is conditioned on, before tokenisation; ``tools``: function schemas the chat template
+    shows (``apply_chat_template(tools=...)``: a tool-calling model's system block), for ``template="chat"`` only."""
     messages = prompt_messages(example.prompt)
     if template == "chat":
         if not getattr(tokenizer, "chat_template", None):
             raise DataError("data.template='chat' but the tokenizer has no chat template; "
                             "use data.template=raw or a format string such as 'Question: {prompt}\\nAnswer:'")
-        return tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
+        shown = {"tools": list(tools)} if tools else {}
+        return tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True, **shown)
+    if tools:
+        raise DataError(f"data.template: tool schemas are shown through the chat template, not {template!r}; "
+                        f"use data.template=chat")
     text = "\n".join(m["content"] for m in messages)
     return text if template == "raw" else template.format(prompt=text)
 
@@ -26,12 +31,17 @@ def prompt_messages(prompt: str | Sequence[dict]) -> tuple[dict, ...]:
     return tuple(prompt)
 
 
-def encode_prompts(examples: Sequence[Example], template: str, tokenizer, max_tokens: int,
-                   where: str = "data") -> list[list[int]]:
-    """Token ids of every prompt; a prompt over ``max_tokens`` is an error naming its row."""
-    out = []
+def encode_prompts(examples: Sequence[Example], template: str, tokenizer, max_tokens: int, where: str = "data",
+                   tools: Callable[[Example], Sequence[dict] | None] | None = None) -> list[list[int]]:
+    """Token ids of every prompt; a prompt over ``max_tokens`` is an error naming its row. ``tools(example)``: the
+    function schemas that example's prompt shows (the environment's tools, ``rlft.insight.eval.prompt_tools``)."""
+    out, checked = [], False
     for i, ex in enumerate(examples):
-        ids = tokenizer(prompt_text(ex, template, tokenizer), add_special_tokens=False)["input_ids"]
+        shown = tools(ex) if tools else None
+        if shown and template == "chat" and not checked:
+            check_tools_shown(tokenizer, shown)
+            checked = True
+        ids = tokenizer(prompt_text(ex, template, tokenizer, shown), add_special_tokens=False)["input_ids"]
         if len(ids) > max_tokens:
             raise DataError(f"{where}, row {i}: prompt has {len(ids)} tokens, more than "
                             f"data.max_prompt_tokens={max_tokens}")
@@ -42,3 +52,13 @@ def encode_prompts(examples: Sequence[Example], template: str, tokenizer, max_to
 def encode_response(text: str, tokenizer) -> list[int]:
     """Reference response ids, ending with eos (what the model must learn to emit)."""
     return tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+
+
+def check_tools_shown(tokenizer, tools: Sequence[dict]) -> None:
+    """A DataError when the tokenizer's chat template ignores ``tools`` (renders a prompt the same with them as
+    without them): the model would be asked to call tools it is never shown."""
+    probe = [{"role": "user", "content": "?"}]
+    plain = tokenizer.apply_chat_template(probe, tokenize=False, add_generation_prompt=True)
+    if tokenizer.apply_chat_template(probe, tools=list(tools), tokenize=False, add_generation_prompt=True) == plain:
+        raise DataError("env.protocol: the tokenizer's chat template ignores tools= (it shows no tool schemas); use "
+                        "a model whose template renders tools (Qwen2.5, Hermes, Llama 3.1, ...) or env.protocol=text")

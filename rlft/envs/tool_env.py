@@ -1,23 +1,53 @@
-"""``ToolEnv`` (ENVS ``"tools"``): the model calls tools in the plain-text protocol of :mod:`rlft.envs.tools`.
+"""``ToolEnv`` (ENVS ``"tools"``): the model calls tools in the plain-text protocol of :mod:`rlft.envs.tools`
+(``protocol="text"``, the default) or in the chat template's own format, JSON in ``<tool_call>`` tags
+(``protocol="json"``, :mod:`rlft.envs.tool_json`; the prompt then shows the tools' schemas: :meth:`ToolEnv.schemas`).
 
-Each turn that holds a call is answered with the tool's ``<result>`` or an ``<error>`` and the episode goes on;
-the first turn without a call is the final answer: the episode ends with reward None, so the run's reward
-functions score the final text. A malformed call counts as a call (a model that only writes broken calls still
-ends), and once ``max_calls`` calls were made the next one is refused and ends the episode: an episode has at
-most ``max_calls + 1`` turns.
+Each turn that holds a call is answered (text: the tool's ``<result>`` or an ``<error>``; json: a message with the
+output of each call the turn holds, in order) and the episode goes on; the first turn without a call is the final
+answer: the episode ends with reward None, so the run's reward functions score the final text. A malformed call
+counts as a call (a model that only writes broken calls still ends), and once ``max_calls`` calls were made the
+next one is refused and ends the episode: an episode has at most ``max_calls + 1`` turns.
 
 ``info`` of every step: ``tool`` (the tool that ran, else None), ``error`` (the message the model read, else
-None), ``calls`` and ``errors`` (counts so far in this episode).
+None), ``calls`` and ``errors`` (counts so far in this episode). A json turn with several calls counts each in
+``calls`` and ``errors``; its ``tool`` is the last tool that ran and its ``error`` the first error.
 """
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from rlft.envs.base import ENVS, EpisodeOver, Step, check_int
-from rlft.envs.tools import MAX_CHARS, TOOLS, Call, Tool, ToolError, clip, parse_call, render_error, render_result
+from rlft.envs.tool_json import Answer, parse_calls, render_answers
+from rlft.envs.tools import (MAX_CHARS, TOOLS, Call, Tool, ToolError, clip, parse_call, render_error, render_result,
+                             schema)
+
+
+def _text_calls(text: str, tools: Mapping[str, Tool]) -> list[Call | ToolError]:
+    """The plain-text protocol's call (it reads one a turn: the call the text ends on) as a list."""
+    try:
+        call = parse_call(text, tools)
+    except ToolError as e:
+        return [ToolError(str(e) or "malformed call")]
+    return [] if call is None else [call]
+
+
+def _text_answer(answers: Sequence[Answer], max_chars: int) -> str:
+    (a,) = answers
+    return render_result(a.output, max_chars) if a.error is None else render_error(a.error, max_chars)
+
+
+class Protocol(NamedTuple):
+    """How calls are written: ``read(text, tools)`` gives a turn's calls in order (a :class:`ToolError` for one
+    that cannot be made), ``render(answers, max_chars)`` the observation answering them."""
+
+    read: Callable[[str, Mapping[str, Tool]], list[Call | ToolError]]
+    render: Callable[[Sequence[Answer], int], str]
+
+
+PROTOCOLS = {"text": Protocol(_text_calls, _text_answer), "json": Protocol(parse_calls, render_answers)}
 
 
 @ENVS.register("tools")
@@ -25,15 +55,24 @@ class ToolEnv:
     """Tools for one trajectory. ``tools``: names in ``TOOLS``, or mappings ``{"name": NAME, **parameters}``
     for factories that take parameters (``{"name": "lookup", "path": "docs.jsonl", "k": 3}``), checked against
     the factory's signature; ``max_calls``: calls allowed per episode; ``max_chars``: a result or error longer
-    than this is cut (marked ``...[cut]``)."""
+    than this is cut (marked ``...[cut]``); ``protocol``: ``text`` (``<call>NAME: ARGUMENTS</call>``) or ``json``
+    (``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``, the chat template's format)."""
 
     def __init__(self, tools: Sequence[str | Mapping[str, Any]] = ("calculator",), max_calls: int = 4,
-                 max_chars: int = MAX_CHARS):
+                 max_chars: int = MAX_CHARS, protocol: str = "text"):
         self.tools: dict[str, Tool] = {name: _build(name, params) for name, params in _tool_specs(tools)}
         self.max_calls = check_int("max_calls", max_calls, low=1)
         self.max_chars = check_int("max_chars", max_chars, low=1)
+        if not isinstance(protocol, str) or protocol not in PROTOCOLS:
+            raise ValueError(f"protocol: expected one of {', '.join(PROTOCOLS)}, got {protocol!r}")
+        self.protocol = protocol
         self.calls = self.errors = 0
         self.done = False
+
+    def schemas(self) -> list[dict[str, Any]] | None:
+        """The tools' function schemas for the prompt (``apply_chat_template(tools=...)``) under the json
+        protocol; None under the text protocol (its prompts say how to call, as the data writes them)."""
+        return [schema(t) for t in self.tools.values()] if self.protocol == "json" else None
 
     def reset(self, sample: Mapping[str, Any]) -> str | None:
         """A new episode; the tools need nothing from ``sample`` and add no first observation."""
@@ -42,38 +81,56 @@ class ToolEnv:
         return None
 
     def step(self, action_text: str) -> Step:
-        """Run the call ``action_text`` ends on, or end the episode when it holds none."""
+        """Answer the calls ``action_text`` holds, in order, or end the episode when it holds none."""
         if self.done:
             raise EpisodeOver("step after the episode ended; reset() starts a new one")
-        try:
-            call = parse_call(action_text, self.tools)
-        except ToolError as e:
-            return self._called(None, error=str(e) or "malformed call")
-        if call is None:
+        protocol = PROTOCOLS[self.protocol]
+        calls = protocol.read(action_text, self.tools)
+        if not calls:
             self.done = True
             return self._step(None, tool=None, error=None)
-        return self._called(call)
+        answers = []
+        for call in calls:
+            answers.append(self._answer(call))
+            if self.done:  # refused past max_calls: the calls after it are not run
+                break
+        ran = [a.tool for a in answers if a.tool is not None]
+        error = next((a.error for a in answers if a.error is not None), None)
+        return self._step(protocol.render(answers, self.max_chars), tool=ran[-1] if ran else None, error=error)
 
-    def _called(self, call: Call | None, error: str | None = None) -> Step:
-        """A call was attempted: refuse it past ``max_calls``, else count it and answer it."""
+    def _answer(self, call: Call | ToolError) -> Answer:
+        """A call was attempted: refuse it past ``max_calls`` (the episode ends), else count it and answer it."""
         if self.calls >= self.max_calls:
             self.done = True
             return self._failed(f"no calls left: at most {self.max_calls} per answer", None)
         self.calls += 1
-        if error is not None:
-            return self._failed(error, None)
+        if isinstance(call, ToolError):
+            return self._failed(str(call) or "malformed call", None)
         output, error = run(self.tools[call.name], call.arguments)
         if error is not None:
             return self._failed(error, call.name)
-        return self._step(render_result(output, self.max_chars), tool=call.name, error=None)
+        return Answer(call.name, output, None)
 
-    def _failed(self, message: str, tool: str | None) -> Step:
+    def _failed(self, message: str, tool: str | None) -> Answer:
         self.errors += 1
-        return self._step(render_error(message, self.max_chars), tool=tool, error=message)
+        return Answer(tool, "", message)
 
     def _step(self, observation: str | None, *, tool: str | None, error: str | None) -> Step:
         info = {"tool": tool, "error": error, "calls": self.calls, "errors": self.errors}
         return Step(observation, None, self.done, info)
+
+
+def shown_tools(make: Callable[..., Any], params: Mapping[str, Any]) -> list[dict[str, Any]] | None:
+    """The function schemas the environment ``make(**params)`` shows the model in its prompt: its ``schemas()``
+    (a ToolEnv with the json protocol); None when it shows none. Only a class with a ``schemas`` method is built
+    to ask (an environment of your own is never built for nothing).
+
+    >>> shown_tools(ToolEnv, {"protocol": "json"})[0]["function"]["name"], shown_tools(ToolEnv, {})
+    ('calculator', None)
+    """
+    if not callable(getattr(make, "schemas", None)):
+        return None
+    return make(**params).schemas()
 
 
 def run(tool: Tool, arguments: Mapping[str, Any]) -> tuple[str, str | None]:

@@ -191,23 +191,24 @@ def bind(tool: Tool, argument_text: str) -> dict[str, Any]:
     if not argument_text:
         arguments: dict[str, Any] = {}
     elif argument_text.startswith("{"):
-        arguments = _json_object(argument_text)
+        arguments = load_json(argument_text)
     else:
         arguments = {_text_parameter(tool): argument_text}
-    _check_arguments(tool, arguments)
+    check_arguments(tool, arguments)
     return arguments
 
 
-def _json_object(text: str) -> dict[str, Any]:
-    """The JSON object ``text`` (stripped, starting with ``{``: a dict whenever it parses) holds."""
+def load_json(text: str, what: str = "JSON arguments") -> Any:
+    """The JSON value ``text`` holds (a dict when ``text`` is stripped and starts with ``{``), else a
+    :class:`ToolError` ``bad {what}: ...``."""
     try:
         value = json.loads(text)
     except json.JSONDecodeError as e:
-        raise ToolError(f"bad JSON arguments: {e.msg} at char {e.pos}") from None
+        raise ToolError(f"bad {what}: {e.msg} at char {e.pos}") from None
     except RecursionError:
-        raise ToolError("bad JSON arguments: nested too deeply") from None
+        raise ToolError(f"bad {what}: nested too deeply") from None
     except ValueError as e:  # e.g. an integer past Python's digit limit
-        raise ToolError(f"bad JSON arguments: {str(e)[:60]}") from None
+        raise ToolError(f"bad {what}: {str(e)[:60]}") from None
     return value
 
 
@@ -220,7 +221,9 @@ def _text_parameter(tool: Tool) -> str:
     raise ToolError(f"{tool.name} takes JSON arguments: {{{names}}}")
 
 
-def _check_arguments(tool: Tool, arguments: Mapping[str, Any]) -> None:
+def check_arguments(tool: Tool, arguments: Mapping[str, Any]) -> None:
+    """A :class:`ToolError` unless ``arguments`` are names of ``tool``'s parameters, its required ones among them,
+    each of its schema's JSON type."""
     for key in arguments:
         if key not in tool.properties:
             takes = ", ".join(tool.properties) or "no arguments"

@@ -8,8 +8,9 @@ set's metrics at the top level (the keys every tool reads) and the others' under
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 from rlft.config import Config, ConfigError
 from rlft.config.insight import EvalSet, primary_name
@@ -18,10 +19,12 @@ from rlft.data.loaders import load_examples
 from rlft.data.schema import DataError, Example
 from rlft.data.synthetic import configured_task
 from rlft.data.templates import encode_prompts
+from rlft.envs.build import factory
+from rlft.envs.tool_env import shown_tools
 from rlft.rewards import score_batch
 from rlft.rewards.group import EXTRACTORS, answer_key
 from rlft.rollout.hf import generate, sampling_args
-from rlft.rollout.multiturn import rollout_env
+from rlft.rollout.multiturn import rollout_env, row_params
 
 
 def _responses(model, tokenizer, prompts: list[list[int]], examples: Sequence[Example], n: int, cfg: Config,
@@ -127,8 +130,41 @@ class HeldOut:
     def encode(self, tokenizer, cfg: Config) -> "HeldOut":
         """Tokenise the prompts (a prompt over data.max_prompt_tokens is an error naming the set and row)."""
         where = "eval data" if self.name == primary_name(cfg) else f"eval set {self.name!r}"
-        self.prompts = encode_prompts(self.examples, self.template, tokenizer, cfg.data.max_prompt_tokens, where)
+        self.prompts = encode_prompts(self.examples, self.template, tokenizer, cfg.data.max_prompt_tokens, where,
+                                      prompt_tools(cfg, self.template))
         return self
+
+
+def prompt_tools(cfg: Config, template: str) -> Callable[[Example], list[dict] | None] | None:
+    """What gives each prompt the function schemas of its environment's tools (``encode_prompts(tools=...)``):
+    those of the environment the rollout builds for that row (the configured one with the row's own parameters,
+    ``row_params``: a row's ``tools``); None when the environment shows none (``shown_tools``: only the tools
+    environment with ``protocol: json`` does). A ConfigError naming env.protocol when it shows some and
+    ``template`` is not the chat template (the schemas reach the model only through it)."""
+    e = cfg.env
+    make = factory(e.name, e.fn) if e.multi_turn else None
+    if make is None or not callable(getattr(make, "schemas", None)):
+        return None
+    cache: dict[str, list[dict] | None] = {}
+
+    def tools(example: Example) -> list[dict] | None:
+        params = {**e.kwargs, **row_params(example.to_mapping())}
+        key = json.dumps(params, sort_keys=True, default=repr)
+        if key not in cache:
+            cache[key] = _row_tools(make, params)
+        if cache[key] and template != "chat":
+            raise ConfigError(f"env.protocol: json shows the tools' schemas through the chat template; the prompts' "
+                              f"template must be chat, got {template!r}")
+        return cache[key]
+
+    return tools
+
+
+def _row_tools(make: Callable[..., Any], params: dict[str, Any]) -> list[dict] | None:
+    try:
+        return shown_tools(make, params)
+    except Exception:  # noqa: BLE001  a row's parameters the environment refuses cost its trajectory (env/errors)
+        return None
 
 
 def primary_set(cfg: Config, examples: list[Example]) -> HeldOut:

@@ -42,6 +42,7 @@ from rlft.config.sections import Config
 from rlft.data.schema import Example
 from rlft.data.templates import prompt_messages
 from rlft.envs.build import factory
+from rlft.envs.tool_env import shown_tools
 from rlft.models.lora import core_model
 from rlft.rewards import call_with_timeout
 from rlft.rollout.batch import Batch, left_pad, right_pad
@@ -97,10 +98,12 @@ class TurnLimits:
 
 
 class Renderer:
-    """Turns an observation into token ids (once) and keeps the chat messages the template renders."""
+    """Turns an observation into token ids (once) and keeps the chat messages the template renders; ``tools``:
+    the function schemas the prompts showed, passed to every rendering (``apply_chat_template(tools=...)``)."""
 
-    def __init__(self, tokenizer, chat: bool, role: str):
+    def __init__(self, tokenizer, chat: bool, role: str, tools: Sequence[dict] | None = None):
         self.tok, self.chat, self.role = tokenizer, chat and bool(getattr(tokenizer, "chat_template", None)), role
+        self.tools = {"tools": list(tools)} if tools else {}
         if self.chat:
             self._probe()
 
@@ -115,7 +118,7 @@ class Renderer:
                              f"assistant turn; use env.role=user, or a template with a {self.role!r} role")
 
     def _render(self, messages: list[dict], generation: bool) -> str:
-        return self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation)
+        return self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation, **self.tools)
 
     def encode(self, text: str) -> list[int]:
         return self.tok(text, add_special_tokens=False)["input_ids"]
@@ -166,7 +169,8 @@ def rollout_env(model, tokenizer, examples: Sequence[Example], prompts: list[lis
                                  [prompt_messages(ex.prompt) for ex in examples],
                                  make_env=functools.partial(_make_env, factory(e.name, e.fn), e.kwargs), limits=limits,
                                  group_size=group_size, sample_turn=run, stops=run.stops,
-                                 chat=cfg.data.template == "chat")
+                                 chat=cfg.data.template == "chat",
+                                 tools=shown_tools(factory(e.name, e.fn), e.kwargs))
     finally:
         model.train(was_training)
 
@@ -204,16 +208,17 @@ def model_positions(model) -> int:
 def multiturn_rollout(tokenizer, prompts: list[list[int]], samples: Sequence[Mapping[str, Any]],
                       messages: Sequence[Sequence[dict]], *, make_env: Callable[[Mapping[str, Any]], Any],
                       limits: TurnLimits, group_size: int, sample_turn: Callable[..., Any], stops: list[int],
-                      chat: bool) -> tuple[Batch, list[Trajectory]]:
+                      chat: bool, tools: Sequence[dict] | None = None) -> tuple[Batch, list[Trajectory]]:
     """Roll out ``group_size`` trajectories per prompt; rows ``[i*G, (i+1)*G)`` belong to prompt ``i``.
 
     ``make_env(sample)`` builds one trajectory's environment for its data row.
     ``sample_turn(contexts, group_size, max_new_tokens) -> Sampled`` samples one turn of every context (the
     configured backend); ``stops`` are the end-of-turn token ids; ``chat``: observations after an end of turn
-    go through the tokenizer's chat template.
+    go through the tokenizer's chat template, given ``tools`` (the function schemas the prompts showed) as the
+    prompts were.
     """
     G = group_size
-    render = Renderer(tokenizer, chat, limits.role)
+    render = Renderer(tokenizer, chat, limits.role, tools)
     stop_ids = [render.encode(s) for s in limits.stop]
     trajs, envs = [], []
     for i, prompt in enumerate(prompts):

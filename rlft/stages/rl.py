@@ -27,7 +27,7 @@ from pathlib import Path
 
 from rlft.config import Config
 from rlft.data.templates import encode_prompts
-from rlft.insight.eval import HeldOut, evaluate_sets, primary_set, without_examples
+from rlft.insight.eval import HeldOut, evaluate_sets, primary_set, prompt_tools, without_examples
 from rlft.models.lora import save_policy
 from rlft.models.loading import resolve_device
 from rlft.parallel.dist import current
@@ -80,7 +80,7 @@ def rl_stage(inp: StageInput) -> StageResult:
         echo(f"rlft: run {out_dir}  model {inp.model_dir} ({n_params / 1e6:.2f}M params{trains}) on "
              f"{resolve_device(cfg.model.device)}")
         train_prompts = encode_prompts(task.train, cfg.data.template, tokenizer, cfg.data.max_prompt_tokens,
-                                       "train data")
+                                       "train data", prompt_tools(cfg, cfg.data.template))
         held_out = [h.encode(tokenizer, cfg) for h in (primary_set(cfg, task.held_out), *task.sets)]
     echo(f"rlft: {len(task.train)} training prompts, {len(task.held_out)} held-out"
          + "".join(f", {len(h.examples)} in {h.name}" for h in task.sets)
