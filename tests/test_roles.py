@@ -14,7 +14,7 @@ pytest.importorskip("peft", reason="roles need the lora extra (pip install -e '.
 from rlft.config.sections import LoraConfig  # noqa: E402
 from rlft.models.loading import load_model  # noqa: E402
 from rlft.models.lora import AdaptersOff, add_lora, is_adapter_dir  # noqa: E402
-from rlft.models.roles import (acting, active_role, adapter_parameters, load_roles, role_parameters,  # noqa: E402
+from rlft.models.roles import (acting, active_role, adapter_parameters, base_dir, load_roles, role_parameters,  # noqa: E402
                                roles_of, save_roles, with_roles)
 from numerics import FORWARD_DEPTH, assert_rounding_close, rounding_differs  # noqa: E402
 
@@ -207,7 +207,7 @@ def test_saved_roles_load_back_tensor_equal_with_frozen_roles_frozen(tiny_model_
         recorded = json.loads((out / role / "adapter_config.json").read_text())["base_model_name_or_path"]
         assert recorded == str(tiny_model_dir)
 
-    loaded = load_roles(None, out)  # the base the adapters record, every role as saved
+    loaded = load_roles(load_model(base_dir(out)), out)  # the base the adapters record, every role as saved
     assert roles_of(loaded) == roles_of(model) and active_role(loaded) == "solver"
     for role in ROLES:
         mine, theirs = adapter_parameters(model, role), adapter_parameters(loaded, role)
@@ -262,4 +262,4 @@ def test_bad_roles_are_refused_with_the_reason(tiny_model_dir, make, match):
 def test_loading_a_role_that_was_not_saved_names_the_saved_ones(tiny_model_dir, tmp_path):
     out = save_roles(two_roles(tiny_model_dir), tmp_path / "roles")
     with pytest.raises(ValueError, match=r"role 'critic': no adapter at .*\['solver', 'verifier'\]"):
-        load_roles(str(tiny_model_dir), out, roles=["solver", "critic"])
+        load_roles(load_model(str(tiny_model_dir)), out, roles=["solver", "critic"])

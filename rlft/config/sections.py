@@ -20,6 +20,7 @@ import yaml
 
 from rlft.config.algo import AlgoConfig, CriticConfig
 from rlft.config.env import EnvConfig
+from rlft.config.roles import RolesConfig
 from rlft.config.checks import _check, plain, template_problem
 from rlft.config.insight import EvalConfig, HealthConfig, LogConfig
 from rlft.config.reward import RewardConfig
@@ -247,6 +248,7 @@ class Config:
     critic: CriticConfig = field(default_factory=CriticConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
+    roles: RolesConfig = field(default_factory=RolesConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
     rm: RMConfig = field(default_factory=RMConfig)
@@ -265,9 +267,25 @@ class Config:
                "needs data.ptx_source (the pretraining texts)")
         _check(self.critic.pretrain_steps == 0 or self.algo.needs_critic, "critic.pretrain_steps",
                f"needs a critic, but algo.advantage={self.algo.advantage!r} uses none (gae does)")
+        if self.roles.multi_agent:
+            self._check_roles()
         n_rm = sum(t.name == "reward_model" for t in self.reward.fns)
         _check(not self.rm.refresh_every or n_rm == 1, "rm.refresh_every",
                f"retrains the reward_model reward, so reward.fns needs exactly one reward_model entry, found {n_rm}")
+
+    def _check_roles(self) -> None:
+        """What several roles on one base need from the other sections."""
+        names = list(self.roles.names)
+        _check(self.env.multi_turn, "roles", f"{names} take turns in an environment's episodes: set env.name")
+        _check(self.lora.rank > 0, "roles", f"{names}: each role is a LoRA adapter on the base; set lora.rank > 0")
+        _check(self.lora.save == "adapter", "lora.save", "with roles, each role's adapter is saved (merged would "
+               "fold every role into one model); use lora.save=adapter")
+        _check(self.algo.advantage != "process", "algo.advantage", "process (step rewards) does not take roles: "
+               "each role's reward is one number per episode")
+        _check(not (self.algo.advantage == "reinforce" and self.algo.baseline == "ema"), "algo.baseline",
+               "ema keeps one moving baseline for the run, not one per role; use batch_mean or none with roles")
+        _check(not self.rm.refresh_every, "rm.refresh_every", "refreshes one reward model from one policy's "
+               "rollouts; it does not take roles")
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from rlft.data.schema import Example
+from rlft.envs.review import ASK
 from rlft.registry import Registry
 from rlft.rewards.chain import chain_steps_of
 
@@ -51,7 +52,17 @@ class Game:
     first_move: str
 
 
-Problem = tuple[str, int] | tuple[str, int, str] | Game  # (question, answer[, working lines of the reference])
+@dataclass(frozen=True)
+class Dialogue:
+    """A demonstration whose prompt is a whole conversation (the chat's messages, ending with the one to answer)
+    and whose reference response is the next assistant message."""
+
+    messages: tuple[dict, ...]
+    answer: int
+    response: str
+
+
+Problem = tuple[str, int] | tuple[str, int, str] | Game | Dialogue  # (question, answer[, working lines]) or others
 TaskFn = Callable[[random.Random, int, int, str], list[Problem]]
 SYNTHETIC_TASKS: Registry[TaskFn] = Registry("synthetic task")
 
@@ -141,6 +152,28 @@ def guess(rng: random.Random, n: int, max_operand: int, ops: str) -> list[Proble
     return [Game(f"Guess my number from 1 to {max_operand}.", s, str(f)) for s, f in zip(secrets, firsts)]
 
 
+@SYNTHETIC_TASKS.register("review")
+def review(rng: random.Random, n: int, max_operand: int, ops: str) -> list[Problem]:
+    """The warm-up of the ``review`` environment's two roles (recipes/multiagent_demo.yaml): ``max``'s problems
+    (the same for the same seed), each either a solver's demonstration (the question, answered ``#### m``) or,
+    half of the time, a verifier's (the question, an answer, the environment's question ``ASK``, answered yes
+    or no). The answer judged is wrong half of the time: another of the question's numbers, or the right one
+    moved by 1 to 9."""
+    out: list[Problem] = []
+    for question, truth in max_of_three(rng, n, max_operand, ops):
+        if rng.random() < 0.5:
+            out.append((question, truth))
+            continue
+        right = rng.random() < 0.5
+        others = [int(x) for x in question[4:-3].split(",") if int(x) != truth]
+        near = [truth + d for d in (*range(-9, 0), *range(1, 10)) if 0 <= truth + d <= max_operand]
+        shown = truth if right else rng.choice(others if others and rng.random() < 0.5 else near)
+        messages = ({"role": "user", "content": f"{question} {INSTRUCTION}"},
+                    {"role": "assistant", "content": f"#### {shown}"}, {"role": "user", "content": ASK})
+        out.append(Dialogue(messages, truth, "yes" if right else "no"))
+    return out
+
+
 @SYNTHETIC_TASKS.register("chain")
 def chain(rng: random.Random, n: int, max_operand: int, ops: str) -> list[Problem]:
     _check_space((max_operand + 1) ** (CHAIN_OPS + 1) * len(ops) ** CHAIN_OPS // 2, n, "chain")
@@ -166,7 +199,8 @@ def synthetic_task(task: str, *, n_train: int, n_eval: int, max_operand: int = 9
                    seed: int = 0) -> tuple[list[Example], list[Example]]:
     """Disjoint (train, eval) lists of problems of the named task."""
     problems = SYNTHETIC_TASKS.get(task)(random.Random(seed), n_train + n_eval, max_operand, ops)
-    examples = [_game(p, index=i, task=task) if isinstance(p, Game) else _example(*p, index=i, task=task)
+    examples = [_game(p, index=i, task=task) if isinstance(p, Game) else
+                _dialogue(p, index=i, task=task) if isinstance(p, Dialogue) else _example(*p, index=i, task=task)
                 for i, p in enumerate(problems)]
     return examples[:n_train], examples[n_train:]
 
@@ -192,3 +226,8 @@ def _example(question: str, answer: int, working: str = "", *, index: int, task:
 def _game(game: Game, *, index: int, task: str) -> Example:
     return Example(prompt=({"role": "user", "content": game.question},), ground_truth=str(game.secret),
                    data_source=f"rlft/{task}", response=game.first_move, extra={"index": index})
+
+
+def _dialogue(d: Dialogue, *, index: int, task: str) -> Example:
+    return Example(prompt=d.messages, ground_truth=str(d.answer), data_source=f"rlft/{task}", response=d.response,
+                   extra={"index": index})

@@ -54,8 +54,8 @@ def check_model_path(path: str, key: str = "model") -> None:
     if p.exists():
         if not p.is_dir():
             raise ConfigError(f"{key}: {path} is a file, not a model directory")
-        if not ((p / "config.json").is_file() or (p / "adapter_config.json").is_file()):
-            raise ConfigError(f"{key}: {path} holds no model (no config.json or adapter_config.json)")
+        if not any((p / name).is_file() for name in ("config.json", "adapter_config.json", "roles.json")):
+            raise ConfigError(f"{key}: {path} holds no model (no config.json, adapter_config.json or roles.json)")
     elif p.is_absolute() or path.startswith((".", "~")) or path.count("/") > 1:
         raise ConfigError(f"{key}: {path}: no such directory")
 
@@ -63,17 +63,22 @@ def check_model_path(path: str, key: str = "model") -> None:
 def load_policy(path: str, m) -> tuple:
     """(model, tokenizer) at ``path``, loaded as the ``model`` configuration section ``m`` says.
 
-    A directory of LoRA adapters (``adapter_config.json``) is loaded onto its base model and merged into it."""
+    A directory of LoRA adapters (``adapter_config.json``) is loaded onto its base model and merged into it; one of
+    roles (``roles.json``, rlft.models.roles.save_roles) onto its base with every role's adapter kept apart."""
     from rlft.models.lora import adapter_base, is_adapter_dir, load_adapters
+    from rlft.models.roles import base_dir, is_roles_dir, load_roles
 
     check_model_path(path)
     path = str(Path(path).resolve()) if Path(path).is_dir() else path  # adapters record their base by this path
     tok = load_tokenizer(path, m.trust_remote_code)
-    adapters = is_adapter_dir(path)
-    model = load_model(adapter_base(path) if adapters else path, dtype=m.dtype, device=resolve_device(m.device),
+    adapters, roles = is_adapter_dir(path), is_roles_dir(path)
+    base = adapter_base(path) if adapters else base_dir(path) if roles else path
+    model = load_model(base, dtype=m.dtype, device=resolve_device(m.device),
                        attn_implementation=m.attn_implementation, trust_remote_code=m.trust_remote_code)
     if adapters:
         model = load_adapters(model, path, trainable=False).merge_and_unload()
+    elif roles:  # several roles on one base (multi-agent): each keeps its adapter, the first one active
+        model = load_roles(model, path)
     return model, tok
 
 

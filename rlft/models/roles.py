@@ -12,7 +12,8 @@
 * ``role_parameters(model)``: each unfrozen role's adapter parameters, for ONE optimizer over every trained role.
 * ``save_roles(model, path)`` writes each role's adapter in PEFT's format into ``path/<role>/`` (its
   ``adapter_config.json`` records the base model's path, as PEFT does) and ``roles.json`` (the roles in order, the
-  frozen ones); ``load_roles(base, path)`` puts them back onto the base, tensor for tensor. Writing the directory
+  frozen ones); ``load_roles(base, path)`` puts them back onto the base, tensor for tensor
+  (``rlft.models.loading.load_policy(path, ...)`` loads the base and the roles at once). Writing the directory
   whole (a temporary sibling, renamed) is left to the caller, as rlft.runs.checkpoint does for a checkpoint.
 * The reference policy of a KL term stays the base: ``AdaptersOff(model)`` (rlft.models.lora) disables every
   adapter at once.
@@ -31,11 +32,10 @@ import re
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 
-from rlft.models.loading import load_model
 from rlft.models.lora import adapter_base, core_model, is_adapter_dir, is_peft, peft_lora_config
 
 MANIFEST = "roles.json"
@@ -106,6 +106,43 @@ def active_role(model) -> str:
     return model.active_adapter
 
 
+def has_roles(model) -> bool:
+    """Whether ``model`` carries roles (``with_roles`` or ``load_roles``)."""
+    return getattr(model, "_rlft_roles", None) is not None
+
+
+def by_role(model, token_roles: torch.Tensor, forward: Callable[[torch.Tensor], tuple[torch.Tensor, ...]]
+            ) -> tuple[torch.Tensor | None, ...]:
+    """Per-token outputs of a batch whose tokens different roles wrote, each token's from its own role's pass.
+
+    ``token_roles`` (B, T): the index (in ``roles_of(model).names``) of the role that wrote each token, -1 for
+    none; ``forward(rows)`` runs the model over the batch's rows ``rows`` (a 1-D index) and returns tensors of
+    shape (len(rows), T) (None entries pass through as None). It runs once per role that wrote a token, under that
+    role's adapter and on the rows where it did; each output is then the sum over roles of the role's values at
+    its own tokens (0 where no role wrote), so gradients reach each role's adapter through its tokens only."""
+    names = roles_of(model).names
+    out: list[torch.Tensor | None] | None = None
+    for k, name in enumerate(names):
+        mine = token_roles == k  # (B, T)
+        rows = mine.any(1).nonzero().squeeze(1)  # (b,)
+        if not len(rows):
+            continue
+        with acting(model, name):
+            parts = forward(rows)
+        if out is None:
+            out = [None if p is None else torch.zeros((len(token_roles), *p.shape[1:]), dtype=p.dtype,
+                                                      device=p.device) for p in parts]
+        for j, p in enumerate(parts):
+            if p is not None:
+                keep = mine[rows].to(p.device)  # (b, T)
+                out[j] = out[j].index_add(0, rows.to(p.device), torch.where(keep, p, torch.zeros_like(p)))
+    if out is None:  # no role wrote a token: every output is zero, from one pass of the first role
+        with acting(model, names[0]):
+            parts = forward(torch.arange(len(token_roles)))
+        out = [None if p is None else p * 0 for p in parts]
+    return tuple(out)
+
+
 def role_parameters(model) -> dict[str, list[torch.nn.Parameter]]:
     """Each unfrozen role's adapter parameters (frozen roles have no entry), in the order of ``roles_of(model)``:
     ``torch.optim.AdamW([p for ps in role_parameters(m).values() for p in ps])`` trains every role at once, or
@@ -140,12 +177,11 @@ def save_roles(model, path: str | Path) -> Path:
     return path
 
 
-def load_roles(base, path: str | Path, roles: Sequence[str] | None = None, frozen: Sequence[str] | None = None,
-               **load_kwargs):
-    """The roles saved at ``path`` on a base model: ``base`` is the plain model itself, its directory, or None for
-    the directory the first role's adapter records. ``roles``: which to load and in what order (None: all, as
-    saved); ``frozen``: which of them are frozen (None: those saved frozen). ``load_kwargs`` go to
-    rlft.models.loading.load_model when the base is loaded here."""
+def load_roles(base, path: str | Path, roles: Sequence[str] | None = None, frozen: Sequence[str] | None = None):
+    """The roles saved at ``path`` on ``base``, the plain base model (``base_dir(path)`` names the directory the
+    saved adapters record; rlft.models.loading.load_policy loads a saved roles directory whole). ``roles``: which
+    to load and in what order (None: all, as saved); ``frozen``: which of them are frozen (None: those saved
+    frozen)."""
     from peft import PeftModel
 
     path = Path(path)
@@ -160,15 +196,26 @@ def load_roles(base, path: str | Path, roles: Sequence[str] | None = None, froze
         if not is_adapter_dir(path / role):
             raise ValueError(f"role {role!r}: no adapter at {path / role} (roles saved there: "
                              f"{sorted(p.name for p in path.iterdir() if is_adapter_dir(p)) if path.is_dir() else []})")
-    if base is None or isinstance(base, (str, Path)):
-        base = load_model(str(base or adapter_base(path / roles[0])), **load_kwargs)
-    elif is_peft(base):
+    if is_peft(base):
         raise ValueError("load_roles: the base model already has PEFT adapters; give it the plain base model")
     spec = _checked(roles, frozen, core_model(base))
     model = PeftModel.from_pretrained(base, str(path / spec.names[0]), adapter_name=spec.names[0], is_trainable=True)
     for role in spec.names[1:]:
         model.load_adapter(str(path / role), adapter_name=role, is_trainable=True)
     return _hold(model, spec)
+
+
+def is_roles_dir(path: str | Path) -> bool:
+    """Whether ``path`` holds roles saved by ``save_roles`` (its ``roles.json``)."""
+    return (Path(path) / MANIFEST).is_file()
+
+
+def base_dir(path: str | Path) -> str:
+    """The base model directory the roles saved at ``path`` were trained on (their first adapter records it)."""
+    saved = _manifest(Path(path))
+    if saved is None:
+        raise ValueError(f"{path}: no {MANIFEST}: not a directory of roles")
+    return adapter_base(Path(path) / saved.names[0])
 
 
 def _manifest(path: Path) -> Roles | None:

@@ -31,6 +31,7 @@ def validate(cfg: Config) -> Config:
         value = getattr(cfg.algo, key)
         _check(value in reg, f"algo.{key}", f"unknown {value!r}; allowed: {', '.join(reg.names())}")
     _check_task(cfg.data.source, "data.source")
+    _check_task(cfg.sft.source, "sft.source")
     _check_rewards(cfg)
     _check_eval(cfg)
     _check(cfg.prm.labels in REWARDS and is_step_level(REWARDS.factory(cfg.prm.labels)), "prm.labels",

@@ -16,6 +16,9 @@ import torch
 from torch import Tensor
 
 
+ROW_TABLES = ("role_scores",)  # 2-D fields with one row per sequence and no token columns
+
+
 @dataclass
 class Batch:
     prompt_ids: Tensor  # (B, Tp) left-padded
@@ -38,6 +41,8 @@ class Batch:
     correct: Tensor | None = None  # (B,) bool: eval.correct_fn's verdict (reward-hacking metrics, RM refresh)
     env_mask: Tensor | None = None  # (B, T) 1 on response tokens an environment wrote (multi-turn), else None
     episodes: list[dict] = field(default_factory=list)  # multi-turn: one record per row (Trajectory.record), else []
+    roles: Tensor | None = None  # (B, T) multi-agent: index of the role that wrote each response token, -1 elsewhere
+    role_scores: Tensor | None = None  # (B, R) multi-agent: each role's reward, NaN where unscorable
 
     def __len__(self) -> int:
         return self.prompt_ids.shape[0]
@@ -55,6 +60,9 @@ class Batch:
         if self.env_mask is None:
             return self.response_mask
         return self.response_mask * (1 - self.env_mask)
+
+    def role_mask(self, role: int) -> Tensor:  # (B, T) 1 on the tokens role ``role`` sampled (multi-agent)
+        return self.action_mask * (self.roles == role)
 
     @property
     def response_lengths(self) -> Tensor:  # (B,) tokens the policy sampled (an environment's are not counted)
@@ -83,7 +91,7 @@ class Batch:
         out = {}
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
-            if isinstance(v, Tensor) and v.dim() == 2:
+            if isinstance(v, Tensor) and v.dim() == 2 and f.name not in ROW_TABLES:
                 v = v[:, full_tp - tp:] if f.name.startswith("prompt") else v[:, :t]
             out[f.name] = v
         return Batch(**out)
@@ -133,10 +141,11 @@ def cat_batches(batches: list[Batch]) -> Batch:
         vals = [getattr(b, f.name) for b in batches]
         if f.name in out or not all(isinstance(v, Tensor) for v in vals):
             continue
-        if vals[0].dim() == 1:
+        if vals[0].dim() == 1 or f.name in ROW_TABLES:
             out[f.name] = torch.cat(vals)
         elif f.name.startswith("prompt"):
             out[f.name] = torch.cat([torch.nn.functional.pad(v, (tp - v.shape[1], 0)) for v in vals])
-        else:
-            out[f.name] = torch.cat([torch.nn.functional.pad(v, (0, t - v.shape[1])) for v in vals])
+        else:  # token columns; a role index pads with -1 (no role)
+            fill = -1 if f.name == "roles" else 0
+            out[f.name] = torch.cat([torch.nn.functional.pad(v, (0, t - v.shape[1]), value=fill) for v in vals])
     return Batch(**out)

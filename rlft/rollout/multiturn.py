@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -44,6 +45,7 @@ from rlft.data.templates import prompt_messages
 from rlft.envs.build import factory
 from rlft.envs.tool_env import shown_tools
 from rlft.models.lora import core_model
+from rlft.models.roles import acting
 from rlft.rewards import call_with_timeout
 from rlft.rollout.batch import Batch, left_pad, right_pad
 from rlft.rollout.hf import turn_sampler
@@ -71,6 +73,9 @@ class Trajectory:
     malformed: int = 0  # calls that named no tool it has, or could not be read
     turn_rewards: list[tuple[int, float]] = field(default_factory=list)  # (index in ids of a turn's end, reward)
     open_turn: list[int] = field(default_factory=list)  # tokens of the assistant message still being written
+    role: list[int] = field(default_factory=list)  # per token of ids: the index of the role that wrote it, -1: env
+    next_role: int = 0  # the role that writes the next turn (multi-agent; always 0 with one policy)
+    role_rewards: dict[str, float] = field(default_factory=dict)  # each role's verdict from the environment
 
     def record(self, tokenizer) -> dict:
         """What samples, metrics, rewards and reports keep of this trajectory (plain data); ``turn_rewards`` as
@@ -78,12 +83,43 @@ class Trajectory:
         ends = [(len(tokenizer.decode(self.ids[:k + 1], skip_special_tokens=True)), r) for k, r in self.turn_rewards]
         return {"turns": self.turns, "truncated": self.truncated, "error": self.error, "env_reward": self.reward,
                 "turn_rewards": ends, "tools": dict(self.tools), "tool_errors": self.tool_errors,
-                "malformed_calls": self.malformed, "segments": list(self.segments)}
+                "malformed_calls": self.malformed, "segments": list(self.segments),
+                "role_rewards": dict(self.role_rewards)}
 
     def text(self, tokenizer) -> str:
         """What the rewards score: the whole response as written (the policy's turns and the environment's
         tokens, chat-template markup included), decoded as a single-turn completion is."""
         return tokenizer.decode(self.ids, skip_special_tokens=True)
+
+    def role_text(self, role: str) -> str:
+        """Role ``role``'s answer: its last turn (``role_text``)."""
+        return role_text(self.segments, role)
+
+    def add(self, ids: list[int], who: str, text: str, logp: list[float] | None = None, role: int = -1,
+            role_name: str | None = None) -> None:
+        """Append a segment: ``ids`` the policy sampled (``who="policy"``, with their ``logp`` and ``role``) or
+        the environment wrote (``who="env"``; no ids: shown in samples and reports, never trained on)."""
+        policy = who == "policy"
+        self.ids += ids
+        self.env += [0 if policy else 1] * len(ids)
+        self.logp += logp if policy else [0.0] * len(ids)
+        self.role += [role if policy else -1] * len(ids)
+        segment = {"who": who, "text": text, "tokens": len(ids)}
+        if role_name is not None:
+            segment["role"] = role_name
+        self.segments.append(segment)
+
+
+def role_text(segments: Sequence[Mapping[str, Any]], role: str) -> str:
+    """Role ``role``'s answer in a trajectory's ``segments``: the last turn it wrote ("" when none). In a
+    multi-agent episode a role's earlier turns are drafts the other roles answered; its last is what it stands by,
+    and what the run's reward functions and the held-out rule read.
+
+    >>> role_text([{"who": "policy", "role": "a", "text": "#### 1"}, {"who": "env", "text": "?"},
+    ...            {"who": "policy", "role": "b", "text": "no"}, {"who": "policy", "role": "a", "text": "#### 2"}], "a")
+    '#### 2'
+    """
+    return next((s["text"] for s in reversed(segments) if s["who"] == "policy" and s.get("role") == role), "")
 
 
 @dataclass(frozen=True)
@@ -156,9 +192,15 @@ def rollout_env(model, tokenizer, examples: Sequence[Example], prompts: list[lis
                 ) -> tuple[Batch, list[Trajectory]]:
     """The configured environment's trajectories for ``examples`` (whose prompt ids are ``prompts``)."""
     e, r = cfg.env, cfg.rollout
-    run = turn_sampler(model, tokenizer, temperature=r.temperature if temperature is None else temperature,
-                       top_p=r.top_p, top_k=r.top_k, greedy=greedy, sampler=r.sampler,
-                       sampler_options=r.sampler_options, continuing=True)
+
+    def sampler():
+        return turn_sampler(model, tokenizer, temperature=r.temperature if temperature is None else temperature,
+                            top_p=r.top_p, top_k=r.top_k, greedy=greedy, sampler=r.sampler,
+                            sampler_options=r.sampler_options, continuing=True)
+
+    roles = cfg.roles.names
+    run = sampler()
+    turns = {role: acting_as(model, role, sampler()) for role in roles} if roles else run  # a cache per role
     limits = TurnLimits(max_turns=e.max_turns, max_tokens=e.max_tokens or model_positions(model),
                         max_new_tokens=e.max_new_tokens or r.max_new_tokens, deadline_s=e.deadline_s,
                         max_observation_chars=e.max_observation_chars, role=e.role, stop=e.stop)
@@ -168,11 +210,21 @@ def rollout_env(model, tokenizer, examples: Sequence[Example], prompts: list[lis
         return multiturn_rollout(tokenizer, prompts, [ex.to_mapping() for ex in examples],
                                  [prompt_messages(ex.prompt) for ex in examples],
                                  make_env=functools.partial(_make_env, factory(e.name, e.fn), e.kwargs), limits=limits,
-                                 group_size=group_size, sample_turn=run, stops=run.stops,
-                                 chat=cfg.data.template == "chat",
+                                 group_size=group_size, sample_turn=turns, stops=run.stops,
+                                 chat=cfg.data.template == "chat", roles=roles,
                                  tools=shown_tools(factory(e.name, e.fn), e.kwargs))
     finally:
         model.train(was_training)
+
+
+def acting_as(model, role: str, run: Callable[..., Any]) -> Callable[..., Any]:
+    """``run`` (a turn sampler of ``model``) sampling under ``role``'s adapter (rlft.models.roles.acting). Each role
+    has a sampler of its own: a KV cache kept between turns holds what one role's weights computed."""
+    def turn(*args):
+        with acting(model, role):
+            return run(*args)
+
+    return turn
 
 
 def _make_env(make: Callable[..., Any], params: Mapping[str, Any], sample: Mapping[str, Any]) -> Any:
@@ -207,8 +259,9 @@ def model_positions(model) -> int:
 
 def multiturn_rollout(tokenizer, prompts: list[list[int]], samples: Sequence[Mapping[str, Any]],
                       messages: Sequence[Sequence[dict]], *, make_env: Callable[[Mapping[str, Any]], Any],
-                      limits: TurnLimits, group_size: int, sample_turn: Callable[..., Any], stops: list[int],
-                      chat: bool, tools: Sequence[dict] | None = None) -> tuple[Batch, list[Trajectory]]:
+                      limits: TurnLimits, group_size: int, sample_turn: Callable[..., Any] | Mapping[str, Callable],
+                      stops: list[int], chat: bool, roles: Sequence[str] = (), tools: Sequence[dict] | None = None
+                      ) -> tuple[Batch, list[Trajectory]]:
     """Roll out ``group_size`` trajectories per prompt; rows ``[i*G, (i+1)*G)`` belong to prompt ``i``.
 
     ``make_env(sample)`` builds one trajectory's environment for its data row.
@@ -216,10 +269,15 @@ def multiturn_rollout(tokenizer, prompts: list[list[int]], samples: Sequence[Map
     configured backend); ``stops`` are the end-of-turn token ids; ``chat``: observations after an end of turn
     go through the tokenizer's chat template, given ``tools`` (the function schemas the prompts showed) as the
     prompts were.
+
+    ``roles`` (multi-agent): the roles that take turns, in order (turn k of a trajectory is ``roles[k % R]``
+    unless the environment's step names the next one, ``info["next_role"]``); ``sample_turn`` then maps each
+    role to its own sampler, and ``info["role_rewards"]`` (role -> reward) records each role's verdict.
     """
     G = group_size
     render = Renderer(tokenizer, chat, limits.role, tools)
     stop_ids = [render.encode(s) for s in limits.stop]
+    samplers = [sample_turn[r] for r in roles] if roles else [sample_turn]
     trajs, envs = [], []
     for i, prompt in enumerate(prompts):
         for _ in range(G):
@@ -230,8 +288,6 @@ def multiturn_rollout(tokenizer, prompts: list[list[int]], samples: Sequence[Map
     first, exact = True, True  # exact: every turn came with the sampler's log-probs
     while True:
         live = [r for r, tr in enumerate(trajs) if not tr.done]
-        if not live:
-            break
         budgets = {r: min(limits.max_new_tokens, limits.max_tokens - len(trajs[r].prompt) - len(trajs[r].ids))
                    for r in live}
         for r in [r for r in live if budgets[r] < 1]:
@@ -239,19 +295,23 @@ def multiturn_rollout(tokenizer, prompts: list[list[int]], samples: Sequence[Map
         live = [r for r in live if budgets[r] >= 1]
         if not live:
             break
-        width = max(budgets[r] for r in live)
-        shared = first and len(live) == len(trajs) and all(
-            trajs[r].ids == trajs[r - r % G].ids for r in live)  # a group's rows share the prompt's prefill
-        contexts = [trajs[r].prompt + trajs[r].ids for r in (live[::G] if shared else live)]
-        s = sample_turn(contexts, G if shared else 1, width)
-        exact = exact and s.logprobs is not None
-        for k, r in enumerate(live):
-            n = int(s.response_mask[k].sum())
-            ids = s.response_ids[k, :n].tolist()
-            logp = s.logprobs[k, :n].tolist() if s.logprobs is not None else [0.0] * n
-            _turn(trajs[r], envs[r], ids, logp, budgets[r], stops, stop_ids, limits, render, tokenizer)
+        turn_of = [[r for r in live if trajs[r].next_role == k] for k in range(len(samplers))]  # fixed first
+        for run, rows in zip(samplers, turn_of):  # each role samples the rows whose turn it is, with its weights
+            if not rows:
+                continue
+            width = max(budgets[r] for r in rows)
+            shared = first and len(rows) == len(trajs) and all(
+                trajs[r].ids == trajs[r - r % G].ids for r in rows)  # a group's rows share the prompt's prefill
+            s = run([trajs[r].prompt + trajs[r].ids for r in (rows[::G] if shared else rows)], G if shared else 1,
+                    width)
+            exact = exact and s.logprobs is not None
+            for j, r in enumerate(rows):
+                n = int(s.response_mask[j].sum())
+                ids = s.response_ids[j, :n].tolist()
+                logp = s.logprobs[j, :n].tolist() if s.logprobs is not None else [0.0] * n
+                _turn(trajs[r], envs[r], ids, logp, budgets[r], stops, stop_ids, limits, render, tokenizer, roles)
         first = False
-    return _batch(trajs, tokenizer, G, exact), trajs
+    return _batch(trajs, tokenizer, G, exact, roles), trajs
 
 
 def _start(tr: Trajectory, make_env: Callable[[Mapping[str, Any]], Any], sample: Mapping[str, Any], limits: TurnLimits,
@@ -266,22 +326,19 @@ def _start(tr: Trajectory, make_env: Callable[[Mapping[str, Any]], Any], sample:
         return None
     if first is not None and render.chat:  # the opening message gains it: the prompt is re-rendered, unsampled
         tr.prompt = render.opening(tr, first)
-        tr.segments.append({"who": "env", "text": first, "tokens": 0})
+        tr.add([], "env", first)
     elif first is not None:
         ids = render.encode(first)
         if len(tr.prompt) + len(ids) >= limits.max_tokens:  # no room for a turn after it: shown, not trained on
             tr.done = tr.truncated = True
-            tr.segments.append({"who": "env", "text": first, "tokens": 0})
+            tr.add([], "env", first)
             return env
-        tr.ids += ids
-        tr.env += [1] * len(ids)
-        tr.logp += [0.0] * len(ids)
-        tr.segments.append({"who": "env", "text": first, "tokens": len(ids)})
+        tr.add(ids, "env", first)
     return env
 
 
 def _turn(tr: Trajectory, env: Any, ids: list[int], logp: list[float], budget: int, stops: list[int],
-          stop_ids: list[list[int]], limits: TurnLimits, render: Renderer, tokenizer) -> None:
+          stop_ids: list[list[int]], limits: TurnLimits, render: Renderer, tokenizer, roles: Sequence[str]) -> None:
     """Append one sampled turn of ``tr`` (cut at its end), let the environment answer, append the answer."""
     ends = [k + 1 for k, t in enumerate(ids[:budget]) if t in stops][:1]
     paused = _first_stop(ids[:budget], stop_ids)
@@ -289,18 +346,17 @@ def _turn(tr: Trajectory, env: Any, ids: list[int], logp: list[float], budget: i
     ended_message, paused_here = bool(ends) and cut == ends[0], bool(paused) and cut == paused
     ids, logp = ids[:cut], logp[:cut]
     text = tokenizer.decode(ids, skip_special_tokens=True)
-    tr.ids += ids
-    tr.env += [0] * len(ids)
-    tr.logp += logp
+    tr.add(ids, "policy", text, logp, tr.next_role, roles[tr.next_role] if roles else None)
     tr.open_turn += ids
     tr.turns += 1
-    tr.segments.append({"who": "policy", "text": text, "tokens": len(ids)})
     if not (ended_message or paused_here):  # the turn ran out of tokens: the trajectory is cut here
         tr.done = tr.truncated = True
         return
     try:
         step = call_with_timeout(env.step, (text,), limits.deadline_s)
         observation = _checked(step.observation, limits, allow_none=True)
+        if roles:
+            _next_role(tr, step.info, roles)
     except BaseException as e:  # noqa: BLE001  the environment's failure costs this trajectory only
         _failed(tr, e)
         return
@@ -312,7 +368,7 @@ def _turn(tr: Trajectory, env: Any, ids: list[int], logp: list[float], budget: i
         tr.done = True
         tr.truncated = not step.done
         if observation:  # shown in samples and reports; no policy token follows, so it is not trained on
-            tr.segments.append({"who": "env", "text": observation, "tokens": 0})
+            tr.add([], "env", observation)
         return
     try:
         obs = render.observation(tr, ids, ended_message, observation or "")
@@ -321,13 +377,28 @@ def _turn(tr: Trajectory, env: Any, ids: list[int], logp: list[float], budget: i
         return
     if len(tr.prompt) + len(tr.ids) + len(obs) >= limits.max_tokens:  # no room left for the policy to answer
         tr.done = tr.truncated = True
-        tr.segments.append({"who": "env", "text": observation or "", "tokens": 0})
+        tr.add([], "env", observation or "")
         return
     tr.open_turn = [] if ended_message else tr.open_turn + obs
-    tr.ids += obs
-    tr.env += [1] * len(obs)
-    tr.logp += [0.0] * len(obs)
-    tr.segments.append({"who": "env", "text": observation or "", "tokens": len(obs)})
+    tr.add(obs, "env", observation or "")
+
+
+def _next_role(tr: Trajectory, info: Mapping[str, Any], roles: Sequence[str]) -> None:
+    """Multi-agent bookkeeping of one step: the roles' verdicts it gives (``info["role_rewards"]``) and who writes
+    next (``info["next_role"]``, else the next role in order); a ValueError for a role or reward that is not."""
+    given = info.get("role_rewards") if isinstance(info, Mapping) else None
+    if given is not None and not isinstance(given, Mapping):
+        raise ValueError(f"role_rewards must map roles to rewards, got {type(given).__name__}")
+    for role, value in (given or {}).items():
+        if role not in roles:
+            raise ValueError(f"role_rewards names {role!r}, not one of the roles {list(roles)}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ValueError(f"role_rewards[{role!r}] = {value!r} is not a finite number")
+        tr.role_rewards[role] = float(value)
+    named = info.get("next_role") if isinstance(info, Mapping) else None
+    if named is not None and named not in roles:
+        raise ValueError(f"next_role {named!r} is not one of the roles {list(roles)}")
+    tr.next_role = roles.index(named) if named is not None else (tr.next_role + 1) % len(roles)
 
 
 def _first_stop(ids: list[int], stop_ids: list[list[int]]) -> int:
@@ -371,9 +442,11 @@ def _count_tools(tr: Trajectory, info: Mapping[str, Any]) -> None:
             tr.tool_errors += 1
 
 
-def _batch(trajs: list[Trajectory], tokenizer, G: int, exact: bool) -> Batch:
+def _batch(trajs: list[Trajectory], tokenizer, G: int, exact: bool, roles: Sequence[str] = ()) -> Batch:
     """The trajectories as a Batch: prompts left-padded, responses right-padded, ``env_mask`` on the environment's
-    tokens; ``rollout_logp`` only when the sampler gave every policy token's log-prob."""
+    tokens; ``rollout_logp`` only when the sampler gave every policy token's log-prob. With ``roles``: ``roles``
+    (the role index of every policy token, -1 elsewhere) and ``texts`` of the first role's last turn, which the
+    run's reward functions and the held-out rule read."""
     pad_id = tokenizer.pad_token_id
     prompt_ids, prompt_mask = left_pad([t.prompt for t in trajs], pad_id)
     response_ids, response_mask = right_pad([t.ids or [pad_id] for t in trajs], pad_id)
@@ -384,10 +457,12 @@ def _batch(trajs: list[Trajectory], tokenizer, G: int, exact: bool) -> Batch:
     logp = torch.zeros(response_ids.shape)
     for k, t in enumerate(trajs):
         logp[k, :len(t.logp)] = torch.tensor(t.logp, dtype=logp.dtype)
+    role_ids = right_pad([t.role or [-1] for t in trajs], -1)[0] if roles else None
+    texts = [t.role_text(roles[0]) if roles else t.text(tokenizer) for t in trajs]
     return Batch(prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=response_ids,
                  response_mask=response_mask, truncated=torch.tensor([t.truncated for t in trajs]), group_size=G,
-                 texts=[t.text(tokenizer) for t in trajs], rollout_logp=logp if exact else None, env_mask=env_mask,
-                 episodes=[t.record(tokenizer) for t in trajs])
+                 texts=texts, rollout_logp=logp if exact else None, env_mask=env_mask,
+                 episodes=[t.record(tokenizer) for t in trajs], roles=role_ids)
 
 
 def episode_metrics(episodes: Sequence[Mapping[str, Any]]) -> dict[str, float]:

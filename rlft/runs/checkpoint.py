@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from rlft.config.checks import ConfigError
+from rlft.models.roles import has_roles, save_roles
 from rlft.runs.disk import flush_to_disk
 from rlft.errors import writing
 
@@ -64,8 +65,7 @@ def save(run_dir: Path, step: int, *, model, tokenizer, optimizer, scheduler, tr
         shutil.rmtree(stale, ignore_errors=True)
 
     def write(tmp: Path) -> None:
-        model.save_pretrained(tmp / "policy", state_dict=model_state)  # None: the model's own
-        tokenizer.save_pretrained(tmp / "policy")
+        save_model(model, tokenizer, tmp / "policy", model_state)
         optim = optimizer.state_dict() if optimizer_state is None else optimizer_state
         torch.save({"optimizer": optim, "scheduler": scheduler.state_dict(), "rng": rng_state(),
                     "process_rngs": process_rngs, "trainer": trainer_state}, tmp / "state.pt")
@@ -161,9 +161,13 @@ def _unsafe_part(path: Path, e: Exception) -> str:
     return f"torch's reader: {reason[0].strip()}" if reason else type(e).__name__
 
 
-def save_model(model, tokenizer, path: Path) -> Path:
-    """``save_pretrained`` of both into ``path``; returns it."""
-    model.save_pretrained(path)
+def save_model(model, tokenizer, path: Path, state_dict: dict | None = None) -> Path:
+    """``save_pretrained`` of both into ``path`` (a model with roles: each role's adapter and ``roles.json``,
+    rlft.models.roles.save_roles); ``state_dict``: the weights to write instead of the model's own; returns it."""
+    if has_roles(model):
+        save_roles(model, path)
+    else:
+        model.save_pretrained(path, state_dict=state_dict)  # None: the model's own
     tokenizer.save_pretrained(path)
     return path
 

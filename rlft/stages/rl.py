@@ -25,21 +25,23 @@ import dataclasses
 import json
 from pathlib import Path
 
-from rlft.config import Config
+from rlft.config import Config, ConfigError
 from rlft.data.templates import encode_prompts
 from rlft.insight.eval import HeldOut, evaluate_sets, primary_set, prompt_tools, without_examples
 from rlft.models.lora import save_policy
 from rlft.models.loading import resolve_device
+from rlft.models.roles import has_roles
 from rlft.parallel.dist import current
 from rlft.parallel.launch import strategy
 from rlft.rewards.model import PIPELINE_RM
 from rlft.rewards.prm import PIPELINE_PRM
 from rlft.rewards.terms import reward_pool
 from rlft.runs import checkpoint
+from rlft.runs.checkpoint import save_model
 from rlft.runs.start import removed_if_start_fails, seed_everything, stops_on_write_failure, write_json
 from rlft.runs.tracking import MetricsLog
 from rlft.stages.base import StageInput, StageResult, Task, stage
-from rlft.trainers.policy import training_policy
+from rlft.trainers.policy import attach_roles, training_policy
 from rlft.trainers.rl_loop import progress_bar, run_rl
 from rlft.trainers.rm_refresh import own_reward_model
 from rlft.trainers.sft import train_sft
@@ -72,11 +74,16 @@ def rl_stage(inp: StageInput) -> StageResult:
         with dist.main_first():  # rm.refresh_every: the run scores with (and refreshes) its own copy
             cfg = own_reward_model(cfg, out_dir)
         seed_everything(cfg.train.seed)
+        if cfg.roles.multi_agent and dist.active:
+            raise ConfigError(f"roles {list(cfg.roles.names)}: several roles train in one process; run without "
+                              f"accelerate launch / torchrun ({dist.world} processes)")
         with dist.main_first():  # LoRA on a pipeline's adapters writes their merged base once
             policy, tokenizer = training_policy(cfg, str(inp.model_dir), ckpt, out_dir)
         n_params = sum(p.numel() for p in policy.parameters())
         n_train = sum(p.numel() for p in policy.parameters() if p.requires_grad)
         trains = f", {n_train / 1e6:.3f}M of them LoRA adapters" if cfg.lora.rank else ""
+        if cfg.roles.multi_agent and ckpt is None:
+            trains = f"; roles {', '.join(cfg.roles.names)}: a LoRA adapter each, added after the warm-up"
         echo(f"rlft: run {out_dir}  model {inp.model_dir} ({n_params / 1e6:.2f}M params{trains}) on "
              f"{resolve_device(cfg.model.device)}")
         train_prompts = encode_prompts(task.train, cfg.data.template, tokenizer, cfg.data.max_prompt_tokens,
@@ -89,9 +96,12 @@ def rl_stage(inp: StageInput) -> StageResult:
     results = json.loads((out_dir / "eval.json").read_text()) if ckpt and (out_dir / "eval.json").exists() else {}
     with reward_pool(cfg), stops_on_write_failure(out_dir):
         if ckpt is None:
-            if inp.warm_up and cfg.sft.steps:  # in the main process; the others then take its weights
+            warm = inp.warm_up and cfg.sft.steps > 0
+            if warm:  # in the main process; the others then take its weights
                 dist.on_main(lambda: _warm_up(policy, tokenizer, task, cfg, out_dir))
                 dist.sync_params_(policy)
+            if cfg.roles.multi_agent:  # the warm-up trained the base; each role's adapter starts from it
+                policy = attach_roles(policy, tokenizer, cfg, str(inp.model_dir), out_dir, changed=warm)
             if cfg.eval.before_rl and inp.start is None:
                 results["before_rl"] = _evaluate(policy, tokenizer, held_out, cfg, echo, "before RL")
                 write_json(out_dir / "eval.json", results)
@@ -102,7 +112,8 @@ def rl_stage(inp: StageInput) -> StageResult:
     if dist.is_main:
         with stops_on_write_failure(out_dir):  # policy/ appears whole or not at all
             checkpoint.write_dir(out_dir / "policy",
-                                 lambda tmp: save_policy(policy, tokenizer, tmp, cfg.lora.save, state_dict=whole))
+                                 lambda tmp: save_policy(policy, tokenizer, tmp, cfg.lora.save, state_dict=whole)
+                                 if not has_roles(policy) else save_model(policy, tokenizer, tmp))
     dist.barrier()  # the stage's files are complete when any process returns
     before, after = inp.start or results.get("before_rl", {}), results["after_rl"]
     start = f"{before['exact_match']:.3f} -> " if "exact_match" in before else ""

@@ -34,6 +34,7 @@ from rlft.rollout.batch import Batch, cat_batches
 from rlft.rollout.hf import generate, sampling_args
 from rlft.rollout.multiturn import episode_metrics, rollout_env
 from rlft.trainers import hacking
+from rlft.trainers.roles import role_advantages, role_metrics, score_roles
 from rlft.trainers.state import RLState
 from rlft.trainers.update import batch_logprobs, micro_batches, shares_prefix, update
 
@@ -108,9 +109,7 @@ def sample_records(state: RLState, step: int, n_groups: int) -> list[dict]:
 
 
 def _mean_advantage(batch: Batch, i: int, n: int) -> float:
-    """Row ``i``'s mean advantage over the tokens the policy wrote (its ``n`` response tokens when single-turn)."""
-    if batch.env_mask is None:
-        return float(batch.adv[i, :max(n, 1)].mean())
+    """Row ``i``'s mean advantage over the ``n`` tokens the policy wrote (0.0 when it wrote none)."""
     return masked_mean(batch.adv[i], batch.action_mask[i]).item() if n else 0.0
 
 
@@ -193,6 +192,7 @@ def collect(state: RLState, cfg: Config, t: dict[str, float]) -> tuple[Batch, di
     metrics.update(step_metrics([(b.step_rewards, b.step_mask) for b, _ in drawn if b.step_mask is not None]))
     metrics.update(hacking.batch_metrics([b.scores for b, _ in drawn], [b.correct for b, _ in drawn], G))
     metrics.update(episode_metrics([e for b, _ in drawn for e in b.episodes]))
+    metrics.update(role_metrics([b for b, _ in drawn], cfg.roles.names))
     if a.dynamic_sampling:
         metrics.update({"dynamic_sampling/rounds": float(len(drawn)),
                         "dynamic_sampling/groups_drawn": float(len(drawn) * P),
@@ -243,6 +243,9 @@ def score(batch: Batch, examples: Sequence[Example], cfg: Config) -> ScoreResult
                          timeout_s=cfg.reward.timeout_s, group_size=G)
     lost = [bool(e["error"]) for e in batch.episodes] or [False] * len(batch)  # the environment failed them
     scores = torch.tensor([math.nan if s is None or bad else s for s, bad in zip(scored.total, lost)])  # (B,)
+    if batch.roles is not None:  # several roles: each its own reward; the batch's score is the first role's
+        batch.role_scores = score_roles(batch, scores, samples, cfg)  # (B, R)
+        scores = batch.role_scores[:, 0].clone()
     a = cfg.algo
     if a.overlong_buffer_frac > 0:
         L = cfg.rollout.max_new_tokens
@@ -250,6 +253,8 @@ def score(batch: Batch, examples: Sequence[Example], cfg: Config) -> ScoreResult
         penalty = soft_overlong_penalty(batch.response_lengths, L, cache, a.overlong_penalty)  # (B,) DAPO eq. 13
         scores = scores + penalty
         scored.per_fn["overlong_penalty"] = penalty.tolist()
+        if batch.role_scores is not None:
+            batch.role_scores[:, 0] = scores
     batch.scores = scores
     return scored
 
@@ -342,7 +347,11 @@ def compute_advantages(state: RLState, batch: Batch, cfg: Config) -> dict[str, f
         state.baseline = ema_update(state.baseline, current, a.baseline_momentum)
     inp = AdvantageInputs(batch.scores, mask, a.group_size, token_rewards=token_rewards, values=batch.values,
                           baseline=baseline, step_rewards=batch.step_rewards, step_mask=batch.step_mask)
-    batch.adv, batch.ret = ADVANTAGES.get(a.advantage)(inp, a)  # (B, T) each
+    estimate = ADVANTAGES.get(a.advantage)
+    if batch.role_scores is None:
+        batch.adv, batch.ret = estimate(inp, a)  # (B, T) each
+    else:  # several roles: each role's advantage from its own reward, on its own tokens
+        batch.adv, batch.ret = role_advantages(lambda x: estimate(x, a), inp, batch)
     batch.loss_mask = overlong_filter(mask, batch.truncated) if a.overlong_filter else mask  # DAPO §3.4
     if batch.values is not None:
         metrics.update({"critic/values/mean": masked_mean(batch.values, mask).item(),

@@ -20,6 +20,7 @@ import torch
 from rlft.config import Config
 from rlft.core.ops import logprobs_from_logits, masked_sum
 from rlft.data.schema import DataError, Example
+from rlft.data.synthetic import configured_task
 from rlft.data.sft_data import load_sft_examples, response_weights, with_system_prompt
 from rlft.data.templates import encode_prompts
 from rlft.models.forward import response_logits
@@ -32,6 +33,8 @@ Item = tuple[list[int], list[int], list[int]]  # prompt ids, target ids, loss we
 def sft_examples(cfg: Config, rl_examples: Sequence[Example]) -> list[Example]:
     """What SFT trains on: ``sft.source``'s rows, else the RL rows (their reference responses), with the system prompt."""
     s = cfg.sft
+    if s.source.startswith("synthetic:"):  # a synthetic task's demonstrations, its problems drawn as data.source's
+        return with_system_prompt(configured_task(s.source, cfg.data, cfg.train.seed, 0)[0], s.system_prompt)
     if s.source:
         return load_sft_examples(s.source, s.train_split, s.system_prompt)
     return with_system_prompt(list(rl_examples), s.system_prompt)

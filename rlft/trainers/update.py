@@ -24,6 +24,7 @@ from rlft.core.value import value_loss
 from rlft.parallel.launch import strategy
 from rlft.parallel.strategy import idle_loss
 from rlft.models.forward import autocast, response_logprobs
+from rlft.models.roles import by_role, has_roles
 from rlft.rollout.batch import Batch
 from rlft.trainers.ptx import lm_loss_sum, lm_tokens
 
@@ -101,7 +102,14 @@ def shares_prefix(model, cfg: Config) -> bool:
 
 def batch_logprobs(model, mb: Batch, cfg: Config, **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``response_logprobs`` of ``mb``'s responses under ``model`` at the rollout temperature (under
-    ``model.autocast``; log-softmax runs in float32 there, so the log-probs are float32)."""
+    ``model.autocast``; log-softmax runs in float32 there, so the log-probs are float32). A batch that several
+    roles wrote, on a model with roles: each token's under its own role's adapter (``rlft.models.roles.by_role``)."""
+    if mb.roles is not None and has_roles(model):
+        return by_role(model, mb.roles, lambda rows: _logprobs(model, mb.index(rows), cfg, **kwargs))
+    return _logprobs(model, mb, cfg, **kwargs)
+
+
+def _logprobs(model, mb: Batch, cfg: Config, **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
     with autocast(model, cfg.model.autocast):
         return response_logprobs(model, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask,
                                  temperature=cfg.rollout.temperature, shared_prefix=cfg.train.shared_prefix,
