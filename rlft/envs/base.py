@@ -11,12 +11,19 @@ One trajectory is a conversation between the policy and an environment:
 What the model does wrong (a malformed tool call, a guess that is not a number) is answered inside a ``Step``,
 never raised: the model learns from the observation. What the caller does wrong (a step after the episode
 ended, a sample without the fields an environment needs) raises.
+
+An environment whose steps are slow (a tool that runs a program, a call to a remote API) says so with the mark slow
+rewards carry: ``runs_in_pool = True`` in its class (or a property, where its parameters decide: ``ToolEnv`` is slow
+exactly when one of its tools is). While a reward pool is active (``rlft.rewards.pool``) the rollout steps such
+environments in the pool's worker processes, all paused rows at once (``rlft.rollout.env_steps``); the environment
+travels there and back pickled, so it must pickle (module-level classes; plain data, or a ``__getstate__``).
 """
 
 from __future__ import annotations
 
 import math
 import numbers
+import pickle
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, runtime_checkable
@@ -67,6 +74,50 @@ class Env(Protocol):
     def step(self, action_text: str) -> Step:
         """Answer the policy's latest turn ``action_text``."""
         ...
+
+
+def steps_in_pool(env: Any) -> bool:
+    """Whether ``env``'s steps are slow: it is marked ``runs_in_pool`` (see the module's docstring).
+
+    >>> class Api:
+    ...     runs_in_pool = True
+    >>> steps_in_pool(Api()), steps_in_pool(object())
+    (True, False)
+    """
+    return getattr(env, "runs_in_pool", False) is True
+
+
+def error_text(e: BaseException) -> str:
+    """How an environment's failure is recorded on its trajectory: the exception's type and its message's start.
+
+    >>> error_text(ValueError("no such room"))
+    'ValueError: no such room'
+    """
+    return f"{type(e).__name__}: {str(e)[:200]}"
+
+
+def step_in_worker(blob: bytes, action_text: str, source: str = "") -> bytes:
+    """One step of a slow environment, in a worker process of the reward pool (``rlft.rollout.env_steps``).
+
+    ``blob``: the pickled environment; ``source``: ``/abs/file.py:Class`` when its class was loaded from a file
+    named by path (``env.fn=path/to/file.py:Name``), imported first as the trainer imported it. The answer is the
+    pickled ``(environment after the step, Step, None)``, or ``(None, None, error)`` with the failure described
+    as :func:`error_text` does: described here, since an exception need not pickle back.
+    """
+    try:
+        if source:
+            from rlft.userfn import resolve
+
+            resolve(source, source, classes=True)
+        env = pickle.loads(blob)
+        step = env.step(action_text)
+    except BaseException as e:  # noqa: BLE001  the environment's failure costs its trajectory only
+        return pickle.dumps((None, None, error_text(e)))
+    try:
+        return pickle.dumps((env, step, None))
+    except Exception as e:  # noqa: BLE001
+        return pickle.dumps((None, None, error_text(TypeError(f"the environment or its step does not pickle "
+                                                              f"back from the worker: {e}"))))
 
 
 ENVS: Registry[Callable[..., Env]] = Registry("environment")

@@ -37,7 +37,10 @@ NO_OUTPUT = "(no output)"
 
 @dataclass(frozen=True)
 class RunPython:
-    """The tool's function (a plain picklable object): ``RunPython(...)(code) -> str``."""
+    """The tool's function (a plain picklable object): ``RunPython(...)(code) -> str``. Marked slow: a
+    ``ToolEnv`` with this tool steps in the reward pool's workers while a pool is active."""
+
+    runs_in_pool = True  # a class attribute, not a field: the mark rlft.envs.tool_env reads
 
     timeout_s: float
     memory_mb: int

@@ -8,6 +8,10 @@ answer: the episode ends with reward None, so the run's reward functions score t
 counts as a call (a model that only writes broken calls still ends), and once ``max_calls`` calls were made the
 next one is refused and ends the episode: an episode has at most ``max_calls + 1`` turns.
 
+Its steps are slow (``runs_in_pool``: stepped in the reward pool's workers) when one of its tools is: a tool whose
+function is marked ``runs_in_pool`` (a class attribute, or ``rlft.rewards.pool.runs_in_pool`` on a function), as
+the python tool's is.
+
 ``info`` of every step: ``tool`` (the tool that ran, else None), ``error`` (the message the model read, else
 None), ``calls`` and ``errors`` (counts so far in this episode). A json turn with several calls counts each in
 ``calls`` and ``errors``; its ``tool`` is the last tool that ran and its ``error`` the first error.
@@ -68,6 +72,16 @@ class ToolEnv:
         self.protocol = protocol
         self.calls = self.errors = 0
         self.done = False
+
+    @property
+    def runs_in_pool(self) -> bool:
+        """Whether the steps are slow, so that they run in the reward pool's workers (``rlft.envs.base``): when
+        one of the tools is, its function marked ``runs_in_pool`` (the python tool; not the calculator or lookup).
+
+        >>> ToolEnv(["calculator", "python"]).runs_in_pool, ToolEnv(["calculator"]).runs_in_pool
+        (True, False)
+        """
+        return any(getattr(t.fn, "runs_in_pool", False) is True for t in self.tools.values())
 
     def schemas(self) -> list[dict[str, Any]] | None:
         """The tools' function schemas for the prompt (``apply_chat_template(tools=...)``) under the json

@@ -28,6 +28,10 @@ activated (``with pool.activated():``, as ``rlft train`` does for the whole run
 when a configured reward is slow), ``score_batch`` sends slow rewards to it and
 keeps cheap ones in-process. Without an active pool a slow reward runs in-process
 under the ``SIGALRM`` deadline of ``scoring.py``.
+
+The same workers run other slow work with a deadline per task (:meth:`RewardPool.submit`
+and :func:`result`): the multi-turn rollout steps slow environments there
+(``rlft.rollout.env_steps``).
 """
 
 from __future__ import annotations
@@ -37,8 +41,9 @@ import multiprocessing
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures import Future, TimeoutError as FutureTimeout
 from dataclasses import dataclass
+from typing import Any
 
 from pebble import ProcessExpired, ProcessPool
 
@@ -59,6 +64,11 @@ def runs_in_pool(fn: Callable) -> Callable:
 def active_pool() -> "RewardPool | None":
     """The pool activated by the running job, if any."""
     return _active
+
+
+class TaskLost(RuntimeError):
+    """A task of :meth:`RewardPool.submit` that ran past its deadline (its worker was stopped) or whose worker
+    died."""
 
 
 @dataclass
@@ -105,6 +115,11 @@ class RewardPool:
                            name or getattr(fn, "__name__", fn), errors, len(values), first)
         return PoolResult(values=values, errors=errors, first_error=first)
 
+    def submit(self, fn: Callable, args: tuple, deadline_s: float) -> Future:
+        """``fn(*args)`` in a worker, stopped ``deadline_s`` after it starts there; :func:`result` waits for it.
+        ``fn`` and ``args`` must pickle."""
+        return self._pool.schedule(fn, args=args, timeout=deadline_s)
+
     @contextmanager
     def activated(self) -> Iterator["RewardPool"]:
         """Make this the active pool for the block, then close it."""
@@ -130,6 +145,15 @@ class RewardPool:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def result(future: Future, deadline_s: float) -> Any:
+    """The value of a task :meth:`RewardPool.submit` sent with ``deadline_s``: a :class:`TaskLost` when it ran
+    past its deadline or its worker died, else what the task raised."""
+    try:
+        return future.result()
+    except (FutureTimeout, ProcessExpired) as e:
+        raise TaskLost(_describe(e, deadline_s)) from None
 
 
 def _describe(e: BaseException, deadline_s: float) -> str:

@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import pickle
 import weakref
 from typing import Any, Callable
 
 from rlft.config.checks import ConfigError
+from rlft.config.env import EnvConfig
 from rlft.config.sections import Config
 from rlft.config.reward import RewardConfig, RewardTerm
+from rlft.envs.base import steps_in_pool
+from rlft.envs.build import factory
 from rlft.rewards.base import REWARDS
 from rlft.rewards.jail import JailUnavailable
 from rlft.rewards.pool import RewardPool
@@ -51,7 +55,8 @@ def _sandboxed(term: RewardTerm, sandbox: str):
 
 
 def reward_pool(cfg: Config):
-    """Worker processes for the run's slow rewards (training and evaluation), or nothing when none is slow."""
+    """Worker processes for the run's slow rewards and slow environment steps (training and evaluation), or nothing
+    when none is slow."""
     rules = [cfg.eval.correct_fn, cfg.eval.format_fn,
              *(name for s in cfg.eval.sets for name in (s.correct_fn, s.format_fn) if name)]  # every set's rules
     fns = [fn for _, fn in built(cfg.reward)] + [REWARDS.get(name) for name in rules]
@@ -61,6 +66,25 @@ def reward_pool(cfg: Config):
                 fn.preflight()
             except JailUnavailable as e:
                 raise ConfigError(f"reward.sandbox={getattr(fn, 'sandbox', '?')}: {e}") from None
-    if not any(getattr(fn, "runs_in_pool", False) for fn in fns):
+    if not any(getattr(fn, "runs_in_pool", False) for fn in fns) and not slow_env(cfg.env):
         return contextlib.nullcontext()
     return RewardPool(workers=cfg.reward.workers, deadline_s=cfg.reward.timeout_s).activated()
+
+
+def slow_env(env: EnvConfig) -> bool:
+    """Whether the configured environment's steps are slow (``rlft.envs.base.steps_in_pool``), asked of one
+    environment built from the configuration. A data row's own parameters are not asked: a row whose own ``tools``
+    add a slow tool steps in-process, under the same deadline, unless a pool runs for another reason. A slow
+    environment that does not pickle is a :class:`ConfigError`: its steps could never reach a worker."""
+    if not env.multi_turn:
+        return False
+    built_env = factory(env.name, env.fn)(**env.kwargs)
+    if not steps_in_pool(built_env):
+        return False
+    try:
+        pickle.dumps(built_env)
+    except Exception as e:  # noqa: BLE001
+        raise ConfigError(f"env.{'fn' if env.name == 'custom' else 'name'}: the environment is marked runs_in_pool, "
+                          f"so its steps run in worker processes, but it does not pickle: {type(e).__name__}: {e}"
+                          ) from None
+    return True

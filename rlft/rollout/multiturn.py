@@ -22,16 +22,16 @@ only the tokens the row gained since its last one; other backends prefill each t
 ends at an end-of-turn token, at a stop text (its tokens after the stop are dropped: the kept ones are exactly
 what was sampled), or at the turn's token budget (the trajectory is then truncated, as an overlong response is).
 
-The environment answers each finished turn (``Env.step``) under ``env.deadline_s``; one that raises, hangs, or
-answers with something other than text or with more than ``env.max_observation_chars`` characters ends its
-trajectory, unscored, and is counted; the run goes on.
+Once every row of a turn is sampled and appended, the environments answer every finished turn together
+(``Env.step``, ``rlft.rollout.env_steps``: slow environments in the reward pool's workers) under
+``env.deadline_s``; one that raises, hangs, or answers with something other than text or with more than
+``env.max_observation_chars`` characters ends its trajectory, unscored, and is counted; the run goes on.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-import math
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -46,8 +46,8 @@ from rlft.envs.build import factory
 from rlft.envs.tool_env import shown_tools
 from rlft.models.lora import core_model
 from rlft.models.roles import acting
-from rlft.rewards import call_with_timeout
 from rlft.rollout.batch import Batch, left_pad, right_pad
+from rlft.rollout.env_steps import Paused, answer, start_env, step_envs
 from rlft.rollout.hf import turn_sampler
 
 logger = logging.getLogger("rlft.rollout")
@@ -278,13 +278,9 @@ def multiturn_rollout(tokenizer, prompts: list[list[int]], samples: Sequence[Map
     render = Renderer(tokenizer, chat, limits.role, tools)
     stop_ids = [render.encode(s) for s in limits.stop]
     samplers = [sample_turn[r] for r in roles] if roles else [sample_turn]
-    trajs, envs = [], []
-    for i, prompt in enumerate(prompts):
-        for _ in range(G):
-            tr = Trajectory(prompt=list(prompt), messages=[dict(m) for m in messages[i]])
-            env = _start(tr, make_env, samples[i], limits, render)
-            trajs.append(tr)
-            envs.append(env)
+    trajs = [Trajectory(prompt=list(prompt), messages=[dict(m) for m in messages[i]])
+             for i, prompt in enumerate(prompts) for _ in range(G)]
+    envs = [start_env(tr, make_env, samples[k // G], limits, render) for k, tr in enumerate(trajs)]
     first, exact = True, True  # exact: every turn came with the sampler's log-probs
     while True:
         live = [r for r, tr in enumerate(trajs) if not tr.done]
@@ -296,6 +292,7 @@ def multiturn_rollout(tokenizer, prompts: list[list[int]], samples: Sequence[Map
         if not live:
             break
         turn_of = [[r for r in live if trajs[r].next_role == k] for k in range(len(samplers))]  # fixed first
+        paused: list[tuple[int, Paused]] = []  # the rows whose turn the environment answers, in order
         for run, rows in zip(samplers, turn_of):  # each role samples the rows whose turn it is, with its weights
             if not rows:
                 continue
@@ -309,37 +306,20 @@ def multiturn_rollout(tokenizer, prompts: list[list[int]], samples: Sequence[Map
                 n = int(s.response_mask[j].sum())
                 ids = s.response_ids[j, :n].tolist()
                 logp = s.logprobs[j, :n].tolist() if s.logprobs is not None else [0.0] * n
-                _turn(trajs[r], envs[r], ids, logp, budgets[r], stops, stop_ids, limits, render, tokenizer, roles)
+                turn = _turn(trajs[r], budgets[r], ids, logp, stops, stop_ids, tokenizer, roles)
+                if turn is not None:
+                    paused.append((r, turn))
+        got = step_envs(envs, [(r, turn.text) for r, turn in paused], limits.deadline_s)
+        for (r, turn), answered in zip(paused, got):
+            answer(trajs[r], turn, answered, limits, render, roles)
         first = False
     return _batch(trajs, tokenizer, G, exact, roles), trajs
 
 
-def _start(tr: Trajectory, make_env: Callable[[Mapping[str, Any]], Any], sample: Mapping[str, Any], limits: TurnLimits,
-           render: Renderer) -> Any:
-    """A new environment for ``tr``; its first observation joins the conversation before the first turn."""
-    try:
-        env = call_with_timeout(make_env, (sample,), limits.deadline_s)
-        first = call_with_timeout(env.reset, (sample,), limits.deadline_s)
-        first = _checked(first, limits, allow_none=True)
-    except BaseException as e:  # noqa: BLE001  an environment that raises or hangs costs its trajectory
-        _failed(tr, e)
-        return None
-    if first is not None and render.chat:  # the opening message gains it: the prompt is re-rendered, unsampled
-        tr.prompt = render.opening(tr, first)
-        tr.add([], "env", first)
-    elif first is not None:
-        ids = render.encode(first)
-        if len(tr.prompt) + len(ids) >= limits.max_tokens:  # no room for a turn after it: shown, not trained on
-            tr.done = tr.truncated = True
-            tr.add([], "env", first)
-            return env
-        tr.add(ids, "env", first)
-    return env
-
-
-def _turn(tr: Trajectory, env: Any, ids: list[int], logp: list[float], budget: int, stops: list[int],
-          stop_ids: list[list[int]], limits: TurnLimits, render: Renderer, tokenizer, roles: Sequence[str]) -> None:
-    """Append one sampled turn of ``tr`` (cut at its end), let the environment answer, append the answer."""
+def _turn(tr: Trajectory, budget: int, ids: list[int], logp: list[float], stops: list[int],
+          stop_ids: list[list[int]], tokenizer, roles: Sequence[str]) -> Paused | None:
+    """Append one sampled turn of ``tr``, cut at its end (an end-of-turn token, a stop text, the ``budget``); the
+    turn the environment answers, or None when it ran out of tokens (the trajectory is then cut, truncated)."""
     ends = [k + 1 for k, t in enumerate(ids[:budget]) if t in stops][:1]
     paused = _first_stop(ids[:budget], stop_ids)
     cut = min(ends + ([paused] if paused else []) + [min(len(ids), budget)])
@@ -351,54 +331,8 @@ def _turn(tr: Trajectory, env: Any, ids: list[int], logp: list[float], budget: i
     tr.turns += 1
     if not (ended_message or paused_here):  # the turn ran out of tokens: the trajectory is cut here
         tr.done = tr.truncated = True
-        return
-    try:
-        step = call_with_timeout(env.step, (text,), limits.deadline_s)
-        observation = _checked(step.observation, limits, allow_none=True)
-        if roles:
-            _next_role(tr, step.info, roles)
-    except BaseException as e:  # noqa: BLE001  the environment's failure costs this trajectory only
-        _failed(tr, e)
-        return
-    _count_tools(tr, step.info)
-    if step.reward is not None:
-        tr.reward = step.reward
-        tr.turn_rewards.append((len(tr.ids) - 1, step.reward))  # at the turn's last token
-    if step.done or tr.turns >= limits.max_turns:
-        tr.done = True
-        tr.truncated = not step.done
-        if observation:  # shown in samples and reports; no policy token follows, so it is not trained on
-            tr.add([], "env", observation)
-        return
-    try:
-        obs = render.observation(tr, ids, ended_message, observation or "")
-    except ValueError as e:
-        _failed(tr, e)
-        return
-    if len(tr.prompt) + len(tr.ids) + len(obs) >= limits.max_tokens:  # no room left for the policy to answer
-        tr.done = tr.truncated = True
-        tr.add([], "env", observation or "")
-        return
-    tr.open_turn = [] if ended_message else tr.open_turn + obs
-    tr.add(obs, "env", observation or "")
-
-
-def _next_role(tr: Trajectory, info: Mapping[str, Any], roles: Sequence[str]) -> None:
-    """Multi-agent bookkeeping of one step: the roles' verdicts it gives (``info["role_rewards"]``) and who writes
-    next (``info["next_role"]``, else the next role in order); a ValueError for a role or reward that is not."""
-    given = info.get("role_rewards") if isinstance(info, Mapping) else None
-    if given is not None and not isinstance(given, Mapping):
-        raise ValueError(f"role_rewards must map roles to rewards, got {type(given).__name__}")
-    for role, value in (given or {}).items():
-        if role not in roles:
-            raise ValueError(f"role_rewards names {role!r}, not one of the roles {list(roles)}")
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise ValueError(f"role_rewards[{role!r}] = {value!r} is not a finite number")
-        tr.role_rewards[role] = float(value)
-    named = info.get("next_role") if isinstance(info, Mapping) else None
-    if named is not None and named not in roles:
-        raise ValueError(f"next_role {named!r} is not one of the roles {list(roles)}")
-    tr.next_role = roles.index(named) if named is not None else (tr.next_role + 1) % len(roles)
+        return None
+    return Paused(text, ids, ended_message)
 
 
 def _first_stop(ids: list[int], stop_ids: list[list[int]]) -> int:
@@ -411,35 +345,6 @@ def _first_stop(ids: list[int], stop_ids: list[list[int]]) -> int:
                 best = k if not best else min(best, k)
                 break
     return best
-
-
-def _checked(observation: Any, limits: TurnLimits, *, allow_none: bool) -> str | None:
-    if observation is None and allow_none:
-        return None
-    if not isinstance(observation, str):
-        raise TypeError(f"observation is a {type(observation).__name__}, not text")
-    if len(observation) > limits.max_observation_chars:
-        raise ValueError(f"observation of {len(observation)} characters, over env.max_observation_chars="
-                         f"{limits.max_observation_chars}")
-    return observation
-
-
-def _failed(tr: Trajectory, e: BaseException) -> None:
-    if isinstance(e, (KeyboardInterrupt, SystemExit)):
-        raise e
-    tr.done = True
-    tr.error = f"{type(e).__name__}: {str(e)[:200]}"
-
-
-def _count_tools(tr: Trajectory, info: Mapping[str, Any]) -> None:
-    tool = info.get("tool") if isinstance(info, Mapping) else None
-    if isinstance(info, Mapping) and ("calls" in info or tool):
-        if tool:
-            tr.tools[str(tool)] += 1
-        elif info.get("error"):
-            tr.malformed += 1
-        if info.get("error"):
-            tr.tool_errors += 1
 
 
 def _batch(trajs: list[Trajectory], tokenizer, G: int, exact: bool, roles: Sequence[str] = ()) -> Batch:
