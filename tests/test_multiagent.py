@@ -384,3 +384,34 @@ def test_a_tiny_run_trains_both_roles_and_saves_them_loadable(tmp_path, tiny_siz
     assert ckpts and (ckpts[-1] / "policy" / "roles.json").is_file()
     for when in ("before_rl", "after_rl"):
         assert result.eval[when]["n"] == 6 and 1.0 <= result.eval[when]["turns"] <= 3
+
+
+def test_a_run_with_roles_resumes_from_its_checkpoint_with_every_roles_adapter(tmp_path, tiny_size_overrides,
+                                                                             monkeypatch):
+    from rlft.models.loading import load_model
+    from rlft.models.roles import base_dir, load_roles
+    from rlft.trainers import rl_loop
+
+    common = ["sft.steps=20", "data.num_eval=4", "data.synth_train_size=40", "eval.ks=[1]", "reward.workers=1",
+              "log.name=ma", "train.save_every=1", "algo.entropy_coef=0.01", "eval.before_rl=false"]
+    run_dir = run_pipeline(load_config(RECIPE, tiny_size_overrides(tmp_path / "runs", *common, "train.steps=2")),
+                           echo=lambda *a, **k: None).run_dir
+    ckpt = run_dir / "checkpoints" / "step_000001"  # the last step is the final policy, not a checkpoint
+    saved = load_roles(load_model(base_dir(ckpt / "policy")), ckpt / "policy")
+    restored = {}
+
+    def recording_restore(state, ckpt, run_dir, echo):
+        rl_loop_restore(state, ckpt, run_dir, echo)
+        restored.update({r: [p.detach().clone() for p in adapter_parameters(state.policy, r)] for r in ROLES})
+        restored["optimizer"] = sum(len(g["params"]) for g in state.optimizer.param_groups)
+
+    rl_loop_restore = rl_loop.restore
+    monkeypatch.setattr(rl_loop, "restore", recording_restore)
+    lines: list[str] = []
+    run_pipeline(load_config(RECIPE, tiny_size_overrides(tmp_path / "runs", *common, "train.steps=3",
+                                                         "train.resume=true")), echo=lines.append)
+    assert any("resumed" in line and "step_000001" in line for line in lines)
+    assert [json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
+    for role in ROLES:  # both adapters as the checkpoint holds them, tensor for tensor
+        assert all(torch.equal(a, b) for a, b in zip(restored[role], adapter_parameters(saved, role))), role
+    assert restored["optimizer"] == sum(len(adapter_parameters(saved, r)) for r in ROLES)

@@ -51,7 +51,7 @@ class RewardConfig:
     timeout_s: float = 5.0
     """A reward call slower than this costs its sample (scored as unscorable, counted)."""
     workers: int = 2
-    """Worker processes for slow rewards (marked runs_in_pool); the pool is started only when one is used."""
+    """Worker processes for slow rewards and slow environment steps (marked runs_in_pool); the pool is started only when one is used."""
     sandbox: Literal["jail", "unjailed"] = "jail"
     """How code rewards run programs: 'jail' (bubblewrap + seccomp, a uid and limits per sample; the run stops
     at start where it cannot work, saying what to install) or 'unjailed' (plain processes with rlimits: the

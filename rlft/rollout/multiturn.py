@@ -46,6 +46,7 @@ from rlft.envs.build import factory
 from rlft.envs.tool_env import shown_tools
 from rlft.models.lora import core_model
 from rlft.models.roles import acting
+from rlft.rewards.env import env_reward
 from rlft.rollout.batch import Batch, left_pad, right_pad
 from rlft.rollout.env_steps import Paused, answer, start_env, step_envs
 from rlft.rollout.hf import turn_sampler
@@ -375,8 +376,9 @@ def episode_metrics(episodes: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     if not episodes:
         return {}
     n = len(episodes)
-    rewarded = [e["env_reward"] if e["env_reward"] is not None else 0.0 for e in episodes  # cut before a verdict:
-                if e["env_reward"] is not None or (e["truncated"] and e["error"] is None)]  # not won
+    verdicts = [env_reward("", {"env_reward": e["env_reward"], "env_truncated": e["truncated"]})  # the term's rule
+                for e in episodes if e["error"] is None]
+    rewarded = [r for r in verdicts if r is not None]
     calls = Counter()
     for e in episodes:
         calls.update(e["tools"])
@@ -387,7 +389,7 @@ def episode_metrics(episodes: Sequence[Mapping[str, Any]]) -> dict[str, float]:
            "tool/errors": float(sum(e["tool_errors"] for e in episodes)),
            **{f"tool/{name}/calls": float(k) for name, k in sorted(calls.items())}}
     if rewarded:
-        out["env/success"] = sum(r > 0 for r in rewarded) / len(rewarded)
+        out["env/success"] = sum(r >= 1.0 for r in rewarded) / len(rewarded)  # the held-out rule's "correct"
         out["env/reward/mean"] = sum(rewarded) / len(rewarded)
     errors = [e["error"] for e in episodes if e["error"] is not None]
     if errors:
