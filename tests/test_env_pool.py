@@ -250,7 +250,7 @@ def test_the_python_tool_steps_in_the_workers_as_it_does_here(tok):
     ("lock", "TypeError: the environment or its step does not pickle back from the worker"),
 ])
 def test_a_step_that_fails_in_a_worker_costs_only_its_trajectory(tok, fail, error):
-    from rlft.rollout.multiturn import episode_metrics
+    from rlft.rollout.episodes import episode_metrics
 
     turns = [["a$", "b$"]] * 4
     make = lambda sample: Slow(delay_s=0.05, fail=fail if sample["i"] == 1 else "")  # noqa: E731

@@ -3,6 +3,7 @@ trained with GRPO on the game's verdict. The synthetic ``guess`` task by hand, t
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections import Counter
@@ -15,6 +16,7 @@ from rlft.envs import ENVS
 from rlft.recipe import load_config
 from rlft.rewards.pool import active_pool
 from rlft.stages.pipeline import run_pipeline
+from test_rl_loop import tok  # noqa: F401  (fixture)
 
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "game_demo.yaml"
 
@@ -95,3 +97,49 @@ def test_a_tiny_run_of_the_recipe_trains_on_whole_games(tmp_path, tiny_size_over
         ev = result.eval[when]
         assert ev["n"] == 6 and 0.0 <= ev["exact_match"] <= 1.0 and 1.0 <= ev["turns"] <= turns
     assert active_pool() is None
+
+
+def test_the_warm_up_sees_the_prompt_the_episodes_start_from(tmp_path, tiny_size_overrides, tok):
+    """The SFT warm-up of a multi-turn run trains on the prompt as the environment opens it: the game's
+    instructions (its first observation) in the user message, exactly the prompt ids a rollout starts from."""
+    from rlft.data.templates import encode_prompts, prompt_messages, with_opening
+    from rlft.rollout.multiturn import TurnLimits, multiturn_rollout, opened
+    from rlft.trainers.sft import sft_examples
+
+    cfg = load_config(RECIPE, tiny_size_overrides(tmp_path / "runs", "data.synth_train_size=6", "log.name=g"))
+    train, _ = synthetic_task("guess", n_train=6, n_eval=0, max_operand=3, seed=0)
+    rows = sft_examples(cfg, train)
+    env = ENVS.get("guess")(**cfg.env.kwargs)
+    for ex, row in zip(train, rows):
+        first = env.reset(ex.to_mapping())
+        assert row.prompt == tuple(with_opening(prompt_messages(ex.prompt), first)) and row.response == ex.response
+    # the same ids as the first turn's context of a rollout
+    limits = TurnLimits(max_turns=1, max_tokens=400, max_new_tokens=2, deadline_s=2.0, max_observation_chars=200,
+                        role="user", stop=())
+    seen = []
+
+    def sampler(contexts, group_size, width):
+        seen.extend(contexts)
+        raise RuntimeError("enough")
+
+    prompts = encode_prompts(train, "chat", tok, 512)
+    with pytest.raises(RuntimeError, match="enough"):
+        multiturn_rollout(tok, prompts, [ex.to_mapping() for ex in train], [prompt_messages(ex.prompt) for ex in train],
+                          make_env=lambda s: ENVS.get("guess")(**cfg.env.kwargs), limits=limits, group_size=1,
+                          sample_turn=sampler, stops=[tok.eos_token_id], chat=True)
+    assert seen == encode_prompts(rows, "chat", tok, 512)
+    # a single-turn run, or one without a chat template, keeps its prompts
+    assert opened(train, load_config(RECIPE, ["env=null"])) == train
+    assert opened(train, load_config(RECIPE, ["data.template=raw"])) == train
+
+
+def test_a_demonstration_whose_environment_fails_to_open_keeps_its_prompt(tmp_path, tiny_size_overrides, caplog):
+    from rlft.trainers.sft import sft_examples
+
+    cfg = load_config(RECIPE, tiny_size_overrides(tmp_path / "runs", "log.name=g"))
+    train, _ = synthetic_task("guess", n_train=3, n_eval=0, max_operand=3, seed=0)
+    bad = [train[0], dataclasses.replace(train[1], ground_truth="nine"), train[2]]
+    with caplog.at_level("WARNING", logger="rlft.rollout"):
+        rows = sft_examples(cfg, bad)
+    assert rows[1] == bad[1] and rows[0] != bad[0] and rows[2] != bad[2]  # only the failed row is as it was
+    assert "failed to open 1 of 3 demonstrations" in caplog.text and "row 1: ValueError" in caplog.text

@@ -16,7 +16,8 @@ from rlft.envs import ENVS, Step
 from rlft.recipe import load_config
 from rlft.rollout.decode import Sampled
 from rlft.rollout.hf import turn_sampler
-from rlft.rollout.multiturn import Renderer, TurnLimits, episode_metrics, multiturn_rollout, rollout_env
+from rlft.rollout.episodes import episode_metrics
+from rlft.rollout.multiturn import Renderer, TurnLimits, multiturn_rollout, rollout_env
 from rlft.trainers import rl
 from rlft.trainers import update as upd
 from numerics import FORWARD_DEPTH, assert_rounding_close, model_reduction_len

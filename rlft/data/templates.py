@@ -31,6 +31,21 @@ def prompt_messages(prompt: str | Sequence[dict]) -> tuple[dict, ...]:
     return tuple(prompt)
 
 
+def with_opening(messages: Sequence[dict], text: str) -> list[dict]:
+    """``messages`` with an environment's first observation ``text`` added to the last user message (a new user
+    message when there is none): the prompt a multi-turn episode starts from.
+
+    >>> with_opening([{"role": "user", "content": "Play."}], "Guess from 1 to 3.")
+    [{'role': 'user', 'content': 'Play.\\nGuess from 1 to 3.'}]
+    """
+    out = [dict(m) for m in messages]
+    last = max((k for k, m in enumerate(out) if m.get("role") == "user"), default=None)
+    if last is None:
+        return out + [{"role": "user", "content": text}]
+    out[last]["content"] = f"{out[last]['content']}\n{text}"
+    return out
+
+
 def encode_prompts(examples: Sequence[Example], template: str, tokenizer, max_tokens: int, where: str = "data",
                    tools: Callable[[Example], Sequence[dict] | None] | None = None) -> list[list[int]]:
     """Token ids of every prompt; a prompt over ``max_tokens`` is an error naming its row. ``tools(example)``: the

@@ -30,6 +30,7 @@ Once every row of a turn is sampled and appended, the environments answer every 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 from collections import Counter
@@ -41,15 +42,16 @@ import torch
 
 from rlft.config.sections import Config
 from rlft.data.schema import Example
-from rlft.data.templates import prompt_messages
+from rlft.data.templates import prompt_messages, with_opening
 from rlft.envs.build import factory
 from rlft.envs.tool_env import shown_tools
 from rlft.models.lora import core_model
 from rlft.models.roles import acting
-from rlft.rewards.env import env_reward
+from rlft.rewards import call_with_timeout
 from rlft.rollout.batch import Batch, left_pad, right_pad
 from rlft.rollout.env_steps import Paused, answer, start_env, step_envs
 from rlft.rollout.hf import turn_sampler
+
 
 logger = logging.getLogger("rlft.rollout")
 
@@ -162,11 +164,7 @@ class Renderer:
 
     def opening(self, tr: Trajectory, text: str) -> list[int]:
         """The prompt's ids with the first observation ``text`` added to its last user message."""
-        last = max((k for k, m in enumerate(tr.messages) if m.get("role") == "user"), default=None)
-        if last is None:
-            tr.messages.append({"role": "user", "content": text})
-        else:
-            tr.messages[last] = {**tr.messages[last], "content": f"{tr.messages[last]['content']}\n{text}"}
+        tr.messages = with_opening(tr.messages, text)
         return self.encode(self._render(tr.messages, True))
 
     def observation(self, tr: Trajectory, turn: list[int], ended_message: bool, text: str) -> list[int]:
@@ -249,6 +247,34 @@ def row_params(sample: Mapping[str, Any]) -> dict[str, Any]:
             out.update(found)
     if extra.get("tools") is not None:
         out["tools"] = extra["tools"]
+    return out
+
+
+def opened(examples: Sequence[Example], cfg: Config) -> list[Example]:
+    """``examples`` whose prompts start as the configured environment's episodes do: with each row's first
+    observation (``Env.reset``) in its last user message, for demonstrations (the SFT warm-up) of a multi-turn
+    run with a chat template. A row whose environment fails to open (raises, hangs past ``env.deadline_s``, or
+    opens with something other than text) keeps its prompt as it is, as a rollout would lose only that
+    trajectory; such rows are counted and the first is logged."""
+    e = cfg.env
+    if not e.multi_turn or cfg.data.template != "chat":
+        return list(examples)
+    make, out, failed = factory(e.name, e.fn), [], []
+    for i, ex in enumerate(examples):
+        sample = ex.to_mapping()
+        try:
+            env = call_with_timeout(_make_env, (make, e.kwargs, sample), e.deadline_s)
+            first = call_with_timeout(env.reset, (sample,), e.deadline_s)
+            if first is not None and not isinstance(first, str):
+                raise TypeError(f"the first observation is a {type(first).__name__}, not text")
+        except Exception as err:  # noqa: BLE001  costs this row's opening only
+            failed.append(f"row {i}: {type(err).__name__}: {str(err)[:200]}")
+            first = None
+        out.append(ex if first is None else
+                   dataclasses.replace(ex, prompt=tuple(with_opening(prompt_messages(ex.prompt), first))))
+    if failed:
+        logger.warning("the environment failed to open %d of %d demonstrations (kept without its first "
+                       "observation); first: %s", len(failed), len(examples), failed[0])
     return out
 
 
@@ -369,29 +395,3 @@ def _batch(trajs: list[Trajectory], tokenizer, G: int, exact: bool, roles: Seque
                  response_mask=response_mask, truncated=torch.tensor([t.truncated for t in trajs]), group_size=G,
                  texts=texts, rollout_logp=logp if exact else None, env_mask=env_mask,
                  episodes=[t.record(tokenizer) for t in trajs], roles=role_ids)
-
-
-def episode_metrics(episodes: Sequence[Mapping[str, Any]]) -> dict[str, float]:
-    """``env/*`` and ``tool/*`` metrics of a batch's trajectories (``Trajectory.record`` of each)."""
-    if not episodes:
-        return {}
-    n = len(episodes)
-    verdicts = [env_reward("", {"env_reward": e["env_reward"], "env_truncated": e["truncated"]})  # the term's rule
-                for e in episodes if e["error"] is None]
-    rewarded = [r for r in verdicts if r is not None]
-    calls = Counter()
-    for e in episodes:
-        calls.update(e["tools"])
-    out = {"env/turns/mean": sum(e["turns"] for e in episodes) / n,
-           "env/errors": float(sum(e["error"] is not None for e in episodes)),
-           "env/truncated": sum(bool(e["truncated"]) for e in episodes) / n,
-           "tool/calls/mean": (sum(calls.values()) + sum(e["malformed_calls"] for e in episodes)) / n,
-           "tool/errors": float(sum(e["tool_errors"] for e in episodes)),
-           **{f"tool/{name}/calls": float(k) for name, k in sorted(calls.items())}}
-    if rewarded:
-        out["env/success"] = sum(r >= 1.0 for r in rewarded) / len(rewarded)  # the held-out rule's "correct"
-        out["env/reward/mean"] = sum(rewarded) / len(rewarded)
-    errors = [e["error"] for e in episodes if e["error"] is not None]
-    if errors:
-        logger.warning("the environment cost %d of %d trajectories; first: %s", len(errors), n, errors[0])
-    return out

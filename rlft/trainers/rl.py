@@ -32,7 +32,8 @@ from rlft.rewards.steps import step_metrics, step_tensors
 from rlft.rewards.terms import built
 from rlft.rollout.batch import Batch, cat_batches
 from rlft.rollout.hf import generate, sampling_args
-from rlft.rollout.multiturn import episode_metrics, rollout_env
+from rlft.rollout.episodes import episode_metrics
+from rlft.rollout.multiturn import rollout_env
 from rlft.trainers import hacking
 from rlft.trainers.roles import role_advantages, role_metrics, score_roles
 from rlft.trainers.state import RLState

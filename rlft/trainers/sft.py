@@ -25,6 +25,7 @@ from rlft.data.sft_data import load_sft_examples, response_weights, with_system_
 from rlft.data.templates import encode_prompts
 from rlft.models.forward import response_logits
 from rlft.rollout.batch import left_pad, right_pad
+from rlft.rollout.multiturn import opened
 from rlft.trainers.optim import make_optimizer, make_scheduler
 
 Item = tuple[list[int], list[int], list[int]]  # prompt ids, target ids, loss weight (0/1) per target id
@@ -37,7 +38,8 @@ def sft_examples(cfg: Config, rl_examples: Sequence[Example]) -> list[Example]:
         return with_system_prompt(configured_task(s.source, cfg.data, cfg.train.seed, 0)[0], s.system_prompt)
     if s.source:
         return load_sft_examples(s.source, s.train_split, s.system_prompt)
-    return with_system_prompt(list(rl_examples), s.system_prompt)
+    rows = opened(rl_examples, cfg)  # a multi-turn run: prompts as its episodes start (the first observation)
+    return with_system_prompt(rows, s.system_prompt)
 
 
 def sft_pairs(examples: Sequence[Example], tokenizer, cfg: Config) -> list[Item]:
