@@ -139,11 +139,14 @@ def _completion(record: dict) -> str:
     for seg in episode.get("segments", []):
         env = seg.get("who") == "env"
         cls = "turn env" + (" shown" if not seg.get("tokens") else "") if env else "turn"
-        who = ("environment" if seg.get("tokens") else "environment, not trained on") if env else "policy"
+        who = ("environment" if seg.get("tokens") else "environment, not trained on") if env else \
+            seg.get("role") or "policy"  # several agents: the role that wrote it
         turns.append(f'<span class="{cls}"><span class="who">{who}</span>{html.escape(str(seg.get("text", "")))}'
                      "</span>")
     end = "error: " + str(episode["error"]) if episode.get("error") else (
         "truncated" if episode.get("truncated") else "done")
+    if episode.get("role_scores"):
+        end += "; " + ", ".join(f"{role} {'-' if v is None else f'{v:g}'}" for role, v in episode["role_scores"].items())
     turns.append(f'<span class="who">{episode.get("turns", 0)} turns, {html.escape(end)}</span>')
     return f'<td class="text">{"".join(turns)}</td>'
 
