@@ -385,6 +385,9 @@ def test_a_tiny_run_trains_both_roles_and_saves_them_loadable(tmp_path, tiny_siz
     assert ckpts and (ckpts[-1] / "policy" / "roles.json").is_file()
     for when in ("before_rl", "after_rl"):
         assert result.eval[when]["n"] == 6 and 1.0 <= result.eval[when]["turns"] <= 3
+        verdicts = {k: v for k, v in result.eval[when].items() if k.startswith("role/")}  # the environment's
+        assert set(verdicts) <= {f"role/{r}/reward" for r in ROLES}  # verdicts on the greedy episodes, if any
+        assert all(0.0 <= v <= 1.0 for v in verdicts.values())
     samples = [json.loads(x) for x in (result.run_dir / "samples.jsonl").read_text().splitlines()]
     assert samples and all(set(s["episode"]["role_scores"]) == set(ROLES) for s in samples)
     assert all(s["completion"] == role_text(s["episode"]["segments"], "solver") for s in samples)
@@ -421,3 +424,12 @@ def test_a_run_with_roles_resumes_from_its_checkpoint_with_every_roles_adapter(t
     for role in ROLES:  # both adapters as the checkpoint holds them, tensor for tensor
         assert all(torch.equal(a, b) for a, b in zip(restored[role], adapter_parameters(saved, role))), role
     assert restored["optimizer"] == sum(len(adapter_parameters(saved, r)) for r in ROLES)
+
+
+def test_the_held_out_evaluation_reports_each_roles_verdicts_by_hand():
+    from rlft.insight.eval import _role_verdicts
+
+    episodes = [{"role_rewards": {"solver": 1.0, "verifier": 1.0}}, {"role_rewards": {"verifier": 0.0}},
+                {"role_rewards": {}}, {}]
+    assert _role_verdicts(episodes) == {"role/solver/reward": 1.0, "role/verifier/reward": 0.5}
+    assert _role_verdicts([{"role_rewards": {}}]) == {}

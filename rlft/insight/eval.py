@@ -72,7 +72,7 @@ def evaluate(model, tokenizer, prompts: list[list[int]], examples: Sequence[Exam
     formatted = _hits(greedy, with_env, rules.format_fn, timeout)
     n = len(examples)
     out = {"n": n, "exact_match": sum(correct) / n, "format_rate": sum(formatted) / n,
-           "response_length": sum(lengths) / n, **_tool_use(episodes)}
+           "response_length": sum(lengths) / n, **_tool_use(episodes), **_role_verdicts(episodes)}
     k_max = cfg.eval.num_samples
     if k_max:
         episodes = []
@@ -96,6 +96,16 @@ def _with_env(samples: list[dict], episodes: list[dict]) -> list[dict]:
     if not episodes:
         return samples
     return [{**s, "env_reward": e["env_reward"], "env_truncated": e["truncated"]} for s, e in zip(samples, episodes)]
+
+
+def _role_verdicts(episodes: list[dict]) -> dict[str, float]:
+    """Several agents: ``role/<name>/reward``, each role's mean verdict from the environment over the greedy
+    episodes that gave it one (the review environment's verifier: the share of its yes-or-no that were right)."""
+    given: dict[str, list[float]] = {}
+    for e in episodes:
+        for role, value in (e.get("role_rewards") or {}).items():
+            given.setdefault(role, []).append(value)
+    return {f"role/{role}/reward": sum(v) / len(v) for role, v in given.items()}
 
 
 def _tool_use(episodes: list[dict]) -> dict[str, float]:
