@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given, strategies as st
 
 pytest.importorskip("peft")
 
@@ -29,6 +30,7 @@ from rlft.stages.pipeline import run_pipeline  # noqa: E402
 from rlft.trainers.roles import role_advantages, role_metrics, score_roles  # noqa: E402
 from rlft.trainers.update import batch_logprobs  # noqa: E402
 from numerics import FORWARD_DEPTH, assert_rounding_close  # noqa: E402
+from test_envs import FUZZ, hostile  # noqa: E402
 from test_multiturn import Scripted, limits  # noqa: E402
 from test_rl_loop import tok  # noqa: E402,F401  (fixture)
 from test_roles import ROLES, two_roles  # noqa: E402
@@ -433,3 +435,21 @@ def test_the_held_out_evaluation_reports_each_roles_verdicts_by_hand():
                 {"role_rewards": {}}, {}]
     assert _role_verdicts(episodes) == {"role/solver/reward": 1.0, "role/verifier/reward": 0.5}
     assert _role_verdicts([{"role_rewards": {}}]) == {}
+
+
+@FUZZ
+@given(st.lists(hostile, min_size=1, max_size=10), st.integers(0, 3), st.integers(-10**6, 10**6))
+def test_the_review_environment_answers_any_text_inside_a_step(actions, retries, truth):
+    env = ENVS.get("review")(retries=retries)
+    assert env.reset({"ground_truth": truth}) is None
+    judged = 0
+    for n, action in enumerate(actions, 1):
+        step = env.step(action)
+        assert step.reward is None and step.observation in (None, ASK, AGAIN)
+        for role, value in step.info.get("role_rewards", {}).items():
+            assert role in ROLES and value in (0.0, 1.0)
+        judged += step.observation == AGAIN
+        if step.done:
+            assert "solver" in step.info["role_rewards"]
+            break
+    assert n <= 2 * retries + 2 and judged <= retries
