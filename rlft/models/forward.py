@@ -8,6 +8,12 @@ cache, in runs of similar length so that a short response is not padded to the
 longest (``length_buckets``). This is the same function of the weights as the
 plain forward over each full row, with the prompt's cost divided by G; a test
 checks log-probs and gradients against the plain path within the rounding bound.
+
+``response_logprobs`` never materialises the logits (B, T, V) where the model's logits are a plain linear map of
+its final hidden states (``output_head``): the forward returns those hidden states instead (the output projection
+swapped for an identity for the call), and ``rlft.core.chunked.chunked_logprobs`` computes each response token's
+log-prob and entropy from them and the projection's weight, ``chunk`` tokens at a time, its backward recomputing
+each chunk's logits (``train.logprob_chunk``). ``response_logits`` still returns the full logits.
 """
 
 from __future__ import annotations
@@ -20,8 +26,20 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from rlft.core.chunked import chunked_logprobs
 from rlft.core.ops import entropy_from_logits, logprobs_from_logits
 from rlft.models.lora import core_model
+
+#: Response tokens per chunk of the log-prob head (``train.logprob_chunk``; 0: the full logits).
+LOGPROB_CHUNK = 1024
+
+#: Model types whose causal-LM forward returns ``lm_head(final hidden states)`` and applies nothing to the logits
+#: after it (no soft-capping, no logit scale), checked in transformers 5.24's modeling files
+#: (tests/test_chunked_logprobs.py rechecks the installed ones); any other model takes the full-logits path.
+PLAIN_HEAD_TYPES = frozenset({
+    "deepseek_v2", "deepseek_v3", "gemma", "glm", "glm4", "llama", "ministral", "mistral", "mixtral", "olmo",
+    "olmo2", "olmo3", "phi", "phi3", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "smollm3", "starcoder2",
+})
 
 
 @lru_cache(maxsize=None)
@@ -72,6 +90,45 @@ def can_share_prefix(model) -> bool:
     checkpointing = getattr(core, flag, False) and model.training
     cls = type(core_model(model))
     return _accepts_logits_to_keep(cls) and cache_kwarg(cls) is not None and not checkpointing
+
+
+def output_head(model) -> torch.nn.Linear | None:
+    """The output projection of ``model`` when its logits are that ``nn.Linear`` of its final hidden states and
+    the weight is whole on this process; None otherwise (a type not in ``PLAIN_HEAD_TYPES``, a head wrapped by
+    LoRA or another adapter, a head with forward hooks, weights split by FSDP or ZeRO-3), where log-probs come
+    from the full logits."""
+    core = core_model(model)
+    if getattr(getattr(core, "config", None), "model_type", None) not in PLAIN_HEAD_TYPES:
+        return None
+    get = getattr(core, "get_output_embeddings", None)
+    head = get() if callable(get) else None
+    if type(head) is not torch.nn.Linear or head._forward_hooks or head._forward_pre_hooks:  # a hook changes it
+        return None
+    whole = type(head.weight) in (torch.Tensor, torch.nn.Parameter) and head.weight.dim() == 2  # not a DTensor
+    return head if whole and not hasattr(head.weight, "ds_id") else None  # ds_id: DeepSpeed ZeRO-3 partitions
+
+
+@contextlib.contextmanager
+def _head_off(model):
+    """Inside the block ``model``'s forward returns its final hidden states as its ``logits``: its output
+    projection is an identity (put back afterwards, even when the body raises)."""
+    core = core_model(model)
+    head = core.get_output_embeddings()
+    core.set_output_embeddings(torch.nn.Identity())
+    try:
+        yield head
+    finally:
+        core.set_output_embeddings(head)
+
+
+def response_states(model, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor, response_mask: Tensor,
+                    *, shared_prefix: bool = True, agree: Callable[[int], int] | None = None) -> Tensor:
+    """The final hidden states (B, T, H) at the positions that predict each response token, the inputs of
+    ``output_head(model)`` (which must not be None): ``response_logits`` without the output projection (the same
+    forward, shared prefix and all)."""
+    with _head_off(model):
+        return response_logits(model, prompt_ids, prompt_mask, response_ids, response_mask,
+                               shared_prefix=shared_prefix, agree=agree)
 
 
 def response_logits(model, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor, response_mask: Tensor,
@@ -178,7 +235,8 @@ def _shared_prefix_logits(model, prompt_ids: Tensor, prompt_mask: Tensor, respon
     in runs of similar length (``length_buckets``) when the prompts' cache is plain per-layer keys and values; the
     positions past a run's longest row (padding of the whole batch) get zero logits. ``agree``: the runs are as
     many as every process makes (the rows split further where there are fewer here; a call over one token, its
-    logits added with weight 0, for each run this process has no rows for)."""
+    logits added with weight 0, for each run this process has no rows for). Whatever the model's forward returns
+    as ``logits`` goes through whatever its last dimension: under ``_head_off``, the hidden states."""
     from transformers import DynamicCache
     from transformers.cache_utils import DynamicLayer
 
@@ -241,13 +299,27 @@ def _shared_prefix_logits(model, prompt_ids: Tensor, prompt_mask: Tensor, respon
 
 def response_logprobs(model, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor, response_mask: Tensor,
                       *, temperature: float = 1.0, with_entropy: bool = False, entropy_grad: bool = False,
-                      shared_prefix: bool = True, agree: Callable[[int], int] | None = None
-                      ) -> tuple[Tensor, Tensor | None]:
+                      shared_prefix: bool = True, agree: Callable[[int], int] | None = None,
+                      chunk: int = LOGPROB_CHUNK) -> tuple[Tensor, Tensor | None]:
     """Log-probs (B, T) of ``response_ids`` under ``model``, and the token entropy (B, T) if asked.
 
     Logits are divided by the sampling temperature, so the log-probs are those of
-    the distribution that generated the responses.
+    the distribution that generated the responses. With ``chunk`` > 0 and a model whose ``output_head`` applies,
+    the logits are never materialised: the log-prob and entropy of each response token (``response_mask`` != 0)
+    come from its final hidden state, ``chunk`` tokens at a time (``rlft.core.chunked``), and are 0 under the mask
+    (the full-logits path gives the padding's junk there). The entropy carries a gradient only with
+    ``entropy_grad`` (an entropy bonus); otherwise it is a metric.
     """
+    head = output_head(model) if chunk > 0 else None
+    if head is not None:
+        states = response_states(model, prompt_ids, prompt_mask, response_ids, response_mask,
+                                 shared_prefix=shared_prefix, agree=agree)  # (B, T, H)
+        keep = response_mask.to(states.device) != 0  # (B, T)
+        logp, ent = chunked_logprobs(states[keep], head.weight, response_ids.to(states.device)[keep],
+                                     bias=head.bias, temperature=temperature, chunk=chunk, with_entropy=with_entropy,
+                                     entropy_grad=entropy_grad)  # (N,) each
+        zeros = torch.zeros(keep.shape, dtype=logp.dtype, device=logp.device)  # (B, T)
+        return zeros.masked_scatter(keep, logp), (zeros.masked_scatter(keep, ent) if ent is not None else None)
     logits = response_logits(model, prompt_ids, prompt_mask, response_ids, response_mask, temperature=temperature,
                              shared_prefix=shared_prefix, agree=agree)
     logp = logprobs_from_logits(logits, response_ids.to(logits.device))  # (B, T)

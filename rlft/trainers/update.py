@@ -102,7 +102,8 @@ def shares_prefix(model, cfg: Config) -> bool:
 
 def batch_logprobs(model, mb: Batch, cfg: Config, **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``response_logprobs`` of ``mb``'s responses under ``model`` at the rollout temperature (under
-    ``model.autocast``; log-softmax runs in float32 there, so the log-probs are float32). A batch that several
+    ``model.autocast``; log-softmax runs in float32 there, so the log-probs are float32), ``train.logprob_chunk``
+    response tokens at a time without the full logits where the model allows it. A batch that several
     roles wrote, on a model with roles: each token's under its own role's adapter (``rlft.models.roles.by_role``)."""
     if mb.roles is not None and has_roles(model):
         return by_role(model, mb.roles, lambda rows: _logprobs(model, mb.index(rows), cfg, **kwargs))
@@ -113,7 +114,7 @@ def _logprobs(model, mb: Batch, cfg: Config, **kwargs) -> tuple[torch.Tensor, to
     with autocast(model, cfg.model.autocast):
         return response_logprobs(model, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask,
                                  temperature=cfg.rollout.temperature, shared_prefix=cfg.train.shared_prefix,
-                                 **kwargs)
+                                 chunk=cfg.train.logprob_chunk, **kwargs)
 
 
 def update(state: "RLState", batch: Batch, cfg: Config, *, train_policy: bool = True) -> dict[str, float]:

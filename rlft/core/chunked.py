@@ -1,0 +1,198 @@
+"""Log-probs and entropies of chosen tokens from hidden states and the output projection, never holding the logits.
+
+An LM head's logits over a vocabulary of V entries are, for N tokens, an (N, V) tensor: 64 rows x 400 tokens over
+Qwen2's 151,936 entries are 15.6 GB in float32, and the softmax and its gradient as much again. Training needs only
+two numbers per token: the log-prob of the token that was sampled and (for the entropy bonus or its metric) the
+entropy. ``chunked_logprobs`` computes them block by block, ``chunk`` tokens x ``vocab_chunk`` vocabulary entries
+at a time:
+
+* forward: each block's logits z = (h W^T + b) / tau, folded into an online log-sum-exp per token (the running
+  maximum m, sum_j exp(z_j - m) and, for the entropy, sum_j exp(z_j - m) z_j, rescaled when m grows), and the
+  selected logit z_y picked from its block; then log p_y = z_y - lse and H = lse - sum_j p_j z_j. Only h, W, b,
+  the targets and lse, H (N,) are kept for the backward;
+* backward: each block's logits recomputed (p = exp(z - lse)), its logit gradient formed and multiplied into
+  the gradients of h, W and b at once (the formulas on the lines below), so that no (N, V) tensor exists at any
+  time; the peak is a few (chunk, vocab_chunk) blocks.
+
+The logits are computed in the dtype the plain path computes them in (autocast's under autocast, else the inputs'),
+and the log-sum-exp, the entropy and the logit gradients are accumulated in float32 (float64 for float64 inputs),
+as ``rlft.core.ops.logprobs_from_logits`` does. The result is the same function as full logits + log-softmax, up to
+rounding (tests/test_chunked_logprobs.py bounds the difference).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+#: Vocabulary entries per block: a (1024 tokens x 16384) float32 block is 64 MB.
+VOCAB_CHUNK = 16384
+
+
+def chunked_logprobs(h: Tensor, weight: Tensor, targets: Tensor, *, bias: Tensor | None = None,
+                     temperature: float = 1.0, chunk: int = 1024, vocab_chunk: int = VOCAB_CHUNK,
+                     with_entropy: bool = False, entropy_grad: bool = False) -> tuple[Tensor, Tensor | None]:
+    """(log softmax(z)[targets] (N,), the entropy of softmax(z) (N,) or None) for z = (h W^T + b) / temperature,
+    from hidden states ``h`` (N, H), the output projection ``weight`` (V, H), ``bias`` (V,) and ``targets`` (N,),
+    ``chunk`` tokens and ``vocab_chunk`` vocabulary entries at a time, differentiable in h, weight and bias without
+    storing the logits. The entropy is returned detached unless ``entropy_grad`` (an entropy bonus)."""
+    _check(h, weight, targets, bias, temperature, chunk, vocab_chunk)
+    logp, ent = _ChunkedLogprobs.apply(h, weight, bias, targets, float(temperature), int(chunk), int(vocab_chunk),
+                                       with_entropy)
+    if not with_entropy:
+        return logp, None
+    return logp, ent if entropy_grad else ent.detach()
+
+
+def _check(h: Tensor, weight: Tensor, targets: Tensor, bias: Tensor | None, temperature: float, chunk: int,
+           vocab_chunk: int) -> None:
+    if h.dim() != 2 or weight.dim() != 2 or h.shape[1] != weight.shape[1]:
+        raise ValueError(f"chunked_logprobs: hidden states (N, H) and weight (V, H), got {tuple(h.shape)} and "
+                         f"{tuple(weight.shape)}")
+    if targets.shape != h.shape[:1]:
+        raise ValueError(f"chunked_logprobs: targets (N,) = {tuple(h.shape[:1])}, got {tuple(targets.shape)}")
+    if bias is not None and bias.shape != weight.shape[:1]:
+        raise ValueError(f"chunked_logprobs: bias (V,) = {tuple(weight.shape[:1])}, got {tuple(bias.shape)}")
+    if not temperature > 0:
+        raise ValueError(f"chunked_logprobs: temperature must be > 0, got {temperature}")
+    if chunk < 1 or vocab_chunk < 1:
+        raise ValueError(f"chunked_logprobs: chunk and vocab_chunk must be >= 1, got {chunk} and {vocab_chunk}")
+    if len(targets) and (int(targets.min()) < 0 or int(targets.max()) >= weight.shape[0]):
+        raise ValueError(f"chunked_logprobs: targets must be in [0, {weight.shape[0]}), got "
+                         f"[{int(targets.min())}, {int(targets.max())}]")
+
+
+def _dtypes(h: Tensor, weight: Tensor) -> tuple[torch.dtype, torch.dtype]:
+    """(the dtype the logits are computed in, the dtype they are accumulated in): autocast's dtype where autocast
+    is on (as ``nn.Linear`` would compute them there), else the inputs' promoted one; at least float32."""
+    device = h.device.type
+    compute = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else \
+        torch.promote_types(h.dtype, weight.dtype)
+    return compute, torch.promote_types(compute, torch.float32)
+
+
+def _block_logits(h: Tensor, weight: Tensor, bias: Tensor | None, cols: slice, temperature: float,
+                  compute: torch.dtype, acc: torch.dtype) -> Tensor:
+    """Logits (n, v) of the vocabulary entries ``cols`` for the rows ``h`` (n, H), in ``acc``."""
+    b = bias[cols].to(compute) if bias is not None else None
+    z = torch.nn.functional.linear(h, weight[cols].to(compute), b).to(acc)  # (n, v)
+    return z.div_(temperature) if temperature != 1.0 else z
+
+
+def _picked(z: Tensor, targets: Tensor, start: int) -> tuple[Tensor, Tensor]:
+    """(whether each row's target falls in the block of columns starting at ``start`` (n,), the block's logit at
+    that column, junk where it does not (n,))."""
+    inside = (targets >= start) & (targets < start + z.shape[1])  # (n,)
+    col = (targets - start).clamp(0, z.shape[1] - 1)  # (n,)
+    return inside, z.gather(1, col[:, None]).squeeze(1)
+
+
+def _row_stats(h: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, temperature: float,
+               vocab_chunk: int, with_entropy: bool, compute: torch.dtype, acc: torch.dtype
+               ) -> tuple[Tensor, Tensor, Tensor | None]:
+    """(lse, z_y, H) (n,) each of a block of rows, over the vocabulary ``vocab_chunk`` entries at a time."""
+    n = h.shape[0]
+    m = torch.full((n,), float("-inf"), dtype=acc, device=h.device)  # running max
+    s = torch.zeros(n, dtype=acc, device=h.device)  # sum_j exp(z_j - m)
+    a = torch.zeros(n, dtype=acc, device=h.device) if with_entropy else None  # sum_j exp(z_j - m) z_j
+    picked = torch.zeros(n, dtype=acc, device=h.device)
+    for start in range(0, weight.shape[0], vocab_chunk):
+        z = _block_logits(h, weight, bias, slice(start, start + vocab_chunk), temperature, compute, acc)  # (n, v)
+        inside, val = _picked(z, targets, start)
+        picked = torch.where(inside, val, picked)
+        m_new = torch.maximum(m, z.amax(1))  # (n,)
+        rescale = torch.exp(m - m_new)  # exp(-inf) = 0 on the first block
+        e = torch.sub(z, m_new[:, None]).exp_()  # (n, v)
+        s = s * rescale + e.sum(1)
+        if a is not None:
+            a = a * rescale + torch.einsum("nv,nv->n", e, z)
+        m = m_new
+    lse = m + torch.log(s)  # log sum_j exp(z_j)
+    ent = lse - a / s if a is not None else None  # H = -sum p log p = lse - sum_j p_j z_j
+    return lse, picked, ent
+
+
+def _add_product(out: Tensor, a: Tensor, b: Tensor) -> None:
+    """out += a @ b, with a @ b in a's dtype (the logits' compute dtype) and the sum in out's (float32)."""
+    if a.dtype == out.dtype:
+        out.addmm_(a, b)
+    else:
+        out += (a @ b).to(out.dtype)
+
+
+class _ChunkedLogprobs(torch.autograd.Function):
+    """log p_y and H of softmax((h W^T + b) / tau), block by block; the backward recomputes each block."""
+
+    @staticmethod
+    def forward(ctx, h, weight, bias, targets, temperature, chunk, vocab_chunk, with_entropy):
+        compute, acc = _dtypes(h, weight)
+        n = h.shape[0]
+        lse = torch.zeros(n, dtype=acc, device=h.device)
+        picked = torch.zeros(n, dtype=acc, device=h.device)
+        ent = torch.zeros(n if with_entropy else 0, dtype=acc, device=h.device)
+        with torch.autocast(h.device.type, enabled=False):  # the dtypes are chosen above, once
+            for start in range(0, n, chunk):
+                rows = slice(start, start + chunk)
+                lse[rows], picked[rows], e = _row_stats(h[rows].to(compute), weight, bias, targets[rows],
+                                                        temperature, vocab_chunk, with_entropy, compute, acc)
+                if with_entropy:
+                    ent[rows] = e
+        ctx.save_for_backward(h, weight, bias, targets, lse, ent)
+        ctx.settings = (temperature, chunk, vocab_chunk, compute, acc)
+        ctx.set_materialize_grads(False)  # an output nobody differentiates gets None, and costs nothing
+        if not with_entropy:
+            ctx.mark_non_differentiable(ent)
+        return picked - lse, ent  # log p_y = z_y - lse
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g_logp, g_ent):
+        h, weight, bias, targets, lse, ent = ctx.saved_tensors
+        temperature, chunk, vocab_chunk, compute, acc = ctx.settings
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        grad_h = torch.zeros(h.shape, dtype=acc, device=h.device) if need_h else None
+        grad_w = torch.zeros(weight.shape, dtype=acc, device=h.device) if need_w else None
+        grad_b = torch.zeros(weight.shape[0], dtype=acc, device=h.device) if need_b else None
+        g_ent = g_ent if ent.numel() else None
+        with torch.autocast(h.device.type, enabled=False):
+            for start in range(0, h.shape[0], chunk):
+                rows = slice(start, start + chunk)
+                hc = h[rows].to(compute)  # (n, H)
+                gl = g_logp[rows].to(acc) if g_logp is not None else None
+                ge = g_ent[rows].to(acc) if g_ent is not None else None
+                for col in range(0, weight.shape[0], vocab_chunk):
+                    cols = slice(col, col + vocab_chunk)
+                    z = _block_logits(hc, weight, bias, cols, temperature, compute, acc)  # (n, v)
+                    gz = _logit_grad(z, lse[rows], ent[rows] if ge is not None else None, targets[rows], col,
+                                     gl, ge)
+                    if temperature != 1.0:
+                        gz.div_(temperature)  # dL/d(h W^T + b) = dL/dz / tau
+                    gzc = gz.to(compute)
+                    if grad_h is not None:
+                        _add_product(grad_h[rows], gzc, weight[cols].to(compute))  # dL/dh = gz W
+                    if grad_w is not None:
+                        _add_product(grad_w[cols], gzc.T, hc)  # dL/dW = gz^T h
+                    if grad_b is not None:
+                        grad_b[cols] += gz.sum(0)  # dL/db = sum over rows of gz
+        return (_as(grad_h, h), _as(grad_w, weight), _as(grad_b, bias), None, None, None, None, None)
+
+
+def _logit_grad(z: Tensor, lse: Tensor, ent: Tensor | None, targets: Tensor, start: int, g_logp: Tensor | None,
+                g_ent: Tensor | None) -> Tensor:
+    """dL/dz (n, v) of a block of logits, from the upstream gradients of log p_y (n,) and of H (n,)."""
+    logp = z.sub_(lse[:, None])  # log p_j (n, v), in place: z is not needed any more
+    p = torch.exp(logp)
+    if g_logp is not None:  # d log p_y / d z_j = 1[j = y] - p_j
+        gz = p * -g_logp[:, None]
+        inside = (targets >= start) & (targets < start + z.shape[1])  # (n,)
+        rows = inside.nonzero().squeeze(1)
+        gz[rows, targets[rows] - start] += g_logp[rows]
+    else:
+        gz = torch.zeros_like(z)
+    if g_ent is not None:  # d H / d z_j = -p_j (log p_j + H)
+        gz.sub_(logp.add_(ent[:, None]).mul_(p).mul_(g_ent[:, None]))
+    return gz
+
+
+def _as(grad: Tensor | None, like: Tensor | None) -> Tensor | None:
+    return grad.to(like.dtype) if grad is not None else None
