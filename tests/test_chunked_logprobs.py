@@ -28,9 +28,10 @@ from rlft.config import ConfigError
 from rlft.core.chunked import chunked_logprobs
 from rlft.core.ops import entropy_from_logits, logprobs_from_logits
 from rlft.models.forward import output_head, response_logits, response_logprobs, response_states
-from rlft.models.loading import load_model, load_tokenizer
+from rlft.models.loading import load_model
 from rlft.recipe import load_config
 from rlft.rollout.batch import Batch, left_pad, right_pad
+from test_rl_loop import model, tok  # noqa: F401  (fixtures)
 from numerics import FORWARD_DEPTH, MODEL_DEPTH, assert_rounding_close, gamma, model_reduction_len, unit_roundoff
 
 # ----------------------------------------------------------------------------- the maths
@@ -277,16 +278,6 @@ def test_bad_arguments_name_what_is_wrong(args, match):
 
 
 # ----------------------------------------------------------------------------- the model
-
-
-@pytest.fixture
-def tok(tiny_model_dir):
-    return load_tokenizer(str(tiny_model_dir))
-
-
-@pytest.fixture
-def model(tiny_model_dir):
-    return load_model(str(tiny_model_dir), dtype="float32", device="cpu")
 
 
 def _batch(tok):
