@@ -376,3 +376,16 @@ def test_an_rl_run_shows_the_schemas_in_its_training_and_held_out_prompts(tok, t
     assert samples and all(f"<tools>\n{json.dumps(schema(CALC))}\n</tools>" in s["prompt"] for s in samples)
     assert len(held_out) == 4 and all(json.dumps(schema(CALC)) in tok.decode(p) for p in held_out)
     assert json.loads((run_dir / "eval.json").read_text())["after_rl"]["n"] == 4
+
+
+def test_the_sft_warm_up_shows_the_same_tool_schemas_as_the_episodes(tok):
+    from rlft.trainers.sft import sft_pairs
+
+    tok.chat_template = QWEN_STYLE
+    examples = [Example(prompt="What is 6*7?", ground_truth="42", response="<tool_call>x</tool_call>")]
+    cfg = tools_config()
+    (prompt, _, _), = sft_pairs(examples, tok, cfg)
+    assert prompt == encode_prompts(examples, "chat", tok, 4000, tools=prompt_tools(cfg, "chat"))[0]
+    assert '"name": "calculator"' in tok.decode(prompt, skip_special_tokens=False)
+    (plain, _, _), = sft_pairs(examples, tok, tools_config("env.protocol=text"))
+    assert "calculator" not in tok.decode(plain, skip_special_tokens=False)

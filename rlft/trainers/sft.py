@@ -23,6 +23,7 @@ from rlft.data.schema import DataError, Example
 from rlft.data.synthetic import configured_task
 from rlft.data.sft_data import load_sft_examples, response_weights, with_system_prompt
 from rlft.data.templates import encode_prompts
+from rlft.insight.eval import prompt_tools
 from rlft.models.forward import response_logits
 from rlft.rollout.batch import left_pad, right_pad
 from rlft.rollout.multiturn import opened
@@ -48,7 +49,8 @@ def sft_pairs(examples: Sequence[Example], tokenizer, cfg: Config) -> list[Item]
     if missing:
         raise DataError(f"sft: {len(missing)} training rows have no reference response (first: row {missing[0]}); "
                         "set data.response_key, sft.source, or sft.steps=0")
-    prompts = encode_prompts(examples, cfg.data.template, tokenizer, cfg.data.max_prompt_tokens, "sft data")
+    prompts = encode_prompts(examples, cfg.data.template, tokenizer, cfg.data.max_prompt_tokens, "sft data",
+                             prompt_tools(cfg, cfg.data.template))  # the tools' schemas, as the episodes show them
     items = []
     for i, (p, ex) in enumerate(zip(prompts, examples)):
         try:
