@@ -453,3 +453,17 @@ def test_the_review_environment_answers_any_text_inside_a_step(actions, retries,
             assert "solver" in step.info["role_rewards"]
             break
     assert n <= 2 * retries + 2 and judged <= retries
+
+
+def test_roles_after_a_pipelines_sft_stage_record_its_model(tmp_path, tiny_size_overrides):
+    """stages [sft, rl]: the rl stage's roles go on the sft stage's model, and their adapters name the directory
+    that model was loaded from (not the pipeline's first model), so the final policy loads back with it."""
+    cfg = load_config(RECIPE, tiny_size_overrides(
+        tmp_path / "runs", "stages=[sft, rl]", "sft.steps=10", "train.steps=1", "data.num_eval=4",
+        "data.synth_train_size=40", "eval.ks=[1]", "reward.workers=1", "log.name=p", "eval.before_rl=false"))
+    result = run_pipeline(cfg, echo=lambda *a, **k: None)
+    policy = Path(result.stages[-1]["model_dir"])
+    recorded = Path(json.loads((policy / "verifier" / "adapter_config.json").read_text())["base_model_name_or_path"])
+    assert recorded == Path(result.stages[0]["model_dir"]).resolve() and (recorded / "config.json").is_file()
+    model, _ = load_policy(str(policy), cfg.model)
+    assert roles_of(model).names == ROLES

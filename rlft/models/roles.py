@@ -100,6 +100,15 @@ def acting(model, role: str) -> Iterator:
         _activate(model, before, spec)
 
 
+def in_role(model, role: str, fn: Callable) -> Callable:
+    """``fn`` (a sampler of ``model``, say), each call run under ``role``'s adapter (``acting``)."""
+    def call(*args, **kwargs):
+        with acting(model, role):
+            return fn(*args, **kwargs)
+
+    return call
+
+
 def active_role(model) -> str:
     """The role whose adapter forward passes run through now."""
     roles_of(model)

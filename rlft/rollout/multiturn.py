@@ -46,7 +46,7 @@ from rlft.data.templates import prompt_messages, with_opening
 from rlft.envs.build import factory
 from rlft.envs.tool_env import shown_tools
 from rlft.models.lora import core_model
-from rlft.models.roles import acting
+from rlft.models.roles import has_roles, in_role
 from rlft.rewards import call_with_timeout
 from rlft.rollout.batch import Batch, left_pad, right_pad
 from rlft.rollout.env_steps import Paused, answer, start_env, step_envs
@@ -199,7 +199,12 @@ def rollout_env(model, tokenizer, examples: Sequence[Example], prompts: list[lis
 
     roles = cfg.roles.names
     run = sampler()
-    turns = {role: acting_as(model, role, sampler()) for role in roles} if roles else run  # a cache per role
+    if not roles:
+        turns = run
+    elif has_roles(model):  # each role under its adapter, with a sampler (a KV cache) of its own
+        turns = {role: in_role(model, role, sampler()) for role in roles}
+    else:  # a model without roles (an SFT stage's, before the adapters exist) plays every role
+        turns = {role: run for role in roles}
     limits = TurnLimits(max_turns=e.max_turns, max_tokens=e.max_tokens or model_positions(model),
                         max_new_tokens=e.max_new_tokens or r.max_new_tokens, deadline_s=e.deadline_s,
                         max_observation_chars=e.max_observation_chars, role=e.role, stop=e.stop)
@@ -214,16 +219,6 @@ def rollout_env(model, tokenizer, examples: Sequence[Example], prompts: list[lis
                                  tools=shown_tools(factory(e.name, e.fn), e.kwargs))
     finally:
         model.train(was_training)
-
-
-def acting_as(model, role: str, run: Callable[..., Any]) -> Callable[..., Any]:
-    """``run`` (a turn sampler of ``model``) sampling under ``role``'s adapter (rlft.models.roles.acting). Each role
-    has a sampler of its own: a KV cache kept between turns holds what one role's weights computed."""
-    def turn(*args):
-        with acting(model, role):
-            return run(*args)
-
-    return turn
 
 
 def _make_env(make: Callable[..., Any], params: Mapping[str, Any], sample: Mapping[str, Any]) -> Any:

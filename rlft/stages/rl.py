@@ -101,7 +101,7 @@ def rl_stage(inp: StageInput) -> StageResult:
                 dist.on_main(lambda: _warm_up(policy, tokenizer, task, cfg, out_dir))
                 dist.sync_params_(policy)
             if cfg.roles.multi_agent:  # the warm-up trained the base; each role's adapter starts from it
-                policy = attach_roles(policy, tokenizer, cfg, str(inp.model_dir), out_dir, changed=warm)
+                policy = attach_roles(policy, tokenizer, cfg, out_dir, changed=warm)
             if cfg.eval.before_rl and inp.start is None:
                 results["before_rl"] = _evaluate(policy, tokenizer, held_out, cfg, echo, "before RL")
                 write_json(out_dir / "eval.json", results)

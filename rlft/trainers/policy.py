@@ -39,14 +39,18 @@ def training_policy(cfg: Config, model_path: str, ckpt: Path | None, work_dir: P
     return _checkpointed(policy, cfg), tokenizer
 
 
-def attach_roles(policy, tokenizer, cfg: Config, model_path: str, work_dir: Path, *, changed: bool):
-    """``policy`` (a plain model) with one LoRA adapter per role of ``cfg.roles``. Saved adapters name the base
-    they apply to, so a base the warm-up ``changed`` is first written whole to ``work_dir/roles_base`` (the
-    directory the adapters then record); else it is ``model_path``'s model."""
+def attach_roles(policy, tokenizer, cfg: Config, work_dir: Path, *, changed: bool):
+    """``policy`` (a plain model, as ``training_policy`` loaded it) with one LoRA adapter per role of
+    ``cfg.roles``. Saved adapters name the directory of the base they apply to (PEFT records the model's
+    ``name_or_path``), so a base the warm-up ``changed`` is first written whole to ``work_dir/roles_base`` and
+    named by it; else it is the directory the model was loaded from (a pipeline's merged ``base_model`` when the
+    previous stage saved adapters)."""
     if changed:
         base = save_whole(work_dir / "roles_base", lambda tmp: save_model(policy, tokenizer, tmp))
-        model_path = str(base.resolve())
-    policy.name_or_path = policy.config._name_or_path = str(Path(model_path).resolve())  # what PEFT records
+        policy.name_or_path = policy.config._name_or_path = str(base.resolve())
+    if not Path(policy.name_or_path or "").is_dir():
+        raise ValueError(f"roles: the base model's directory {policy.name_or_path!r} is not on disk; saved "
+                         "adapters could not name it")
     return _checkpointed(with_roles(policy, cfg.roles.names, cfg.lora, frozen=cfg.roles.frozen), cfg)
 
 
