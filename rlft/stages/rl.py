@@ -28,6 +28,7 @@ from pathlib import Path
 from rlft.config import Config, ConfigError
 from rlft.data.templates import encode_prompts
 from rlft.insight.eval import HeldOut, evaluate_sets, primary_set, prompt_tools, without_examples
+from rlft.models import memory
 from rlft.models.lora import save_policy
 from rlft.models.loading import resolve_device
 from rlft.models.roles import has_roles
@@ -89,6 +90,7 @@ def rl_stage(inp: StageInput) -> StageResult:
         train_prompts = encode_prompts(task.train, cfg.data.template, tokenizer, cfg.data.max_prompt_tokens,
                                        "train data", prompt_tools(cfg, cfg.data.template))
         held_out = [h.encode(tokenizer, cfg) for h in (primary_set(cfg, task.held_out), *task.sets)]
+        _memory_estimate(policy, train_prompts, cfg, n_params, n_train, echo)
     echo(f"rlft: {len(task.train)} training prompts, {len(task.held_out)} held-out"
          + "".join(f", {len(h.examples)} in {h.name}" for h in task.sets)
          + (f"; {dist.world} processes" if dist.active else ""))
@@ -119,6 +121,28 @@ def rl_stage(inp: StageInput) -> StageResult:
     start = f"{before['exact_match']:.3f} -> " if "exact_match" in before else ""
     line = f"{cfg.algo.name}: exact match {start}{after['exact_match']:.3f}; policy in {out_dir / 'policy'}"
     return StageResult(model_dir=out_dir / "policy", metrics=without_examples(after), summary=line)
+
+
+def _memory_estimate(policy, train_prompts: list[list[int]], cfg: Config, n_params: int, n_train: int, echo) -> None:
+    """Print the memory model's estimate of this run (rlft.models.memory) and, with train.memory_check, refuse one
+    over 1.5 x the machine's memory. The prompt width is the longest training prompt (a batch pads to it)."""
+    model_config = getattr(policy, "config", None)
+    if model_config is None or not hasattr(model_config, "num_hidden_layers"):
+        return  # several roles' wrapper or a model without a decoder config: nothing to estimate from
+    t = cfg.train
+    prompt_tokens = max((len(p) for p in train_prompts), default=0)
+    row_tokens = prompt_tokens + cfg.rollout.max_new_tokens
+    est = memory.estimate(
+        model_config, trainable_params=n_train, total_params=n_params,
+        dtype_bytes=next(policy.parameters()).element_size(), rows=t.prompts_per_step * cfg.algo.group_size,
+        prompt_tokens=prompt_tokens, response_tokens=cfg.rollout.max_new_tokens,
+        micro_batch_rows=memory.micro_batch_rows(t.micro_batch_size, t.micro_batch_tokens, row_tokens),
+        logprob_chunk=t.logprob_chunk, lora=cfg.lora.rank > 0, reference=cfg.algo.needs_ref,
+        critic=cfg.algo.needs_critic, gradient_checkpointing=cfg.model.gradient_checkpointing)
+    available = memory.available_memory(str(resolve_device(cfg.model.device)))
+    echo(est.line(available))
+    if t.memory_check:
+        memory.check(est, available, lora=cfg.lora.rank > 0)
 
 
 def _warm_up(policy, tokenizer, task: Task, cfg: Config, out_dir: Path) -> None:
