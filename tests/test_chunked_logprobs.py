@@ -277,6 +277,45 @@ def test_bad_arguments_name_what_is_wrong(args, match):
         chunked_logprobs(kw["h"], kw["W"], kw["y"], **rest)
 
 
+def test_argmax_hand_case_ties_go_to_the_first_column_across_blocks():
+    """H = 1, h = 1, W = (0, 2, 2, 1, 2): the maximum 2 is at columns 1, 2 and 4; blocks of 2 columns put them in
+    three blocks (1 | 2 | 4). As ``torch.argmax``, only the first, column 1, is the argmax."""
+    h = torch.ones(4, 1)
+    W = torch.tensor([[0.0], [2.0], [2.0], [1.0], [2.0]])
+    y = torch.tensor([1, 2, 4, 0])
+    assert (F.linear(h, W).argmax(1) == y).tolist() == [True, False, False, False]
+    for vocab_chunk in (1, 2, 3, 5):
+        logp, ent, hit = chunked_logprobs(h, W, y, vocab_chunk=vocab_chunk, with_argmax=True)
+        assert hit.tolist() == [True, False, False, False] and hit.dtype == torch.bool and ent is None
+    _, ent, hit = chunked_logprobs(torch.ones(1, 1), torch.tensor([[1.0], [3.0]]), torch.tensor([1]), chunk=1,
+                                   vocab_chunk=1, with_entropy=True, with_argmax=True)
+    assert hit.tolist() == [True] and ent is not None  # a larger maximum in a later block moves the argmax
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_argmax_equals_the_full_logits_and_changes_nothing_else(mode):
+    """Over a vocabulary of 32,000 (half the targets the argmax): whether the target is the argmax is
+    ``z.argmax(1) == y`` of the full logits (float32 logits; in bfloat16, where ties are common, the blocks' and the
+    full matmul's roundings may differ); the log-probs and gradients are bit for bit those without it."""
+    h, W, b, y, a, c = _inputs(9)
+    hl, Wl, bl = _leaves(h, W, b, mode)
+    with _context(mode), torch.no_grad():
+        want = F.linear(hl, Wl, bl).float().div(0.7).argmax(1) == y
+    assert want.sum() >= 4
+    plain = _chunked(h, W, b, y, a, c, 0.7, mode, 4, 5000)
+    for chunk, vocab_chunk in ((4, 5000), (9, V), (1, 4096)):
+        h2, W2, b2 = _leaves(h, W, b, mode)
+        with _context(mode):
+            logp, ent, hit = chunked_logprobs(h2, W2, y, bias=b2, temperature=0.7, chunk=chunk,
+                                              vocab_chunk=vocab_chunk, with_entropy=True, entropy_grad=True,
+                                              with_argmax=True)
+        assert not hit.requires_grad and (torch.equal(hit, want) or mode != "float32")
+        (logp * a).add(ent * c).sum().backward()
+        if (chunk, vocab_chunk) == (4, 5000):
+            for g, w in zip((logp.detach(), ent.detach(), h2.grad, W2.grad, b2.grad), plain):
+                assert torch.equal(g, w)
+
+
 # ----------------------------------------------------------------------------- the model
 
 

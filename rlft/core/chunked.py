@@ -18,6 +18,12 @@ The logits are computed in the dtype the plain path computes them in (autocast's
 and the log-sum-exp, the entropy and the logit gradients are accumulated in float32 (float64 for float64 inputs),
 as ``rlft.core.ops.logprobs_from_logits`` does. The result is the same function as full logits + log-softmax, up to
 rounding (tests/test_chunked_logprobs.py bounds the difference).
+
+With ``with_argmax`` it also says, per token, whether the target is the argmax of its logits as ``torch.argmax``
+picks it (the first column holding the maximum): each block's first maximum, kept across blocks only when a later
+block's maximum is strictly larger. That is SFT's token accuracy at the cost of a max per block; it can differ
+from the full logits' argmax only where two logits are within rounding of each other (the blocks' logits are the
+same products, summed in possibly another order).
 """
 
 from __future__ import annotations
@@ -31,17 +37,18 @@ VOCAB_CHUNK = 16384
 
 def chunked_logprobs(h: Tensor, weight: Tensor, targets: Tensor, *, bias: Tensor | None = None,
                      temperature: float = 1.0, chunk: int = 1024, vocab_chunk: int = VOCAB_CHUNK,
-                     with_entropy: bool = False, entropy_grad: bool = False) -> tuple[Tensor, Tensor | None]:
+                     with_entropy: bool = False, entropy_grad: bool = False, with_argmax: bool = False) -> tuple:
     """(log softmax(z)[targets] (N,), the entropy of softmax(z) (N,) or None) for z = (h W^T + b) / temperature,
     from hidden states ``h`` (N, H), the output projection ``weight`` (V, H), ``bias`` (V,) and ``targets`` (N,),
     ``chunk`` tokens and ``vocab_chunk`` vocabulary entries at a time, differentiable in h, weight and bias without
-    storing the logits. The entropy is returned detached unless ``entropy_grad`` (an entropy bonus)."""
+    storing the logits. The entropy is returned detached unless ``entropy_grad`` (an entropy bonus). With
+    ``with_argmax``, a third element: whether each target is ``z.argmax(1)`` (N,) bool, the first maximum's column
+    as ``torch.argmax`` picks it (no gradient)."""
     _check(h, weight, targets, bias, temperature, chunk, vocab_chunk)
-    logp, ent = _ChunkedLogprobs.apply(h, weight, bias, targets, float(temperature), int(chunk), int(vocab_chunk),
-                                       with_entropy)
-    if not with_entropy:
-        return logp, None
-    return logp, ent if entropy_grad else ent.detach()
+    logp, ent, hit = _ChunkedLogprobs.apply(h, weight, bias, targets, float(temperature), int(chunk),
+                                            int(vocab_chunk), with_entropy, with_argmax)
+    out = (logp, None if not with_entropy else ent if entropy_grad else ent.detach())
+    return (*out, hit) if with_argmax else out
 
 
 def _check(h: Tensor, weight: Tensor, targets: Tensor, bias: Tensor | None, temperature: float, chunk: int,
@@ -88,19 +95,26 @@ def _picked(z: Tensor, targets: Tensor, start: int) -> tuple[Tensor, Tensor]:
 
 
 def _row_stats(h: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, temperature: float,
-               vocab_chunk: int, with_entropy: bool, compute: torch.dtype, acc: torch.dtype
-               ) -> tuple[Tensor, Tensor, Tensor | None]:
-    """(lse, z_y, H) (n,) each of a block of rows, over the vocabulary ``vocab_chunk`` entries at a time."""
+               vocab_chunk: int, with_entropy: bool, compute: torch.dtype, acc: torch.dtype,
+               with_argmax: bool = False) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
+    """(lse, z_y, H, argmax) (n,) each of a block of rows, over the vocabulary ``vocab_chunk`` entries at a time;
+    argmax (the first column of the maximum) only ``with_argmax``."""
     n = h.shape[0]
     m = torch.full((n,), float("-inf"), dtype=acc, device=h.device)  # running max
     s = torch.zeros(n, dtype=acc, device=h.device)  # sum_j exp(z_j - m)
     a = torch.zeros(n, dtype=acc, device=h.device) if with_entropy else None  # sum_j exp(z_j - m) z_j
     picked = torch.zeros(n, dtype=acc, device=h.device)
+    arg = torch.zeros(n, dtype=torch.long, device=h.device) if with_argmax else None  # first column of the max
     for start in range(0, weight.shape[0], vocab_chunk):
         z = _block_logits(h, weight, bias, slice(start, start + vocab_chunk), temperature, compute, acc)  # (n, v)
         inside, val = _picked(z, targets, start)
         picked = torch.where(inside, val, picked)
-        m_new = torch.maximum(m, z.amax(1))  # (n,)
+        if arg is None:
+            z_max = z.amax(1)  # (n,)
+        else:
+            z_max, col = z.max(1)  # (n,) each; col: the block's first maximum
+            arg = torch.where(z_max > m, col + start, arg)  # a tie with an earlier block keeps the earlier column
+        m_new = torch.maximum(m, z_max)  # (n,)
         rescale = torch.exp(m - m_new)  # exp(-inf) = 0 on the first block
         e = torch.sub(z, m_new[:, None]).exp_()  # (n, v)
         s = s * rescale + e.sum(1)
@@ -109,7 +123,7 @@ def _row_stats(h: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, 
         m = m_new
     lse = m + torch.log(s)  # log sum_j exp(z_j)
     ent = lse - a / s if a is not None else None  # H = -sum p log p = lse - sum_j p_j z_j
-    return lse, picked, ent
+    return lse, picked, ent, arg
 
 
 def _add_product(out: Tensor, a: Tensor, b: Tensor) -> None:
@@ -124,29 +138,34 @@ class _ChunkedLogprobs(torch.autograd.Function):
     """log p_y and H of softmax((h W^T + b) / tau), block by block; the backward recomputes each block."""
 
     @staticmethod
-    def forward(ctx, h, weight, bias, targets, temperature, chunk, vocab_chunk, with_entropy):
+    def forward(ctx, h, weight, bias, targets, temperature, chunk, vocab_chunk, with_entropy, with_argmax):
         compute, acc = _dtypes(h, weight)
         n = h.shape[0]
         lse = torch.zeros(n, dtype=acc, device=h.device)
         picked = torch.zeros(n, dtype=acc, device=h.device)
         ent = torch.zeros(n if with_entropy else 0, dtype=acc, device=h.device)
+        hit = torch.zeros(n if with_argmax else 0, dtype=torch.bool, device=h.device)
         with torch.autocast(h.device.type, enabled=False):  # the dtypes are chosen above, once
             for start in range(0, n, chunk):
                 rows = slice(start, start + chunk)
-                lse[rows], picked[rows], e = _row_stats(h[rows].to(compute), weight, bias, targets[rows],
-                                                        temperature, vocab_chunk, with_entropy, compute, acc)
+                lse[rows], picked[rows], e, arg = _row_stats(h[rows].to(compute), weight, bias, targets[rows],
+                                                             temperature, vocab_chunk, with_entropy, compute, acc,
+                                                             with_argmax)
                 if with_entropy:
                     ent[rows] = e
+                if with_argmax:
+                    hit[rows] = arg == targets[rows]
         ctx.save_for_backward(h, weight, bias, targets, lse, ent)
         ctx.settings = (temperature, chunk, vocab_chunk, compute, acc)
         ctx.set_materialize_grads(False)  # an output nobody differentiates gets None, and costs nothing
         if not with_entropy:
             ctx.mark_non_differentiable(ent)
-        return picked - lse, ent  # log p_y = z_y - lse
+        ctx.mark_non_differentiable(hit)
+        return picked - lse, ent, hit  # log p_y = z_y - lse
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, g_logp, g_ent):
+    def backward(ctx, g_logp, g_ent, g_hit):
         h, weight, bias, targets, lse, ent = ctx.saved_tensors
         temperature, chunk, vocab_chunk, compute, acc = ctx.settings
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
@@ -174,7 +193,7 @@ class _ChunkedLogprobs(torch.autograd.Function):
                         _add_product(grad_w[cols], gzc.T, hc)  # dL/dW = gz^T h
                     if grad_b is not None:
                         grad_b[cols] += gz.sum(0)  # dL/db = sum over rows of gz
-        return (_as(grad_h, h), _as(grad_w, weight), _as(grad_b, bias), None, None, None, None, None)
+        return (_as(grad_h, h), _as(grad_w, weight), _as(grad_b, bias), None, None, None, None, None, None)
 
 
 def _logit_grad(z: Tensor, lse: Tensor, ent: Tensor | None, targets: Tensor, start: int, g_logp: Tensor | None,

@@ -13,7 +13,8 @@ checks log-probs and gradients against the plain path within the rounding bound.
 its final hidden states (``output_head``): the forward returns those hidden states instead (the output projection
 swapped for an identity for the call), and ``rlft.core.chunked.chunked_logprobs`` computes each response token's
 log-prob and entropy from them and the projection's weight, ``chunk`` tokens at a time, its backward recomputing
-each chunk's logits (``train.logprob_chunk``). ``response_logits`` still returns the full logits.
+each chunk's logits (``train.logprob_chunk``). ``response_logits`` still returns the full logits. SFT's loss and
+token accuracy (``with_argmax``) and PPO-ptx's language-model loss (``next_token_logprobs``) take the same path.
 """
 
 from __future__ import annotations
@@ -300,7 +301,7 @@ def _shared_prefix_logits(model, prompt_ids: Tensor, prompt_mask: Tensor, respon
 def response_logprobs(model, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor, response_mask: Tensor,
                       *, temperature: float = 1.0, with_entropy: bool = False, entropy_grad: bool = False,
                       shared_prefix: bool = True, agree: Callable[[int], int] | None = None,
-                      chunk: int = LOGPROB_CHUNK) -> tuple[Tensor, Tensor | None]:
+                      chunk: int = LOGPROB_CHUNK, with_argmax: bool = False) -> tuple:
     """Log-probs (B, T) of ``response_ids`` under ``model``, and the token entropy (B, T) if asked.
 
     Logits are divided by the sampling temperature, so the log-probs are those of
@@ -308,22 +309,49 @@ def response_logprobs(model, prompt_ids: Tensor, prompt_mask: Tensor, response_i
     the logits are never materialised: the log-prob and entropy of each response token (``response_mask`` != 0)
     come from its final hidden state, ``chunk`` tokens at a time (``rlft.core.chunked``), and are 0 under the mask
     (the full-logits path gives the padding's junk there). The entropy carries a gradient only with
-    ``entropy_grad`` (an entropy bonus); otherwise it is a metric.
+    ``entropy_grad`` (an entropy bonus); otherwise it is a metric. With ``with_argmax``, a third element: whether
+    each response token is the argmax of its logits (B, T) bool (``torch.argmax``'s first maximum; False under the
+    mask on the chunked path), SFT's token accuracy.
     """
     head = output_head(model) if chunk > 0 else None
     if head is not None:
         states = response_states(model, prompt_ids, prompt_mask, response_ids, response_mask,
                                  shared_prefix=shared_prefix, agree=agree)  # (B, T, H)
         keep = response_mask.to(states.device) != 0  # (B, T)
-        logp, ent = chunked_logprobs(states[keep], head.weight, response_ids.to(states.device)[keep],
-                                     bias=head.bias, temperature=temperature, chunk=chunk, with_entropy=with_entropy,
-                                     entropy_grad=entropy_grad)  # (N,) each
-        zeros = torch.zeros(keep.shape, dtype=logp.dtype, device=logp.device)  # (B, T)
-        return zeros.masked_scatter(keep, logp), (zeros.masked_scatter(keep, ent) if ent is not None else None)
+        return _scattered(keep, chunked_logprobs(states[keep], head.weight, response_ids.to(states.device)[keep],
+                                                 bias=head.bias, temperature=temperature, chunk=chunk,
+                                                 with_entropy=with_entropy, entropy_grad=entropy_grad,
+                                                 with_argmax=with_argmax))  # (N,) each, then (B, T)
     logits = response_logits(model, prompt_ids, prompt_mask, response_ids, response_mask, temperature=temperature,
                              shared_prefix=shared_prefix, agree=agree)
-    logp = logprobs_from_logits(logits, response_ids.to(logits.device))  # (B, T)
+    labels = response_ids.to(logits.device)
+    logp = logprobs_from_logits(logits, labels)  # (B, T)
     ent = None
     if with_entropy:  # a metric unless an entropy bonus needs its gradient
         ent = entropy_from_logits(logits if entropy_grad else logits.detach())  # (B, T)
-    return logp, ent
+    return (logp, ent, logits.detach().argmax(-1) == labels) if with_argmax else (logp, ent)
+
+
+def _scattered(keep: Tensor, values: tuple) -> tuple:
+    """Each (N,) tensor of ``values`` (None stays None) at the True positions of ``keep`` (B, T), 0 / False
+    elsewhere."""
+    return tuple(None if v is None else torch.zeros(keep.shape, dtype=v.dtype, device=v.device).masked_scatter(keep, v)
+                 for v in values)
+
+
+def next_token_logprobs(model, ids: Tensor, mask: Tensor, keep: Tensor, *, chunk: int = LOGPROB_CHUNK) -> Tensor:
+    """Log-probs (b, L-1) of each next token ``ids[:, 1:]`` under one forward of ``model`` over right-padded
+    ``ids`` (b, L) with attention ``mask`` (PPO-ptx's language-model loss). With ``chunk`` > 0 and an
+    ``output_head``, from the final hidden states (``chunked_logprobs``) at the positions where ``keep`` (b, L-1)
+    is nonzero only, 0 elsewhere; otherwise from the full logits, at every position."""
+    device = next(model.parameters()).device
+    ids, mask = ids.to(device), mask.to(device)
+    head = output_head(model) if chunk > 0 else None
+    if head is None:
+        logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits[:, :-1]  # (b, L-1, V)
+        return logprobs_from_logits(logits, ids[:, 1:])
+    with _head_off(model):
+        states = model(input_ids=ids, attention_mask=mask, use_cache=False).logits[:, :-1]  # (b, L-1, H)
+    sel = keep.to(device) != 0  # (b, L-1)
+    return _scattered(sel, chunked_logprobs(states[sel], head.weight, ids[:, 1:][sel], bias=head.bias,
+                                            chunk=chunk)[:1])[0]

@@ -13,6 +13,10 @@ The texts come from ``data.ptx_source``:
 Each text is cut to ``data.ptx_max_tokens`` tokens. Each optimizer step draws
 ``train.ptx_batch_size`` of them from a seeded generator whose state is
 checkpointed.
+
+The loss's log-probs come from the final hidden states and the output projection, ``chunk`` tokens at a time,
+without the full logits, where the model allows it (``rlft.models.forward.next_token_logprobs``, as the RL
+update's log-probs; ``chunk`` = 0: the full logits).
 """
 
 from __future__ import annotations
@@ -21,9 +25,10 @@ import torch
 from torch import Tensor
 
 from rlft.core.losses import sft_loss
-from rlft.core.ops import logprobs_from_logits, masked_sum
+from rlft.core.ops import masked_sum
 from rlft.data.loaders import load_rows
 from rlft.data.schema import DataError
+from rlft.models.forward import LOGPROB_CHUNK, next_token_logprobs
 from rlft.rollout.batch import right_pad
 
 
@@ -95,16 +100,18 @@ class PtxData:
         self.gen.set_state(state["gen"])
 
 
-def lm_loss(model, ids: Tensor, mask: Tensor, weights: Tensor | None = None) -> Tensor:
+def lm_loss(model, ids: Tensor, mask: Tensor, weights: Tensor | None = None, *,
+            chunk: int = LOGPROB_CHUNK) -> Tensor:
     """Token-mean next-token NLL of ``ids`` under ``model`` over the tokens after the first whose ``weights`` are 1
-    (default: every non-padding token)."""
-    logp, keep = _lm_logprobs(model, ids, mask, weights)
+    (default: every non-padding token); ``chunk``: tokens per block of the log-prob head (0: the full logits)."""
+    logp, keep = _lm_logprobs(model, ids, mask, weights, chunk)
     return sft_loss(logp, keep)
 
 
-def lm_loss_sum(model, ids: Tensor, mask: Tensor, weights: Tensor | None = None) -> Tensor:
+def lm_loss_sum(model, ids: Tensor, mask: Tensor, weights: Tensor | None = None, *,
+                chunk: int = LOGPROB_CHUNK) -> Tensor:
     """The numerator of ``lm_loss``: the summed NLL over the same tokens (``lm_loss`` = this / ``lm_tokens``)."""
-    logp, keep = _lm_logprobs(model, ids, mask, weights)
+    logp, keep = _lm_logprobs(model, ids, mask, weights, chunk)
     return masked_sum(-logp, keep)
 
 
@@ -114,10 +121,10 @@ def lm_tokens(mask: Tensor, weights: Tensor | None = None) -> float:
     return max(float((weights[:, 1:] * mask[:, 1:]).sum()), 1.0)
 
 
-def _lm_logprobs(model, ids: Tensor, mask: Tensor, weights: Tensor | None) -> tuple[Tensor, Tensor]:
+def _lm_logprobs(model, ids: Tensor, mask: Tensor, weights: Tensor | None, chunk: int) -> tuple[Tensor, Tensor]:
     """(log-prob of each next token (b, L-1), its 0/1 loss weight (b, L-1))."""
     device = next(model.parameters()).device
-    ids, mask = ids.to(device), mask.to(device)
+    mask = mask.to(device)
     weights = mask if weights is None else weights.to(device)
-    logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits[:, :-1]  # (b, L-1, V)
-    return logprobs_from_logits(logits, ids[:, 1:]), (weights[:, 1:] * mask[:, 1:]).float()
+    keep = (weights[:, 1:] * mask[:, 1:]).float()  # (b, L-1)
+    return next_token_logprobs(model, ids, mask, keep, chunk=chunk), keep

@@ -7,7 +7,9 @@ and its eos) or ``answer`` (the final answer and the eos only; see
 argmax), ``sft/num_tokens`` (loss tokens trained on so far), ``sft/samples_per_s``,
 ``sft/padding_frac`` (share of the forward passes' positions that are padding),
 ``sft/grad_norm``, ``sft/lr``. ``sft.max_tokens`` splits each mini-batch into
-micro-batches of similar length under a token budget (less padding, bounded memory).
+micro-batches of similar length under a token budget (less padding, bounded memory). The loss and the accuracy
+come from the final hidden states and the output projection without the full logits where the model allows it
+(``rlft.models.forward.response_logprobs``, ``train.logprob_chunk`` tokens at a time; 0: the full logits).
 """
 
 from __future__ import annotations
@@ -18,13 +20,13 @@ from typing import Callable, Sequence
 import torch
 
 from rlft.config import Config
-from rlft.core.ops import logprobs_from_logits, masked_sum
+from rlft.core.ops import masked_sum
 from rlft.data.schema import DataError, Example
 from rlft.data.synthetic import configured_task
 from rlft.data.sft_data import load_sft_examples, response_weights, with_system_prompt
 from rlft.data.templates import encode_prompts
 from rlft.insight.eval import prompt_tools
-from rlft.models.forward import response_logits
+from rlft.models.forward import LOGPROB_CHUNK, response_logprobs
 from rlft.rollout.batch import left_pad, right_pad
 from rlft.rollout.multiturn import opened
 from rlft.trainers.optim import make_optimizer, make_scheduler
@@ -68,24 +70,26 @@ def sft_item(prompt_ids: list[int], response: str, tokenizer, loss_on: str) -> I
     return (p[:1], p[1:] + r, [1] * (len(p) - 1) + w) if loss_on == "all" else (p, r, w)
 
 
-def sft_step_parts(model, batch: Sequence[Item], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+def sft_step_parts(model, batch: Sequence[Item], pad_id: int, *,
+                   chunk: int = LOGPROB_CHUNK) -> tuple[torch.Tensor, torch.Tensor, int, int]:
     """(sum of NLL over weighted tokens, number of them the model predicts as its argmax, weighted tokens, padded
-    positions of the forward pass) of one padded batch; sums, so micro-batches add up to the whole batch."""
+    positions of the forward pass) of one padded batch; sums, so micro-batches add up to the whole batch.
+    ``chunk``: tokens per block of the log-prob head (``train.logprob_chunk``; 0: the full logits)."""
     p_ids, p_mask = left_pad([x[0] for x in batch], pad_id)
     r_ids, r_mask = right_pad([x[1] for x in batch], pad_id)
     weights, _ = right_pad([x[2] for x in batch], 0)  # (B, T) 0/1, 0 on padding
-    logits = response_logits(model, p_ids, p_mask, r_ids, r_mask)  # (B, T, V)
-    labels = r_ids.to(logits.device)
-    mask = weights.to(logits.device).float()  # (B, T)
-    nll = masked_sum(-logprobs_from_logits(logits, labels), mask)  # ()
-    correct = masked_sum((logits.detach().argmax(-1) == labels).float(), mask)  # ()
+    logp, _, hit = response_logprobs(model, p_ids, p_mask, r_ids, r_mask, chunk=chunk, with_argmax=True)  # (B, T)
+    mask = weights.to(logp.device).float()  # (B, T)
+    nll = masked_sum(-logp, mask)  # ()
+    correct = masked_sum(hit.float(), mask)  # ()
     n_tokens = int(mask.sum().item())
     return nll, correct, n_tokens, p_ids.numel() + r_ids.numel()
 
 
-def sft_step_loss(model, batch: Sequence[Item], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def sft_step_loss(model, batch: Sequence[Item], pad_id: int, *,
+                  chunk: int = LOGPROB_CHUNK) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(token-mean NLL over weighted tokens, argmax-accuracy over them, their count) of one batch."""
-    nll, correct, n, _ = sft_step_parts(model, batch, pad_id)
+    nll, correct, n, _ = sft_step_parts(model, batch, pad_id, chunk=chunk)
     return nll / max(n, 1), correct / max(n, 1), torch.tensor(float(n))
 
 
@@ -126,17 +130,19 @@ def train_sft(model, tokenizer, examples: Sequence[Example], cfg: Config,
     gen = torch.Generator().manual_seed(cfg.train.seed)
     model.train()
     sft_updates(model, items, opt, sched, steps=s.steps, batch_size=s.batch_size, pad_id=tokenizer.pad_token_id,
-                grad_clip=cfg.optim.grad_clip, gen=gen, on_step=on_step, max_tokens=s.max_tokens)
+                grad_clip=cfg.optim.grad_clip, gen=gen, on_step=on_step, max_tokens=s.max_tokens,
+                chunk=cfg.train.logprob_chunk)
 
 
 def sft_updates(model, items: Sequence[Item], opt, sched, *, steps: int, batch_size: int, pad_id: int,
                 grad_clip: float, gen: torch.Generator, on_step: Callable[[int, dict], None],
-                max_tokens: int = 0) -> float:
+                max_tokens: int = 0, chunk: int = LOGPROB_CHUNK) -> float:
     """``steps`` optimizer steps on mini-batches of ``items`` drawn with replacement by ``gen``; returns the
     loss tokens trained on. Shared by SFT and rejection-sampling fine-tuning (``rlft.trainers.rft``).
 
     With ``max_tokens`` each mini-batch runs as micro-batches of similar length under that token budget
-    (:func:`token_budget_batches`), gradients accumulated so the loss is the whole mini-batch's token mean."""
+    (:func:`token_budget_batches`), gradients accumulated so the loss is the whole mini-batch's token mean.
+    ``chunk``: tokens per block of the log-prob head (``train.logprob_chunk``; 0: the full logits)."""
     seen = 0.0
     for step in range(steps):
         t0 = time.perf_counter()
@@ -145,7 +151,7 @@ def sft_updates(model, items: Sequence[Item], opt, sched, *, steps: int, batch_s
         n_total = max(sum(1 for x in batch for w in x[2] if w), 1)  # weighted tokens of the whole batch
         nll_sum, correct_sum, positions = 0.0, 0.0, 0
         for group in token_budget_batches(batch, max_tokens):  # token-mean of the whole batch, summed in parts
-            nll, correct, _, padded = sft_step_parts(model, [batch[i] for i in group], pad_id)
+            nll, correct, _, padded = sft_step_parts(model, [batch[i] for i in group], pad_id, chunk=chunk)
             (nll / n_total).backward()
             nll_sum, correct_sum, positions = nll_sum + nll.item(), correct_sum + correct.item(), positions + padded
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip or float("inf"))
