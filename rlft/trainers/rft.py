@@ -204,7 +204,8 @@ def train_rft(policy, tokenizer, examples: Sequence[Example], cfg: Config,
         policy.train()
         losses = []
         sft_updates(policy, items, opt, sched, steps=steps, batch_size=r.batch_size, pad_id=tokenizer.pad_token_id,
-                    grad_clip=o.grad_clip, gen=gen, on_step=lambda s, m: losses.append(m))
+                    grad_clip=o.grad_clip, gen=gen, on_step=lambda s, m: losses.append(m),
+                    chunk=cfg.train.logprob_chunk)
         metrics = {**round_metrics(counts), "rft/samples_total": float(totals["sampled"]), "rft/steps": float(steps),
                    "rft/pool": float(len(items)), "timing_s/train": time.perf_counter() - t0}
         if counts["sampled"]:

@@ -203,11 +203,13 @@ def _policy_step(state: "RLState", mb: Batch, cfg: Config) -> dict[str, float]:
         ids, mask, weights = state.ptx.sample()  # the same batch in every process (the same seeded generator)
         rows = dist.share(len(ids))  # each process its rows, over the whole batch's token count
         if len(ids[rows]):
-            ptx = lm_loss_sum(model, ids[rows], mask[rows], weights[rows]) / lm_tokens(mask, weights)
+            ptx = lm_loss_sum(model, ids[rows], mask[rows], weights[rows], chunk=cfg.train.logprob_chunk) / \
+                lm_tokens(mask, weights)
             s.backward(policy, a.ptx_coef * ptx)
             totals["actor/ptx_loss"] = ptx.item()
         elif s.shards(policy):  # no rows here: the sharded model still runs the pass the others run
-            s.backward(policy, idle_loss(lm_loss_sum(model, ids[:1], mask[:1], weights[:1])))
+            s.backward(policy, idle_loss(lm_loss_sum(model, ids[:1], mask[:1], weights[:1],
+                                                     chunk=cfg.train.logprob_chunk)))
     totals = dist.sum_floats(totals)  # each process's share of the mini-batch's loss terms
     if a.needs_ref and a.kl_in == "loss":
         totals["actor/kl_coef"] = kl_coef
