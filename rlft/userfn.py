@@ -147,6 +147,9 @@ def _name(obj) -> str:
     return f"{module}.{qual}" if qual and module else (qual or type(obj).__name__)
 
 
+FILE_MODULE = "rlft_custom_"  # the prefix of a module imported from a file named by path
+
+
 def _is_file(where: str) -> bool:
     return where.endswith(".py") or "/" in where or "\\" in where
 
@@ -156,7 +159,7 @@ def _import(where: str, spec: str):
     try:
         if not _is_file(where):
             return importlib.import_module(where)
-        name = "rlft_custom_" + hashlib.sha1(where.encode()).hexdigest()[:12]
+        name = FILE_MODULE + hashlib.sha1(where.encode()).hexdigest()[:12]
         if name in sys.modules:
             return sys.modules[name]
         module_spec = importlib.util.spec_from_file_location(name, where)

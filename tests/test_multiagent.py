@@ -56,7 +56,7 @@ def test_a_right_answer_judged_right_pays_both_roles():
 
 @pytest.mark.parametrize("answer, verdict, verifier", [
     ("#### 5", "yes", 0.0),     # a wrong answer passed
-    ("#### 7", "no", 1.0 * 0),  # a right answer refused (then the solver answers again)
+    ("#### 7", "no", 0.0),  # a right answer refused (then the solver answers again)
     ("#### 5", "maybe", 0.0),   # no verdict: wrong
     ("no number", "no", 1.0),   # no answer is a wrong answer: refusing it is right
 ])

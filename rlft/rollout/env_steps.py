@@ -30,8 +30,8 @@ from typing import Any, NamedTuple
 from rlft.envs.base import error_text, step_in_worker, steps_in_pool
 from rlft.rewards import call_with_timeout
 from rlft.rewards.pool import RewardPool, active_pool, result
+from rlft.userfn import FILE_MODULE
 
-FILE_MODULE = "rlft_custom_"  # the prefix rlft.userfn gives a module it imported from a file named by path
 
 
 class Paused(NamedTuple):
@@ -104,14 +104,22 @@ def _back(future: Any, deadline_s: float) -> tuple[Any, Answer]:
     return env, Answer(step, error)
 
 
+def open_env(make_env: Callable[[Mapping[str, Any]], Any], sample: Mapping[str, Any], limits: Any
+             ) -> tuple[Any, str | None]:
+    """(a new environment for ``sample``, its first observation or None), each call under ``limits.deadline_s``;
+    raises what building or resetting raised, or a TypeError / ValueError for an observation that is not text or
+    is longer than ``limits.max_observation_chars``."""
+    env = call_with_timeout(make_env, (sample,), limits.deadline_s)
+    first = call_with_timeout(env.reset, (sample,), limits.deadline_s)
+    return env, _checked(first, limits, allow_none=True)
+
+
 def start_env(tr: Any, make_env: Callable[[Mapping[str, Any]], Any], sample: Mapping[str, Any], limits: Any,
               render: Any) -> Any:
     """A new environment for trajectory ``tr``; its first observation joins the conversation before the first
     turn. None when building or resetting it failed (the trajectory ends, its error recorded)."""
     try:
-        env = call_with_timeout(make_env, (sample,), limits.deadline_s)
-        first = call_with_timeout(env.reset, (sample,), limits.deadline_s)
-        first = _checked(first, limits, allow_none=True)
+        env, first = open_env(make_env, sample, limits)
     except BaseException as e:  # noqa: BLE001  an environment that raises or hangs costs its trajectory
         _failed(tr, e)
         return None

@@ -43,13 +43,13 @@ import torch
 from rlft.config.sections import Config
 from rlft.data.schema import Example
 from rlft.data.templates import prompt_messages, with_opening
+from rlft.envs.base import error_text
 from rlft.envs.build import factory
 from rlft.envs.tool_env import shown_tools
 from rlft.models.lora import core_model
 from rlft.models.roles import has_roles, in_role
-from rlft.rewards import call_with_timeout
 from rlft.rollout.batch import Batch, left_pad, right_pad
-from rlft.rollout.env_steps import Paused, answer, start_env, step_envs
+from rlft.rollout.env_steps import Paused, answer, open_env, start_env, step_envs
 from rlft.rollout.hf import turn_sampler
 
 
@@ -63,7 +63,6 @@ class Trajectory:
     prompt: list[int]  # the prompt's tokens
     messages: list[dict]  # the chat so far, as the template renders it (prompt, then turns)
     ids: list[int] = field(default_factory=list)  # the response: policy and environment tokens, in order
-    env: list[int] = field(default_factory=list)  # 1 where the environment wrote ids[k]
     logp: list[float] = field(default_factory=list)  # the sampler's log-prob of each policy token, 0.0 elsewhere
     segments: list[dict] = field(default_factory=list)  # {"who": "policy" | "env", "text", "tokens"} in order
     turns: int = 0  # turns the policy wrote
@@ -94,6 +93,10 @@ class Trajectory:
         tokens, chat-template markup included), decoded as a single-turn completion is."""
         return tokenizer.decode(self.ids, skip_special_tokens=True)
 
+    @property
+    def env(self) -> list[int]:  # 1 where the environment wrote ids[k] (its role is -1)
+        return [int(r < 0) for r in self.role]
+
     def role_text(self, role: str) -> str:
         """Role ``role``'s answer: its last turn (``role_text``)."""
         return role_text(self.segments, role)
@@ -104,7 +107,6 @@ class Trajectory:
         the environment wrote (``who="env"``; no ids: shown in samples and reports, never trained on)."""
         policy = who == "policy"
         self.ids += ids
-        self.env += [0 if policy else 1] * len(ids)
         self.logp += logp if policy else [0.0] * len(ids)
         self.role += [role if policy else -1] * len(ids)
         segment = {"who": who, "text": text, "tokens": len(ids)}
@@ -254,16 +256,12 @@ def opened(examples: Sequence[Example], cfg: Config) -> list[Example]:
     e = cfg.env
     if not e.multi_turn or cfg.data.template != "chat":
         return list(examples)
-    make, out, failed = factory(e.name, e.fn), [], []
+    make, out, failed = functools.partial(_make_env, factory(e.name, e.fn), e.kwargs), [], []
     for i, ex in enumerate(examples):
-        sample = ex.to_mapping()
         try:
-            env = call_with_timeout(_make_env, (make, e.kwargs, sample), e.deadline_s)
-            first = call_with_timeout(env.reset, (sample,), e.deadline_s)
-            if first is not None and not isinstance(first, str):
-                raise TypeError(f"the first observation is a {type(first).__name__}, not text")
+            _, first = open_env(make, ex.to_mapping(), e)  # env's deadline_s and max_observation_chars
         except Exception as err:  # noqa: BLE001  costs this row's opening only
-            failed.append(f"row {i}: {type(err).__name__}: {str(err)[:200]}")
+            failed.append(f"row {i}: {error_text(err)}")
             first = None
         out.append(ex if first is None else
                    dataclasses.replace(ex, prompt=tuple(with_opening(prompt_messages(ex.prompt), first))))

@@ -48,9 +48,6 @@ def attach_roles(policy, tokenizer, cfg: Config, work_dir: Path, *, changed: boo
     if changed:
         base = save_whole(work_dir / "roles_base", lambda tmp: save_model(policy, tokenizer, tmp))
         policy.name_or_path = policy.config._name_or_path = str(base.resolve())
-    if not Path(policy.name_or_path or "").is_dir():
-        raise ValueError(f"roles: the base model's directory {policy.name_or_path!r} is not on disk; saved "
-                         "adapters could not name it")
     return _checkpointed(with_roles(policy, cfg.roles.names, cfg.lora, frozen=cfg.roles.frozen), cfg)
 
 
