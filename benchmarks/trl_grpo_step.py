@@ -8,10 +8,11 @@ TRL is an optional benchmark dependency, never one of rlft's; install it in its 
 
 Same work as rlft's benchmark: the model directory, the first prompts x steps rows of ``--data``
 (``prompt`` or ``question``), P prompts x G completions per optimizer step, up to N new tokens at
-temperature 1.0, fp32 on CPU, no reference model (``beta=0``), one update per generated batch
+temperature 1.0, fp32 on CPU, no reference model (``beta=0``; ``--beta`` sets one), one update per generated batch
 (``num_iterations=1``, one gradient-accumulation step), a constant reward (a random-init model's
 rewards carry no signal either way). Gradient checkpointing, on by default in TRL's config, is
-turned off as it is in rlft. Step times come from the trainer's step callbacks; JSON keys match
+turned off as it is in rlft. ``--lora-rank R`` trains PEFT LoRA adapters as ``lora.rank=R`` does in rlft
+(alpha 16, no dropout, every linear layer but the output head). Step times come from the trainer's step callbacks; JSON keys match
 grpo_step.py (``sec_per_step`` is the median of steps 2..S).
 """
 
@@ -48,6 +49,8 @@ def main() -> None:
     ap.add_argument("--group", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=16)
     ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--beta", type=float, default=0.0, help="KL coefficient (k3, as rlft's algo.kl_coef); 0: no reference")
+    ap.add_argument("--lora-rank", type=int, default=0, help="LoRA rank (0: full fine-tuning)")
     ap.add_argument("--json", default="")
     a = ap.parse_args()
 
@@ -75,15 +78,22 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as out_dir:
         cfg = GRPOConfig(output_dir=out_dir, per_device_train_batch_size=B, gradient_accumulation_steps=1,
                          steps_per_generation=1, num_generations=a.group, max_completion_length=a.max_new_tokens,
-                         temperature=1.0, beta=0.0, num_iterations=1, max_steps=a.steps, use_cpu=True, bf16=False,
+                         temperature=1.0, beta=a.beta, num_iterations=1, max_steps=a.steps, use_cpu=True, bf16=False,
                          gradient_checkpointing=False, shuffle_dataset=False, report_to="none", save_strategy="no",
                          logging_steps=1, disable_tqdm=True, seed=0)
+        peft = None
+        if a.lora_rank:
+            from peft import LoraConfig
+
+            peft = LoraConfig(r=a.lora_rank, lora_alpha=16, lora_dropout=0.0, target_modules="all-linear",
+                              task_type="CAUSAL_LM")
         trainer = GRPOTrainer(model=model, reward_funcs=lambda completions, **kw: [0.0] * len(completions), args=cfg,
-                              train_dataset=data, processing_class=tok, callbacks=[timer])
+                              train_dataset=data, processing_class=tok, callbacks=[timer], peft_config=peft)
         trainer.train()
     timed = timer.times[1:] or timer.times
     result = {"sec_per_step": statistics.median(timed), "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-              "params": sum(p.numel() for p in model.parameters()), "torch_threads": torch.get_num_threads(),
+              "params": sum(p.numel() for p in trainer.model.parameters()),
+              "trainable_params": sum(p.numel() for p in trainer.model.parameters() if p.requires_grad), "torch_threads": torch.get_num_threads(),
               "setup": vars(a), "step_sec": timer.times,
               "log": [h for h in trainer.state.log_history if "completions/mean_length" in h]}
     print(f"TRL GRPOTrainer: sec/step median {result['sec_per_step']:.3f} over steps 2..{a.steps}, "

@@ -74,6 +74,28 @@ def test_lora_drops_the_reference_copy_and_shrinks_the_optimizer_to_the_adapters
     assert lora.weights == 4400  # the adapters are weights too
 
 
+def test_vocabulary_gradients_by_hand_and_on_a_real_model(tiny_model_dir):
+    # two vocabulary matrices (head and embedding) x 10 entries x hidden 8 x 4 bytes = 640, in the update's part
+    e = est(trained_vocab_matrices=2)
+    assert e.vocab_gradients == 2 * 10 * 8 * 4
+    assert e.update == est().update + 640 and e.rollout == est().rollout
+    assert "vocabulary gradients 0.6 kB" in e.line(None)
+    assert "vocabulary" not in est().line(None)  # LoRA: nothing of the kind, nothing printed
+    from transformers import AutoModelForCausalLM
+
+    from rlft.models.lora import add_lora
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    assert memory.trained_vocab_matrices(model) == 2  # full fine-tuning: the head and the input embedding
+    model.get_input_embeddings().weight.requires_grad_(False)
+    frozen_embedding = memory.trained_vocab_matrices(model)
+    tied = model.get_input_embeddings().weight is model.get_output_embeddings().weight
+    assert frozen_embedding == (0 if tied else 1)  # a tied matrix is one tensor: frozen for both uses
+    lora_model = add_lora(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32),
+                          load_config(None, ["lora.rank=4"]).lora)
+    assert memory.trained_vocab_matrices(lora_model) == 0
+
+
 def test_doubling_rows_doubles_the_batch_terms_and_leaves_the_weights():
     one = est(micro_batch_rows=2, rows=4)
     two = est(micro_batch_rows=4, rows=8)

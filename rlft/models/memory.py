@@ -39,6 +39,7 @@ class MemoryEstimate:
     critic: int
     activations: int
     logprob_head: int
+    vocab_gradients: int
     kv_cache: int
     rollout_logits: int
 
@@ -52,7 +53,7 @@ class MemoryEstimate:
 
     @property
     def update(self) -> int:
-        return self.activations + self.logprob_head
+        return self.activations + self.logprob_head + self.vocab_gradients
 
     @property
     def peak(self) -> int:
@@ -66,7 +67,11 @@ class MemoryEstimate:
         have = f"; this machine has {g(available)} available" if available is not None else ""
         return (f"rlft: memory estimate: peak ~{g(self.peak)} (weights {g(self.weights)}, gradients "
                 f"{g(self.gradients)}, optimizer {g(self.optimizer)}{extra}, activations {g(self.activations)}, "
-                f"log-prob head {g(self.logprob_head)}, KV cache {g(self.kv_cache)}){have}")
+                f"log-prob head {g(self.logprob_head)}{self._vocab_part()}, KV cache {g(self.kv_cache)}){have}")
+
+
+    def _vocab_part(self) -> str:
+        return f", vocabulary gradients {size(self.vocab_gradients)}" if self.vocab_gradients else ""
 
 
 def size(n: int) -> str:
@@ -99,7 +104,8 @@ def shape(model_config) -> dict[str, int]:
 
 def estimate(model_config, *, trainable_params: int, total_params: int, dtype_bytes: int, rows: int,
              prompt_tokens: int, response_tokens: int, micro_batch_rows: int, logprob_chunk: int, lora: bool,
-             reference: bool, critic: bool, gradient_checkpointing: bool = False) -> MemoryEstimate:
+             reference: bool, critic: bool, gradient_checkpointing: bool = False,
+             trained_vocab_matrices: int = 0) -> MemoryEstimate:
     """The memory of an RL run of a decoder of ``model_config``'s shape, term by term (bytes).
 
     - weights: ``total_params x dtype_bytes`` (the policy, LoRA adapters included).
@@ -142,9 +148,17 @@ def estimate(model_config, *, trainable_params: int, total_params: int, dtype_by
         critic=4 * total_params * dtype_bytes if critic else 0,
         activations=micro_rows * tokens * saved * dtype_bytes,
         logprob_head=LOGPROB_HEAD_COPIES * head_tokens * head_vocab * 4,
+        vocab_gradients=trained_vocab_matrices * s["vocab"] * s["hidden"] * dtype_bytes,
         kv_cache=s["layers"] * 2 * s["kv_heads"] * s["head_dim"] * rows * tokens * dtype_bytes,
         rollout_logits=rows * s["vocab"] * 4,
     )
+
+
+def trained_vocab_matrices(model) -> int:
+    """How many vocabulary-sized gradients one backward of ``model`` hands over: one for a trained output head, one
+    for a trained input embedding (a tied matrix counts twice: it is used, and receives a gradient, twice)."""
+    heads = [getattr(model, name, lambda: None)() for name in ("get_output_embeddings", "get_input_embeddings")]
+    return sum(1 for m in heads if m is not None and getattr(m, "weight", None) is not None and m.weight.requires_grad)
 
 
 def micro_batch_rows(micro_batch_size: int, micro_batch_tokens: int, row_tokens: int) -> int:

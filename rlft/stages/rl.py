@@ -138,7 +138,8 @@ def _memory_estimate(policy, train_prompts: list[list[int]], cfg: Config, n_para
         prompt_tokens=prompt_tokens, response_tokens=cfg.rollout.max_new_tokens,
         micro_batch_rows=memory.micro_batch_rows(t.micro_batch_size, t.micro_batch_tokens, row_tokens),
         logprob_chunk=t.logprob_chunk, lora=cfg.lora.rank > 0, reference=cfg.algo.needs_ref,
-        critic=cfg.algo.needs_critic, gradient_checkpointing=cfg.model.gradient_checkpointing)
+        critic=cfg.algo.needs_critic, gradient_checkpointing=cfg.model.gradient_checkpointing,
+        trained_vocab_matrices=memory.trained_vocab_matrices(policy))
     available = memory.available_memory(str(resolve_device(cfg.model.device)))
     echo(est.line(available))
     if t.memory_check:
