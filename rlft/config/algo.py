@@ -12,8 +12,11 @@ TOKEN_LEVEL_ADVANTAGES = ("gae", "reinforce", "reinforce_pp")
 """Advantage estimators that use no group statistic (per-token returns; batch-level baselines and whitening)."""
 STEP_LEVEL_ADVANTAGES = ("process",)
 """Advantage estimators that read step rewards (Batch.step_rewards) from step-level rewards, not the sequence reward."""
-UNCLIPPED_LOSSES = ("reinforce", "ppo_penalty", "kimi_omd")
-"""Policy losses without a clipped surrogate: algo.clip_c (dual-clip) cannot apply to them."""
+UNCLIPPED_LOSSES = ("reinforce", "ppo_penalty", "kimi_omd", "cispo", "sapo", "gmpo", "kl_cov")
+"""Policy losses without PPO's clipped ratio surrogate: algo.clip_c (dual-clip) cannot apply to them
+(gmpo clips log-ratios inside a geometric mean; dppo_tv/dppo_kl read clip_c as the cap of their IS weight)."""
+SEQUENCE_LOSSES = ("gspo", "gmpo")
+"""Policy losses built on a sequence-level ratio: they need a sequence-constant advantage."""
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,24 @@ class AlgoConfig:
     omd_tau: float = 0.1
     """policy_loss=kimi_omd: tau of the (tau/2) (log pi(y)/pi_old(y))^2 regulariser (Kimi k1.5 §2.3.2); pair it with
     advantage=group_mean and loss_agg=seq-mean-token-sum."""
+    sapo_tau_pos: float = 1.0
+    """policy_loss=sapo: temperature of the soft gate sigmoid(tau (r - 1)) 4 / tau where A > 0 (SAPO; verl 1.0)."""
+    sapo_tau_neg: float = 1.05
+    """policy_loss=sapo: temperature of the gate where A <= 0 (SAPO recommends tau_neg > tau_pos; verl 1.05)."""
+    clip_cov_ratio: float = 2e-4
+    """policy_loss=clip_cov: share of the valid tokens whose gradient is held out (Cui et al. 2025; verl 2e-4)."""
+    clip_cov_lb: float = 1.0
+    """policy_loss=clip_cov: lower bound of the covariance of a token that may be held out (verl 1.0)."""
+    clip_cov_ub: float = 5.0
+    """policy_loss=clip_cov: upper bound of that covariance (verl 5.0)."""
+    kl_cov_ratio: float = 2e-4
+    """policy_loss=kl_cov: share of the valid tokens (largest covariance) that get the KL penalty (verl 2e-4;
+    the paper 2e-3 for Qwen2.5-7B)."""
+    kl_cov_coef: float = 1.0
+    """policy_loss=kl_cov: coefficient of the |log r| penalty on those tokens (verl ppo_kl_coef 1.0)."""
+    entropy_top_frac: float = 1.0
+    """Share rho of the valid tokens of each micro-batch, highest entropy first, whose policy-gradient term is
+    kept ("Beyond the 80/20 rule", Wang et al. 2025: 0.2); 1.0: every token (off)."""
     entropy_coef: float = 0.0
     """Entropy bonus coefficient (>= 0; the bonus is aggregated over tokens with algo.loss_agg, as verl does)."""
     adv_eps: float = 1e-6
@@ -117,6 +138,14 @@ class AlgoConfig:
         _check(self.penalty_target == 0 or self.penalty_coef > 0, "algo.penalty_target",
                "needs an initial algo.penalty_coef > 0 (halving or doubling 0 stays 0)")
         _check(self.omd_tau > 0, "algo.omd_tau", "must be > 0")
+        _check(self.sapo_tau_pos > 0, "algo.sapo_tau_pos", "must be > 0")
+        _check(self.sapo_tau_neg > 0, "algo.sapo_tau_neg", "must be > 0")
+        _check(0 < self.clip_cov_ratio <= 1, "algo.clip_cov_ratio", "must be in (0, 1]")
+        _check(self.clip_cov_lb < self.clip_cov_ub, "algo.clip_cov_lb/clip_cov_ub",
+               f"the covariance band needs clip_cov_lb < clip_cov_ub, got {self.clip_cov_lb} and {self.clip_cov_ub}")
+        _check(0 < self.kl_cov_ratio <= 1, "algo.kl_cov_ratio", "must be in (0, 1]")
+        _check(self.kl_cov_coef >= 0, "algo.kl_cov_coef", "must be >= 0")
+        _check(0 < self.entropy_top_frac <= 1, "algo.entropy_top_frac", "must be in (0, 1] (1: every token)")
         _check(self.lm_coef >= 0, "algo.lm_coef", "must be >= 0")
         _check(self.ptx_coef >= 0, "algo.ptx_coef", "must be >= 0")
         _check(self.max_sample_rounds >= 0, "algo.max_sample_rounds", "must be >= 0")
@@ -134,10 +163,14 @@ class AlgoConfig:
                f"1 is allowed with {', '.join(TOKEN_LEVEL_ADVANTAGES)}")
         _check(self.group_size >= 2 or not self.dynamic_sampling, "algo.group_size",
                "must be >= 2 with algo.dynamic_sampling (a group of one never has distinct rewards)")
-        _check(self.policy_loss != "gspo" or self.sequence_constant_adv, "algo.policy_loss",
-               f"'gspo' clips a sequence-level ratio and needs a sequence-constant advantage (GSPO eq. 5); "
+        _check(self.policy_loss not in SEQUENCE_LOSSES or self.sequence_constant_adv, "algo.policy_loss",
+               f"{self.policy_loss!r} uses a sequence-level ratio and needs a sequence-constant advantage "
+               f"(GSPO eq. 5, GMPO's geometric mean); "
                f"advantage {self.advantage!r} is token-level here (gae and reinforce_pp always; "
                f"reinforce with gamma < 1 or KL in the reward)")
+        _check(self.policy_loss != "gmpo" or self.loss_agg == "seq-mean-token-mean", "algo.loss_agg",
+               f"policy_loss 'gmpo' is a mean over sequences of -A_i s_i (GMPO objective); its per-token form needs "
+               f"loss_agg=seq-mean-token-mean, got {self.loss_agg!r}")
         _check(self.length_alpha == 0 or self.advantage == "gae", "algo.length_alpha",
                f"length-adaptive lambda is a GAE parameter (VAPO); needs algo.advantage=gae, got {self.advantage!r}")
         _check(self.kl_in != "reward" or self.kl_coef > 0, "algo.kl_in",

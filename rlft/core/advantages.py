@@ -173,6 +173,27 @@ def rloo(scores: Tensor, group_size: int, eps: float = 1e-6) -> Tensor:
     return _finish(adv, valid, zero_std)  # (B,)
 
 
+def maxrl(scores: Tensor, group_size: int, eps: float = 1e-6) -> Tensor:
+    """MaxRL: A_i = (r_i - mean(r)) / mean(r) within the group, 0 where mean(r) = 0 (``eps`` unused); (B,) -> (B,).
+
+    Maximum Likelihood RL (Tajwar et al. 2026, arXiv:2602.02710): averaging grad log pi over the
+    successful samples only (1/K sum over the K correct of N) is an unbiased estimator of the
+    gradient of the order-N truncation of log p(correct) (their Theorem 2); subtracting the mean
+    over all N samples as a control variate gives per sample (r_i / rbar - 1) / N, i.e. this
+    advantage under a mean over the group.  Defined for pass/fail rewards: a valid reward outside
+    [0, 1] is an error, not silently rescaled.
+    """
+    r, valid = _groups(scores, group_size)  # (P, G)
+    if (valid & ((r < 0) | (r > 1))).any():
+        raise ValueError("advantage 'maxrl' needs pass/fail rewards in [0, 1] (MaxRL's success indicator); "
+                         f"got values in [{r[valid].min().item()}, {r[valid].max().item()}] "
+                         "(KL in the reward or an overlong penalty also moves them out)")
+    _, mean, _, zero_std = _stats(r, valid)
+    pos = mean[:, None] > 0  # (P, 1)
+    adv = torch.where(pos, (r - mean[:, None]) / torch.where(pos, mean[:, None], torch.ones_like(r)), torch.zeros_like(r))
+    return _finish(adv, valid, zero_std)  # (B,)
+
+
 # ----------------------------------------------------------------------------- token-level returns, (B, T)
 
 
@@ -269,7 +290,7 @@ def _outcome_estimator(seq_fn: Callable[[Tensor, int, float], Tensor]) -> Advant
     return estimator
 
 
-for _name, _fn in (("group_norm", group_norm), ("group_mean", group_mean), ("rloo", rloo)):
+for _name, _fn in (("group_norm", group_norm), ("group_mean", group_mean), ("rloo", rloo), ("maxrl", maxrl)):
     ADVANTAGES.register(_name)(_outcome_estimator(_fn))
 
 

@@ -18,7 +18,7 @@ from torch import Tensor
 
 from rlft.config import Config
 from rlft.core.kl import KL_ESTIMATORS
-from rlft.core.losses import POLICY_LOSSES, aggregate_parts, aggregation_weight, positive_lm_parts
+from rlft.core.losses import POLICY_LOSSES, aggregate_parts, aggregation_weight, positive_lm_parts, top_entropy_mask
 from rlft.core.ops import masked_mean, masked_sum
 from rlft.core.value import value_loss
 from rlft.parallel.launch import strategy
@@ -174,6 +174,11 @@ def _policy_step(state: "RLState", mb: Batch, cfg: Config) -> dict[str, float]:
         old_logp = logp.detach() if a.single_pass else micro.old_logp.to(device)
         pg_mat, pg_metrics = POLICY_LOSSES.get(a.policy_loss)(logp, old_logp, micro.adv.to(device), mask,
                                                           loss_cfg)
+        if a.entropy_top_frac < 1:  # "Beyond the 80/20 rule": only the highest-entropy tokens' policy gradient
+            top = top_entropy_mask(ent, mask, a.entropy_top_frac)  # (b, T), this micro-batch's tokens
+            pg_mat = torch.where(top, pg_mat, torch.zeros_like(pg_mat))
+            kept = masked_mean(top.float(), mask).item() * share_of(mask, n_tok)
+            totals["actor/entropy_top_kept"] = totals.get("actor/entropy_top_kept", 0.0) + kept
         loss_mat = pg_mat
         terms = {"actor/pg_loss": pg_mat}
         if a.needs_ref and a.kl_in == "loss":  # GRPO: beta * KL(pi || ref) in the loss (DeepSeekMath eq. 3-4)
@@ -218,6 +223,11 @@ def _policy_step(state: "RLState", mb: Batch, cfg: Config) -> dict[str, float]:
     totals["actor/positive_frac"] = positive.float().mean().item()
     totals.update(_optimizer_step(policy, state.optimizer, state.scheduler, cfg.optim.grad_clip, "actor"))
     return totals
+
+
+def share_of(mask: torch.Tensor, n_tok: float) -> float:
+    """This micro-batch's share of the mini-batch's valid tokens (the weight of its token-averaged metrics)."""
+    return mask.sum().item() / max(n_tok, 1)
 
 
 def _positive(mb: Batch, threshold: float) -> torch.Tensor:
