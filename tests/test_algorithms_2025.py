@@ -36,3 +36,27 @@ def test_trains_20_steps_with_finite_metrics(run, case):
     assert all(math.isfinite(r["reward/mean"]) for r in records)
     if case == "entropy_top":
         assert all(0.19 <= r["actor/entropy_top_kept"] <= 1.0 for r in records)  # ceil(0.2 n) of n tokens, ties kept
+
+
+def test_gdpo_gets_each_reward_component_and_trains_20_steps(run, monkeypatch):
+    """score() records every component unweighted (Batch.reward_parts), the weights reach the estimator, and the
+    weighted sum of the components is the batch's score."""
+    import torch
+
+    from rlft.core.advantages import ADVANTAGES
+
+    real, seen = ADVANTAGES.get("gdpo"), []
+
+    def spy(inp, cfg):
+        seen.append((inp.reward_parts.clone(), inp.reward_weights, inp.scores.clone()))
+        return real(inp, cfg)
+
+    monkeypatch.setitem(ADVANTAGES._items, "gdpo", spy)
+    _, records, cfg = run(*STEPS, "algo.advantage=gdpo", name="gdpo")
+    assert len(records) == 20 and len(seen) == 20
+    finite_keys(records, ACTOR)
+    for parts, weights, scores in seen:
+        assert parts.shape == (len(scores), 3) and weights == (1.0, 0.1, 1.0)  # final_answer, format_final, digits
+        ok = ~torch.isnan(scores)
+        combined = (parts * torch.tensor(weights)).sum(-1)
+        torch.testing.assert_close(combined[ok], scores[ok].to(combined.dtype), rtol=0, atol=1e-6)

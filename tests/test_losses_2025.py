@@ -506,3 +506,72 @@ def test_config_accepts_each_new_choice():
     AlgoConfig(policy_loss="gmpo", loss_agg="seq-mean-token-mean")
     AlgoConfig(policy_loss="dppo_tv", clip_c=20.0)  # the IS-weight cap
     AlgoConfig(advantage="maxrl", loss_agg="token-sum", entropy_top_frac=0.2)
+
+
+# ---------------------------------------------------------------- GDPO advantage
+
+
+def test_gdpo_hand_and_the_collapse_it_avoids():
+    from rlft.core.advantages import gdpo_advantages, group_norm
+
+    # two binary rewards, G = 2.  Group 1: (1, 0) and (0, 1); group 2: (1, 1) and (0, 0).
+    parts = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [0.0, 0.0]], dtype=torch.float64)
+    # per component group_norm (unbiased std 0.7071): group 1 -> (+0.7071 - 0.7071, -0.7071 + 0.7071) = (0, 0);
+    # group 2 -> (+1.4142, -1.4142); batch-normalised: std = sqrt(2 * 2 / 3) = 1.1547 -> +-1.2247
+    adv = gdpo_advantages(parts, (1.0, 1.0), torch.ones(4, dtype=torch.bool), 2, eps=0.0)
+    torch.testing.assert_close(adv, torch.tensor([0.0, 0.0, math.sqrt(1.5), -math.sqrt(1.5)], dtype=torch.float64))
+    # GRPO on the summed reward: group 2's sums (2, 0) and a (1, 2)-vs-(0, 1) group give the same +-0.7071
+    assert group_norm(torch.tensor([2.0, 0.0]), 2).tolist() == pytest.approx(
+        group_norm(torch.tensor([2.0, 1.0]), 2).tolist(), abs=1e-5)
+
+
+def test_gdpo_vs_naive_loop_weights_and_nan():
+    from rlft.core.advantages import ADVANTAGES, AdvantageInputs
+
+    g = torch.Generator().manual_seed(6)
+    B, G, K = 12, 4, 3
+    parts = torch.rand(B, K, generator=g, dtype=torch.float64).round(decimals=1)
+    parts[5, 1] = float("nan")  # one component unscorable: out of its group's statistics
+    scores = parts.nan_to_num(0.0).sum(-1)
+    scores[9] = float("nan")  # an unscorable sequence: advantage 0, out of the batch statistics
+    weights = (1.0, 0.5, 2.0)
+    mask = torch.ones(B, 2)
+    mask[3, 1] = 0
+    inp = AdvantageInputs(scores, mask, G, reward_parts=parts, reward_weights=weights)
+    adv, ret = ADVANTAGES.get("gdpo")(inp, SimpleNamespace(adv_eps=1e-6))
+    total = [0.0] * B
+    for k in range(K):
+        for p in range(B // G):
+            rows = [p * G + j for j in range(G) if not math.isnan(parts[p * G + j, k].item())]
+            vals = [parts[i, k].item() for i in rows]
+            if len(vals) < 2 or len(set(vals)) == 1:
+                continue
+            mean = sum(vals) / len(vals)
+            std = math.sqrt(sum((v - mean) ** 2 for v in vals) / (len(vals) - 1))
+            for i in rows:
+                total[i] += weights[k] * (parts[i, k].item() - mean) / (std + 1e-6)
+    ok = [i for i in range(B) if not math.isnan(scores[i].item())]
+    mean = sum(total[i] for i in ok) / len(ok)
+    std = math.sqrt(sum((total[i] - mean) ** 2 for i in ok) / (len(ok) - 1))
+    for i in range(B):
+        want = (total[i] - mean) / (std + 1e-6) if i in ok else 0.0
+        assert adv[i, 0].item() == pytest.approx(want, rel=1e-9, abs=1e-12)
+    assert adv[3, 1] == 0 and torch.equal(adv, ret)
+    with pytest.raises(ValueError, match="reward_parts"):
+        ADVANTAGES.get("gdpo")(AdvantageInputs(scores, mask, G), SimpleNamespace(adv_eps=1e-6))
+    with pytest.raises(ValueError, match="3 reward components but 2 weights"):
+        ADVANTAGES.get("gdpo")(AdvantageInputs(scores, mask, G, reward_parts=parts, reward_weights=(1.0, 1.0)),
+                               SimpleNamespace(adv_eps=1e-6))
+
+
+def test_gdpo_values_under_mask_change_nothing():
+    from rlft.core.advantages import ADVANTAGES, AdvantageInputs
+
+    parts = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [0.0, 0.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1], [1, 0, 0]])
+    base = ADVANTAGES.get("gdpo")(AdvantageInputs(parts.sum(-1), mask, 2, reward_parts=parts,
+                                                  reward_weights=(1.0, 1.0)), SimpleNamespace(adv_eps=1e-6))[0]
+    tr = torch.where(mask == 0, torch.tensor(float("nan")), torch.zeros(4, 3))  # junk token rewards are not read
+    other = ADVANTAGES.get("gdpo")(AdvantageInputs(parts.sum(-1), mask, 2, token_rewards=tr, reward_parts=parts,
+                                                   reward_weights=(1.0, 1.0)), SimpleNamespace(adv_eps=1e-6))[0]
+    assert torch.equal(base, other) and (base[mask == 0] == 0).all()

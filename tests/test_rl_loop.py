@@ -900,6 +900,8 @@ def test_update_raises_positive_and_lowers_negative_samples(model, tok, make_cfg
     batch.adv = seq_adv[:, None] * batch.response_mask
     model.eval()  # no dropout anyway; makes the before/after comparison explicit
     before = _seq_logp(model, batch)
+    if agg == "token-sum":  # no normaliser: the gradient is the token count times token-mean's; same step size
+        lr = lr / batch.response_mask.sum().item()
     state = make_state(model, tok, lr=lr)
     update_policy(state, batch, cfg)
     after = _seq_logp(model, batch)

@@ -184,6 +184,9 @@ class AlgoConfig:
         _check(self.policy_loss != "ppo_penalty" or self.epochs * self.minibatches > 1, "algo.policy_loss",
                "'ppo_penalty' penalises KL(pi_old || pi), which is 0 (and so is its gradient) at the first optimizer "
                "step of a batch; needs algo.epochs * algo.minibatches > 1")
+        _check(self.advantage != "gdpo" or self.kl_in != "reward", "algo.kl_in",
+               "advantage 'gdpo' normalises the reward components one by one and has no place for a per-token KL "
+               "reward; set algo.kl_in=loss")
         for key, off in (("kl_in", self.kl_in != "reward"), ("overlong_buffer_frac", self.overlong_buffer_frac == 0)):
             _check(off or self.advantage not in STEP_LEVEL_ADVANTAGES, f"algo.{key}",
                    f"advantage {self.advantage!r} reads step rewards only, so a penalty added to the sequence "

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 
-ROW_TABLES = ("role_scores",)  # 2-D fields with one row per sequence and no token columns
+ROW_TABLES = ("role_scores", "reward_parts")  # 2-D fields with one row per sequence and no token columns
 
 
 @dataclass
@@ -43,6 +43,8 @@ class Batch:
     episodes: list[dict] = field(default_factory=list)  # multi-turn: one record per row (Trajectory.record), else []
     roles: Tensor | None = None  # (B, T) multi-agent: index of the role that wrote each response token, -1 elsewhere
     role_scores: Tensor | None = None  # (B, R) multi-agent: each role's reward, NaN where unscorable
+    reward_parts: Tensor | None = None  # (B, K) each reward component unweighted (reward.fns order, then the
+    # overlong penalty when on), NaN where unscorable: what GDPO normalises one by one
 
     def __len__(self) -> int:
         return self.prompt_ids.shape[0]

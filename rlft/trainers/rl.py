@@ -17,7 +17,7 @@ from typing import Iterator, Sequence
 
 import torch
 
-from rlft.config import Config
+from rlft.config import Config, ConfigError
 from rlft.core.advantages import ADVANTAGES, AdvantageInputs, ema_update, group_stats, mean_return
 from rlft.core.kl import PenaltyCoefController, k3, kl_penalty_rewards
 from rlft.core.ops import masked_mean, masked_sum
@@ -257,7 +257,14 @@ def score(batch: Batch, examples: Sequence[Example], cfg: Config) -> ScoreResult
         if batch.role_scores is not None:
             batch.role_scores[:, 0] = scores
     batch.scores = scores
+    batch.reward_parts = torch.tensor([[math.nan if v is None else v for v in vals] for vals in scored.per_fn.values()],
+                                      dtype=torch.float32).T.reshape(len(batch), -1)  # (B, K)
     return scored
+
+
+def reward_part_weights(cfg: Config) -> tuple[float, ...]:
+    """The weight of each column of ``Batch.reward_parts``: reward.fns' weights, then 1.0 for the overlong penalty."""
+    return (*cfg.reward.resolved_weights, *((1.0,) if cfg.algo.overlong_buffer_frac > 0 else ()))
 
 
 def attach_steps(batch: Batch, scored: ScoreResult, tokenizer, cfg: Config) -> None:
@@ -347,8 +354,12 @@ def compute_advantages(state: RLState, batch: Batch, cfg: Config) -> dict[str, f
         baseline = state.baseline if state.baseline is not None else current  # first batch: its own mean
         state.baseline = ema_update(state.baseline, current, a.baseline_momentum)
     inp = AdvantageInputs(batch.scores, mask, a.group_size, token_rewards=token_rewards, values=batch.values,
-                          baseline=baseline, step_rewards=batch.step_rewards, step_mask=batch.step_mask)
+                          baseline=baseline, step_rewards=batch.step_rewards, step_mask=batch.step_mask,
+                          reward_parts=batch.reward_parts, reward_weights=reward_part_weights(cfg))
     estimate = ADVANTAGES.get(a.advantage)
+    if batch.role_scores is not None and a.advantage == "gdpo":
+        raise ConfigError("algo.advantage: 'gdpo' normalises the reward components of one policy; with several roles "
+                          "each role has its own reward (use group_norm)")
     if batch.role_scores is None:
         batch.adv, batch.ret = estimate(inp, a)  # (B, T) each
     else:  # several roles: each role's advantage from its own reward, on its own tokens
