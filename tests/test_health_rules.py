@@ -91,6 +91,7 @@ WINDOW_RULES = [
     ("no_learning_signal", "frac_reward_zero_std", {"zero_std_max": 0.45}, 0.45, OVER, CALM),  # .09, .9, .45
     ("length_budget", "response_length/clip_ratio", {}, 0.5, OVER, CALM),  # values .1, 1.0, .5
     ("clip_fraction", "actor/pg_clipfrac", {}, 0.3, OVER, CALM),  # values .06, .6, .3
+    ("rollout_mismatch", "rollout_corr/logp_gap_mean", {"rollout_gap_max": 0.0625}, 0.0625, OVER, CALM),
     ("entropy_collapse", "actor/entropy", {"entropy_min": 0.25}, 0.25, UNDER, CALM),  # values .4, 0, .25
 ]
 
@@ -332,7 +333,7 @@ NAMED = {"kl_blowup": "health.kl_max", "grad_norm_explosion": "health.grad_norm_
          "entropy_collapse": "health.entropy_min", "length_collapse": "health.length_drop",
          "clip_fraction": "actor/pg_clipfrac", "nonfinite": "health/skipped_steps",
          "length_budget": "rollout.max_new_tokens", "no_learning_signal": "algo.group_size",
-         "reward_hacking": "eval.every"}
+         "reward_hacking": "eval.every", "rollout_mismatch": "algo.rollout_correction"}
 
 
 def test_every_rule_is_covered_here_and_its_advice_names_what_to_look_at():

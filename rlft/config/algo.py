@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -12,6 +13,8 @@ TOKEN_LEVEL_ADVANTAGES = ("gae", "reinforce", "reinforce_pp")
 """Advantage estimators that use no group statistic (per-token returns; batch-level baselines and whitening)."""
 STEP_LEVEL_ADVANTAGES = ("process",)
 """Advantage estimators that read step rewards (Batch.step_rewards) from step-level rewards, not the sequence reward."""
+ROLLOUT_CORRECTIONS = ("off", "token_tis", "seq_tis", "token_mis", "seq_mis")
+"""algo.rollout_correction values besides ``auto`` (rlft.core.rollout_corr)."""
 UNCLIPPED_LOSSES = ("reinforce", "ppo_penalty", "kimi_omd", "cispo", "sapo", "gmpo", "kl_cov")
 """Policy losses without PPO's clipped ratio surrogate: algo.clip_c (dual-clip) cannot apply to them
 (gmpo clips log-ratios inside a geometric mean; dppo_tv/dppo_kl read clip_c as the cap of their IS weight)."""
@@ -111,6 +114,15 @@ class AlgoConfig:
     """DAPO soft overlong punishment: L_cache = frac * rollout.max_new_tokens (0: off; DAPO 4096/20480 = 0.2)."""
     overlong_penalty: float = 1.0
     """Soft overlong punishment: scale of the length penalty (reaches -overlong_penalty at L_max)."""
+    rollout_correction: str = "auto"
+    """Correction for a sampler whose log-probs are not the trainer's (rlft.core.rollout_corr): each token's policy
+    loss times the detached ratio pi_old / pi_sampler, token_tis / seq_tis (truncated at rollout_corr_cap),
+    token_mis / seq_mis (0 outside [rollout_corr_low, rollout_corr_cap]), or off; auto: off where the sampler is exact
+    (rlft's or transformers' generate on a float32 policy without autocast), token_tis elsewhere (bfloat16, vllm)."""
+    rollout_corr_cap: float = 2.0
+    """C: the truncation cap of the *_tis modes and the upper edge of the *_mis band (verl's default 2.0)."""
+    rollout_corr_low: float = 0.5
+    """The lower edge of the *_mis band (IcePop's two-sided mask; 1 / rollout_corr_cap by default)."""
     epochs: int = 1
     """Passes over each rollout batch."""
     minibatches: int = 1
@@ -152,6 +164,12 @@ class AlgoConfig:
         _check(0 <= self.overlong_buffer_frac <= 1, "algo.overlong_buffer_frac", "must be in [0, 1]")
         _check(self.overlong_penalty >= 0, "algo.overlong_penalty", "must be >= 0")
         _check(self.adv_eps >= 0, "algo.adv_eps", "must be >= 0")
+        _check(self.rollout_correction in ("auto", *ROLLOUT_CORRECTIONS), "algo.rollout_correction",
+               f"unknown {self.rollout_correction!r}; allowed: auto, {', '.join(ROLLOUT_CORRECTIONS)}")
+        _check(math.isfinite(self.rollout_corr_cap) and self.rollout_corr_cap >= 1, "algo.rollout_corr_cap",
+               f"must be a finite number >= 1 (a cap below 1 would shrink on-policy tokens), got {self.rollout_corr_cap}")
+        _check(0 <= self.rollout_corr_low <= 1, "algo.rollout_corr_low",
+               f"must be in [0, 1] (the band must keep on-policy tokens, ratio 1), got {self.rollout_corr_low}")
         _check(self.epochs >= 1, "algo.epochs", "must be >= 1")
         _check(self.minibatches >= 1, "algo.minibatches", "must be >= 1")
         self._check_combinations()

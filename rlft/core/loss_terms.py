@@ -1,7 +1,7 @@
 """Pieces every policy loss shares: masking of the inputs, the metric dict, the log-ratio clamp.
 
 Kept apart from ``rlft.core.losses`` (the registries) so that the loss modules it registers,
-``rlft.core.losses_2025`` among them, can use them without an import circle.
+``rlft.core.trust_region`` among them, can use them without an import circle.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ Two registries:
   ``kimi_omd`` (Kimi k1.5 online mirror descent, reads ``cfg.omd_tau``) complete
   the table; ``cfg`` is the algo config *as it holds at this step* (the trainer
   passes a ``dataclasses.replace`` copy carrying the adaptive beta).  The 2025
-  losses live in ``rlft.core.losses_2025`` and are registered here: ``cispo``,
+  losses live in ``rlft.core.trust_region`` and are registered here: ``cispo``,
   ``sapo``, ``gmpo``, ``dppo_tv``, ``dppo_kl``, ``clip_cov``, ``kl_cov``.
 * ``AGGREGATIONS``: ``fn(loss_mat, mask, max_len=None) -> scalar``, how per-token
   losses become one number.
@@ -57,10 +57,8 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
-from rlft.core.loss_terms import (  # noqa: F401  (_check_clip_c: re-exported)
-    LOG_RATIO_CLAMP, _check_clip_c, _masked_inputs, _metrics, _no_clip_flags, _surrogate,
-)
-from rlft.core.losses_2025 import (
+from rlft.core.loss_terms import LOG_RATIO_CLAMP, _masked_inputs, _metrics, _no_clip_flags, _surrogate
+from rlft.core.trust_region import (
     cispo_loss, clip_cov_loss, dppo_kl_loss, dppo_tv_loss, gmpo_loss, kl_cov_loss, sapo_loss,
 )
 from rlft.core.ops import masked_mean, masked_sum

@@ -97,6 +97,11 @@ RULES.register("length_budget")(Rule(_over("response_length/clip_ratio", "clip_r
 RULES.register("clip_fraction")(Rule(_over("actor/pg_clipfrac", "clipfrac_max"),
                                      "a large share of tokens is clipped (actor/pg_clipfrac): the updates are too "
                                      "large for the trust region; lower optim.lr or algo.epochs"))
+RULES.register("rollout_mismatch")(Rule(_over("rollout_corr/logp_gap_mean", "rollout_gap_max"),
+                                        "the sampler's log-probs drift from the trainer's (rollout_corr/logp_gap_mean "
+                                        "above health.rollout_gap_max): keep algo.rollout_correction on (token_mis or "
+                                        "seq_mis drop the worst tokens), sample in float32 (model.autocast=none) or "
+                                        "check the engine's weights and dtype"))
 RULES.register("nonfinite")(Rule(_nonfinite, "a metric is NaN/inf or an update was skipped (health/skipped_steps): "
                                              "lower optim.lr, check rewards and data for extreme values"))
 RULES.register("reward_hacking")(Rule(_hacking, "the training reward rises while held-out accuracy falls "

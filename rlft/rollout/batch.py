@@ -31,7 +31,7 @@ class Batch:
     scores: Tensor | None = None  # (B,) combined reward, NaN where unscorable
     adv: Tensor | None = None  # (B, T) per-token advantages
     old_logp: Tensor | None = None  # (B, T) behaviour-policy log-probs (only when several passes)
-    rollout_logp: Tensor | None = None  # (B, T) log-probs the sampler computed while sampling (rlft sampler), else None
+    rollout_logp: Tensor | None = None  # (B, T) log-probs the sampler computed while sampling (every backend), else None
     ref_logp: Tensor | None = None  # (B, T) reference-model log-probs (only when a KL term needs them)
     values: Tensor | None = None  # (B, T) critic values at rollout time (only with a critic)
     ret: Tensor | None = None  # (B, T) critic targets (only with a critic)

@@ -31,7 +31,7 @@ from rlft.rewards.scoring import ScoreResult
 from rlft.rewards.steps import step_metrics, step_tensors
 from rlft.rewards.terms import built
 from rlft.rollout.batch import Batch, cat_batches
-from rlft.rollout.hf import generate, sampling_args
+from rlft.rollout.hf import generate, samples_exactly, sampling_args
 from rlft.rollout.episodes import episode_metrics
 from rlft.rollout.multiturn import rollout_env
 from rlft.trainers import hacking
@@ -306,15 +306,17 @@ def reward_metrics(drawn: list[tuple[Batch, ScoreResult]], cfg: Config) -> dict[
 def fill_logprobs(state: RLState, batch: Batch, cfg: Config) -> None:
     """Old log-probs (only when not single pass), reference log-probs (only with a KL term), values (critic).
 
-    The old log-probs are those the sampler computed while sampling, when it did (the rlft sampler): the same
-    policy and temperature, so a forward pass over the batch is saved."""
+    The old log-probs are those the sampler computed while sampling when the sampler is exact
+    (``rlft.rollout.hf.samples_exactly``: the trainer's own model in float32 without autocast): the same policy and
+    temperature, so a forward pass over the batch is saved. Any other sampler's log-probs stay in
+    ``batch.rollout_logp``, for the rollout correction against the trainer's recomputed ones."""
     a = cfg.algo
 
     def logprobs_of(model) -> tuple:
         return model, lambda mb: batch_logprobs(model, mb, cfg)[0], shares_prefix(model, cfg)
 
     models = {}  # name: (the model, the forward of a micro-batch, whether it computes each group's prompt once)
-    if not a.single_pass and batch.rollout_logp is not None:
+    if not a.single_pass and batch.rollout_logp is not None and samples_exactly(cfg):
         batch.old_logp = batch.rollout_logp * batch.response_mask
     elif not a.single_pass:
         models["old_logp"] = logprobs_of(state.policy)

@@ -19,6 +19,7 @@ from torch import Tensor
 from rlft.config import Config
 from rlft.core.kl import KL_ESTIMATORS
 from rlft.core.losses import POLICY_LOSSES, aggregate_parts, aggregation_weight, positive_lm_parts, top_entropy_mask
+from rlft.core.rollout_corr import correction_weights, gap_metrics, gap_stats, resolve
 from rlft.core.ops import masked_mean, masked_sum
 from rlft.core.value import value_loss
 from rlft.parallel.launch import strategy
@@ -26,6 +27,7 @@ from rlft.parallel.strategy import idle_loss
 from rlft.models.forward import autocast, response_logprobs
 from rlft.models.roles import by_role, has_roles
 from rlft.rollout.batch import Batch
+from rlft.rollout.hf import samples_exactly
 from rlft.trainers.ptx import lm_loss_sum, lm_tokens
 
 if TYPE_CHECKING:
@@ -117,6 +119,25 @@ def _logprobs(model, mb: Batch, cfg: Config, **kwargs) -> tuple[torch.Tensor, to
                                  chunk=cfg.train.logprob_chunk, **kwargs)
 
 
+def rollout_correction(cfg: Config) -> str:
+    """The run's ``algo.rollout_correction`` with ``auto`` resolved by its sampler (``rlft.rollout.hf.samples_exactly``)."""
+    return resolve(cfg.algo.rollout_correction, samples_exactly(cfg))
+
+
+def corrected(pg_mat: Tensor, old_logp: Tensor, micro: Batch, mask: Tensor, mode: str, a) -> tuple[Tensor, dict]:
+    """(pg_mat * w, gap_stats): each token's policy-gradient loss times the detached rollout-correction weight w of
+    ``mode`` (``rlft.core.rollout_corr``: pi_old / pi_sampler, truncated or masked), and the micro-batch's parts of the
+    rollout_corr/ metrics; the loss unchanged and no parts without the sampler's log-probs (``off`` only)."""
+    if micro.rollout_logp is None:
+        if mode != "off":
+            raise RuntimeError(f"algo.rollout_correction={mode} needs the sampler's log-probs (Batch.rollout_logp), "
+                               "and the rollout returned none for this batch; set algo.rollout_correction=off")
+        return pg_mat, {}
+    rollout_logp = micro.rollout_logp.to(pg_mat.device)
+    w, rejected = correction_weights(old_logp, rollout_logp, mask, mode, a.rollout_corr_cap, a.rollout_corr_low)
+    return pg_mat * w, gap_stats(old_logp, rollout_logp, mask, mode, rejected)
+
+
 def update(state: "RLState", batch: Batch, cfg: Config, *, train_policy: bool = True) -> dict[str, float]:
     """Run the optimizer steps over ``batch``; returns metrics averaged over them."""
     a = cfg.algo
@@ -163,6 +184,7 @@ def _policy_step(state: "RLState", mb: Batch, cfg: Config) -> dict[str, float]:
     # must make the same calls, so the shared-prefix forward makes as many calls for runs of similar response
     # lengths as the process with the most (agreed in each pass), a number that would otherwise differ
     agree = s.agreed(policy)
+    correction, gaps = rollout_correction(cfg), []
     micros = [m for _, m in micro_batches(mb.index(dist.share(len(mb))), cfg.train.micro_batch_size,
                                           cfg.train.micro_batch_tokens, shares_prefix(policy, cfg))]
     for _ in range(s.lockstep(policy, len(micros))):  # every process runs as many passes as the busiest
@@ -174,6 +196,8 @@ def _policy_step(state: "RLState", mb: Batch, cfg: Config) -> dict[str, float]:
         old_logp = logp.detach() if a.single_pass else micro.old_logp.to(device)
         pg_mat, pg_metrics = POLICY_LOSSES.get(a.policy_loss)(logp, old_logp, micro.adv.to(device), mask,
                                                           loss_cfg)
+        pg_mat, gap = corrected(pg_mat, old_logp, micro, mask, correction, a)
+        gaps += [gap] if gap else []
         if a.entropy_top_frac < 1:  # "Beyond the 80/20 rule": only the highest-entropy tokens' policy gradient
             top = top_entropy_mask(ent, mask, a.entropy_top_frac)  # (b, T), this micro-batch's tokens
             pg_mat = torch.where(top, pg_mat, torch.zeros_like(pg_mat))
@@ -216,6 +240,7 @@ def _policy_step(state: "RLState", mb: Batch, cfg: Config) -> dict[str, float]:
             s.backward(policy, idle_loss(lm_loss_sum(model, ids[:1], mask[:1], weights[:1],
                                                      chunk=cfg.train.logprob_chunk)))
     totals = dist.sum_floats(totals)  # each process's share of the mini-batch's loss terms
+    totals.update(gap_metrics([g for part in dist.gather(gaps) for g in part]))
     if a.needs_ref and a.kl_in == "loss":
         totals["actor/kl_coef"] = kl_coef
     if state.penalty_ctl is not None:

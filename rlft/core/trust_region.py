@@ -1,4 +1,5 @@
-"""The 2025 policy losses: CISPO, SAPO, GMPO, DPPO (binary TV and KL), Clip-Cov and KL-Cov.
+"""Policy losses that keep the update near the old policy by other means than PPO's hard clip: CISPO, SAPO, GMPO,
+DPPO (binary TV and KL), Clip-Cov and KL-Cov.
 
 Pure functions with the ``POLICY_LOSSES`` signature ``fn(logp, old_logp, adv, mask, cfg) ->
 (loss_mat (B, T), metrics)``; ``rlft.core.losses`` registers them.  Each returns the metric keys

@@ -1,4 +1,4 @@
-"""The 2025 policy losses (rlft.core.losses_2025), the token-sum aggregation and top-entropy masking.
+"""The 2025 policy losses (rlft.core.trust_region), the token-sum aggregation and top-entropy masking.
 
 Each loss: a hand-computed case, an equivalence to a naive loop over tokens (value and gradient, float64),
 the invariance of loss, metrics and gradient to values under mask 0, and parity with verl's formulas
