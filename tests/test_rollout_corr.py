@@ -267,3 +267,11 @@ def test_a_short_run_with_generate_and_the_correction_on(tmp_path, tiny_size_ove
                 assert key in rec and math.isfinite(rec[key]), (mode, key, rec.get(key))
             # float32 generate against the float32 trainer: a rounding-sized gap, nothing masked
             assert rec["rollout_corr/logp_gap_max"] < 1e-3 and rec["rollout_corr/masked_frac"] == 0.0
+
+
+def test_unknown_modes_and_an_empty_batch_are_told_apart():
+    with pytest.raises(ValueError, match="unknown rollout correction 'tis'"):
+        resolve("tis", exact=True)
+    with pytest.raises(ValueError, match="unknown rollout correction 'auto'"):  # auto is resolved before weights
+        correction_weights(torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1, 2), "auto", 2.0, 0.5)
+    assert gap_metrics([]) == {}  # no micro-batch had a token: no metric rather than 0 / 0

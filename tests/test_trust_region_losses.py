@@ -575,3 +575,13 @@ def test_gdpo_values_under_mask_change_nothing():
     other = ADVANTAGES.get("gdpo")(AdvantageInputs(parts.sum(-1), mask, 2, token_rewards=tr, reward_parts=parts,
                                                    reward_weights=(1.0, 1.0)), SimpleNamespace(adv_eps=1e-6))[0]
     assert torch.equal(base, other) and (base[mask == 0] == 0).all()
+
+
+def test_gdpo_with_fewer_than_two_scorable_sequences_is_zero_and_bad_parts_are_named():
+    from rlft.core.advantages import AdvantageInputs, gdpo_advantages
+
+    parts = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [0.0, 0.0]])
+    one = torch.tensor([True, False, False, False])
+    assert torch.equal(gdpo_advantages(parts, (1.0, 1.0), one, 2), torch.zeros(4))  # no spread to normalise by
+    with pytest.raises(ValueError, match=r"reward_parts must be \(B, K\) with B=2"):
+        AdvantageInputs(torch.zeros(2), torch.ones(2, 3), 2, reward_parts=torch.zeros(3, 2))
