@@ -1,5 +1,5 @@
 """The issue-34 losses, advantage, aggregation and token masking train 20 steps on the embedded task with finite
-metrics (the formulas themselves: tests/test_trust_region.py)."""
+metrics (the formulas themselves: tests/test_trust_region_losses.py)."""
 
 from __future__ import annotations
 
