@@ -76,7 +76,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         _check(math.isfinite(number), key, f"must be a finite number, got {_shown(value)}")
         return number
     if tp is str:
-        _check(isinstance(value, str), key, f"must be a string, got {value!r}")
+        _check(isinstance(value, str), key, f"must be a string, got {value!r}"
+               + (" (YAML reads yes/no/on/off as true/false: quote it, 'yes')" if isinstance(value, bool) else ""))
         return value
     raise TypeError(f"{key}: unsupported annotation {tp!r}")  # a bug in this file, not user input
 
