@@ -134,6 +134,11 @@ def _build(cls: type, data: Mapping[str, Any], prefix: str, entry: bool = False)
         key = f"{prefix}{f.name}"
         if tp is EnvConfig:
             kwargs[f.name] = _env_section({} if data[f.name] is None else data[f.name])
+        elif tp is RewardTerm:  # one reward entry (label.judge); a mapping without a name keeps the default's
+            value = data[f.name]
+            if isinstance(value, Mapping) and "name" not in value:
+                value = {"name": f.default.name, **value}
+            kwargs[f.name] = _coerce(value, tp, key)
         elif dataclasses.is_dataclass(tp):  # an empty section (`model:` in YAML) is null
             kwargs[f.name] = _build(tp, {} if data[f.name] is None else data[f.name], f"{key}.")
         else:
