@@ -17,6 +17,9 @@ from rlft.data.schema import Example
 from rlft.recipe import load_config
 from rlft.stages.pipeline import run_pipeline
 from rlft.trainers.label import label_groups, rule_agreement, by_prompt
+from rlft.trainers.sft import sft_examples
+
+from conftest import RECIPES
 
 Q = ({"role": "user", "content": "max(1,7,3)=? Answer after ####."},)
 EX = Example(prompt=Q, ground_truth="7")
@@ -157,13 +160,25 @@ def test_sft_label_dpo_pipeline_on_a_saved_tiny_judge(tmp_path, tiny_overrides):
                          bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
     AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "judge")
     tok.save_pretrained(tmp_path / "judge")
-    ov = _judge_overrides(tmp_path, tiny_overrides, tmp_path / "judge", "log.name=pipe", "stages=[sft,label,dpo]",
-                          "dpo.source=@label", "dpo.steps=2", "dpo.batch_size=4")
+    ov = _judge_overrides(tmp_path, tiny_overrides, tmp_path / "judge", "log.name=pipe", "dpo.steps=2",
+                          "dpo.batch_size=4", "label.prompts=6")
     lines: list[str] = []
-    result = run_pipeline(load_config(None, ov), echo=lines.append)
+    result = run_pipeline(load_config(RECIPES / "rlaif_dpo_demo.yaml", ov), echo=lines.append)
     assert [e["stage"] for e in result.stages] == ["sft", "label", "dpo"]
     label_dir = tmp_path / "pipe" / "1-label" / "preferences"
     assert result.stages[1]["model_dir"] == str(label_dir)
     rows = result.stages[1]["metrics"]["label/train/rows"]
     assert f"rlft dpo: {rows:.0f} training pairs" in "\n".join(lines)  # the dpo stage read the label stage's rows
     assert len((tmp_path / "pipe" / "2-dpo" / "dpo_metrics.jsonl").read_text().splitlines()) == 2
+
+
+def test_the_demo_judge_learns_the_rule_s_verdicts(tiny_size_overrides, tmp_path):
+    cfg = load_config(RECIPES / "judge_demo.yaml", tiny_size_overrides(tmp_path, "data.synth_train_size=20"))
+    rows = sft_examples(cfg, [])
+    assert len(rows) == 40 and sum(r.response == "yes" for r in rows) == 20  # a right and a wrong answer each
+    for r in rows:
+        question = r.prompt[0]["content"]
+        problem, answer = question.split("\nProposed answer: ")
+        numbers = [int(x) for x in problem.split("(")[1].split(")")[0].split(",")]
+        right = answer.split("\n")[0] == f"#### {max(numbers)}"
+        assert r.response == ("yes" if right else "no")  # the rule's verdict (max of three)

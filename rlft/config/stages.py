@@ -181,7 +181,7 @@ class SFTConfig:
     loss_on: Literal["response", "all", "answer"] = "response"
     """Which tokens carry the SFT loss: the response (and its eos), prompt and response, or only the final answer (the #### line, last \\boxed{} or <answer> tag) and the eos."""
     source: str = ""
-    """SFT rows ({prompt, completion} or {messages}): a file, a directory of splits or hf:<name>; synthetic:<task>: that synthetic task's demonstrations (drawn as data.source's problems, with data.synth_*); empty: the RL rows' reference responses."""
+    """SFT rows ({prompt, completion} or {messages}): a file, a directory of splits or hf:<name>; synthetic:<task>: that synthetic task's demonstrations (drawn as data.source's problems, with data.synth_*); judge:synthetic:<task>: "is this answer right?" questions about that task's problems, answered yes/no by eval.correct_fn (to train the judge reward's model); empty: the RL rows' reference responses."""
     train_split: str = "train"
     """Split of sft.source to train on."""
     system_prompt: str = ""
