@@ -1,4 +1,4 @@
-"""The sections of the stages around RL: ``sft``, ``rm``, ``dpo``, ``rft`` and ``prm``."""
+"""The sections of the stages around RL: ``sft``, ``rm``, ``dpo``, ``rft``, ``prm`` and ``label``."""
 
 from __future__ import annotations
 
@@ -7,6 +7,9 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 from rlft.config.checks import _check
+from rlft.config.reward import RewardTerm
+
+PIPELINE_LABELS = "@label"  # rm.source / dpo.source: the preferences a pipeline's label stage wrote
 
 
 @dataclass(frozen=True)
@@ -15,7 +18,7 @@ class _PreferenceData:
     ``batch_size`` and ``lr`` (checked here) and its own keys."""
 
     source: str = ""
-    """Preference rows (pairs, K-way rankings or HH-RLHF transcripts): a file, a directory of splits or hf:<name>; empty: pairs made from data.source's numeric answers (right over wrong)."""
+    """Preference rows (pairs, K-way rankings or HH-RLHF transcripts): a file, a directory of splits or hf:<name>; '@label' in a pipeline: what its label stage wrote; empty: pairs made from data.source's numeric answers (right over wrong)."""
     train_split: str = "train"
     eval_split: str = "test"
     num_eval: int = 200
@@ -178,7 +181,7 @@ class SFTConfig:
     loss_on: Literal["response", "all", "answer"] = "response"
     """Which tokens carry the SFT loss: the response (and its eos), prompt and response, or only the final answer (the #### line, last \\boxed{} or <answer> tag) and the eos."""
     source: str = ""
-    """SFT rows ({prompt, completion} or {messages}): a file, a directory of splits or hf:<name>; synthetic:<task>: that synthetic task's demonstrations (drawn as data.source's problems, with data.synth_*); empty: the RL rows' reference responses."""
+    """SFT rows ({prompt, completion} or {messages}): a file, a directory of splits or hf:<name>; synthetic:<task>: that synthetic task's demonstrations (drawn as data.source's problems, with data.synth_*); judge:synthetic:<task>: "is this answer right?" questions about that task's problems, answered yes/no by eval.correct_fn (to train the judge reward's model); empty: the RL rows' reference responses."""
     train_split: str = "train"
     """Split of sft.source to train on."""
     system_prompt: str = ""
@@ -193,3 +196,32 @@ class SFTConfig:
         _check(self.warmup_steps >= 0, "sft.warmup_steps", "must be >= 0")
         _check(self.max_tokens >= 0, "sft.max_tokens", "must be >= 0 (0: no budget)")
 
+
+
+@dataclass(frozen=True)
+class LabelConfig:
+    judge: RewardTerm = RewardTerm("judge")
+    """The judge, a reward entry: {name: judge, path: <causal LM dir>, template, labels, scores, ...} (rlft.rewards.judge); with label.mode=pointwise any reward scores (e.g. reward_model)."""
+    mode: Literal["pointwise", "pairwise"] = "pointwise"
+    """pointwise: each completion scored alone, pairs ordered by score; pairwise: the judge compares every two completions of a prompt (both orders averaged, judge's pair_template)."""
+    write: Literal["pairs", "ranking"] = "pairs"
+    """Rows written: (chosen, rejected) pairs, or one K-way ranking per prompt (pointwise only: pairwise verdicts need not be transitive)."""
+    samples: int = 4
+    """Completions sampled per prompt from the stage's policy (rollout.temperature, top_p, top_k, max_new_tokens); duplicates and empty ones are dropped."""
+    prompts: int = 0
+    """Training prompts labelled: the first N of data.source's training split (0: all)."""
+    num_eval: int = 100
+    """Held-out prompts labelled for the test split (the first N of data.source's held-out problems; 0: all)."""
+    min_margin: float = 0.0
+    """A pair is written only when the judge separates it by more than this: the score difference (pointwise) or |2 P(a better) - 1| (pairwise); ties are never written."""
+
+    def __post_init__(self) -> None:
+        _check(self.samples >= 2, "label.samples", f"must be >= 2 (a pair needs two completions), got {self.samples}")
+        _check(self.prompts >= 0, "label.prompts", "must be >= 0 (0: all)")
+        _check(self.num_eval >= 0, "label.num_eval", "must be >= 0 (0: all)")
+        _check(math.isfinite(self.min_margin) and self.min_margin >= 0, "label.min_margin",
+               f"must be a finite number >= 0, got {self.min_margin}")
+        _check(self.mode == "pointwise" or self.write == "pairs", "label.write",
+               "ranking needs label.mode=pointwise (pairwise verdicts need not be transitive); use label.write=pairs")
+        _check(self.mode == "pointwise" or self.judge.name == "judge", "label.judge.name",
+               f"label.mode=pairwise compares two completions, which only the judge reward does; got {self.judge.name!r}")

@@ -76,7 +76,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         _check(math.isfinite(number), key, f"must be a finite number, got {_shown(value)}")
         return number
     if tp is str:
-        _check(isinstance(value, str), key, f"must be a string, got {value!r}")
+        _check(isinstance(value, str), key, f"must be a string, got {value!r}"
+               + (" (YAML reads yes/no/on/off as true/false: quote it, 'yes')" if isinstance(value, bool) else ""))
         return value
     raise TypeError(f"{key}: unsupported annotation {tp!r}")  # a bug in this file, not user input
 
@@ -133,6 +134,11 @@ def _build(cls: type, data: Mapping[str, Any], prefix: str, entry: bool = False)
         key = f"{prefix}{f.name}"
         if tp is EnvConfig:
             kwargs[f.name] = _env_section({} if data[f.name] is None else data[f.name])
+        elif tp is RewardTerm:  # one reward entry (label.judge); a mapping without a name keeps the default's
+            value = data[f.name]
+            if isinstance(value, Mapping) and "name" not in value:
+                value = {"name": f.default.name, **value}
+            kwargs[f.name] = _coerce(value, tp, key)
         elif dataclasses.is_dataclass(tp):  # an empty section (`model:` in YAML) is null
             kwargs[f.name] = _build(tp, {} if data[f.name] is None else data[f.name], f"{key}.")
         else:

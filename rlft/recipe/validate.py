@@ -31,7 +31,10 @@ def validate(cfg: Config) -> Config:
         value = getattr(cfg.algo, key)
         _check(value in reg, f"algo.{key}", f"unknown {value!r}; allowed: {', '.join(reg.names())}")
     _check_task(cfg.data.source, "data.source")
-    _check_task(cfg.sft.source, "sft.source")
+    _check_task(cfg.sft.source.removeprefix("judge:"), "sft.source")
+    _check(not cfg.sft.source.startswith("judge:") or cfg.sft.source.startswith("judge:synthetic:"), "sft.source",
+           f"judge:<source> builds a judge's demonstrations from a synthetic task: judge:synthetic:<task>, "
+           f"got {cfg.sft.source!r}")
     _check_rewards(cfg)
     _check_eval(cfg)
     _check(cfg.prm.labels in REWARDS and is_step_level(REWARDS.factory(cfg.prm.labels)), "prm.labels",

@@ -2,7 +2,9 @@
 
 A reward function that raises, runs past ``timeout_s`` or returns something
 other than ``None`` or a finite real number costs only that sample (for a
-group-level or batched reward, the samples of that call): its value
+group-level or batched reward, the samples of that call; but a batched reward's
+values each depend on their own sample only, so one bad value in a well-formed
+list costs that sample alone): its value
 is ``None`` (unscorable, excluded downstream -- never a silent 0), the failure
 is counted in ``ScoreResult.errors`` and logged once per function per batch on
 the ``rlft.rewards`` logger.
@@ -86,7 +88,8 @@ def score_batch(
             per_fn[name] = [_mean_step(x) for x in steps[name]]
         elif is_group_level(fn) or is_batched(fn):
             size = group_size if is_group_level(fn) else max(1, len(completions))
-            per_fn[name], errors[name] = _score_lists(name, fn, completions, samples, size, limit)
+            per_fn[name], errors[name] = _score_lists(name, fn, completions, samples, size, limit,
+                                                      per_value=is_batched(fn) and not is_group_level(fn))
         elif pool is not None and getattr(fn, "runs_in_pool", False):  # slow checkers: worker processes
             result = pool.score(fn, completions, samples, name=name)
             per_fn[name], errors[name] = result.values, result.errors
@@ -178,8 +181,10 @@ def _mean_step(steps: list[tuple[int, float | None]]) -> float | None:
     return sum(ok) / len(ok) if ok else None
 
 
-def _score_lists(name, fn, completions, samples, size, timeout_s) -> tuple[list[float | None], int]:
-    """A list-valued reward on consecutive chunks of ``size`` samples; a failing chunk costs its samples."""
+def _score_lists(name, fn, completions, samples, size, timeout_s,
+                 per_value: bool = False) -> tuple[list[float | None], int]:
+    """A list-valued reward on consecutive chunks of ``size`` samples; a failing chunk costs its samples.
+    ``per_value`` (a batched reward): a bad value in a well-formed list costs its own sample only."""
     values, n_errors, first_error = [], 0, None
     for start in range(0, len(completions), size):
         chunk = slice(start, start + size)
@@ -187,12 +192,20 @@ def _score_lists(name, fn, completions, samples, size, timeout_s) -> tuple[list[
             out = call_with_timeout(fn, (list(completions[chunk]), list(samples[chunk])), timeout_s)
             if not isinstance(out, Sequence) or isinstance(out, str) or len(out) != len(completions[chunk]):
                 raise TypeError(f"returned {type(out).__name__}, expected a list of {size} values")
-            chunk_values = [checked_value(v) for v in out]
+            out = list(out) if per_value else [checked_value(v) for v in out]
         except (Exception, RewardTimeout) as e:
-            chunk_values = [None] * len(completions[chunk])
-            n_errors += len(chunk_values)
-            first_error = first_error or f"samples {start}-{start + len(chunk_values) - 1}: {type(e).__name__}: {e}"
-        values.extend(chunk_values)
+            out = [None] * len(completions[chunk])
+            n_errors += len(out)
+            first_error = first_error or f"samples {start}-{start + len(out) - 1}: {type(e).__name__}: {e}"
+        else:
+            for i, v in enumerate(out if per_value else ()):
+                try:
+                    out[i] = checked_value(v)
+                except (TypeError, ValueError) as e:
+                    out[i] = None
+                    n_errors += 1
+                    first_error = first_error or f"sample {start + i}: {type(e).__name__}: {e}"
+        values.extend(out)
     _warn(name, n_errors, len(values), first_error)
     return values, n_errors
 
