@@ -284,3 +284,16 @@ def test_config_errors_name_the_key(overrides, key):
 def test_the_recipe_parses(recipes_dir):
     cfg = load_config(recipes_dir / "distill_demo.yaml")
     assert cfg.stages == ("sft", "distill") and cfg.distill.teachers and cfg.distill.signal == "advantage"
+
+
+def test_rlft_distill_runs_one_stage(tmp_path, tiny_overrides, tiny_model_dir, teacher_dirs, capsys):
+    """`rlft distill`: the stage alone on model.path, flat in its run directory; no teacher: exit 2, the key named."""
+    from rlft.cli.main import main
+
+    overrides = tiny_overrides(tmp_path, "log.name=cli", f"model.path={tiny_model_dir}", "train.steps=1")
+    assert main(["distill", *overrides, f"distill.teachers=[{teacher_dirs[0]}]"]) == 0
+    assert "distill (advantage, 1 teacher)" in capsys.readouterr().out
+    assert (tmp_path / "cli" / "policy" / "config.json").is_file()
+    assert "distill/reverse_kl" in json.loads((tmp_path / "cli" / "metrics.jsonl").read_text().splitlines()[0])
+    assert main(["distill", *tiny_overrides(tmp_path, "log.name=none")]) == 2
+    assert "distill.teachers" in capsys.readouterr().err and not (tmp_path / "none").exists()

@@ -151,6 +151,8 @@ def preflight(cfg: Config, kinds: list[str]) -> Task:
         check_model_path(cfg.model.path, "model.path")
     if cfg.critic.path:
         check_model_path(cfg.critic.path, "critic.path")
+    if "distill" in kinds and not cfg.distill.teachers:
+        raise ConfigError("distill.teachers: the distill stage needs at least one teacher model directory")
     for k, path in enumerate(cfg.distill.teachers if "distill" in kinds else ()):
         check_model_path(path, f"distill.teachers[{k}]")
     sft = sft_examples(cfg, []) if cfg.sft.source and ("sft" in kinds or cfg.sft.steps) else None
