@@ -1,4 +1,4 @@
-"""Command line: ``rlft train``, ``rlft eval``, ``rlft sft``, ``rlft rm``, ``rlft prm``, ``rlft dpo``, ``rlft rft``, ``rlft label``, ``rlft prepare gsm8k|humaneval|mbpp``, ``rlft config``.
+"""Command line: ``rlft train``, ``rlft eval``, ``rlft sft``, ``rlft rm``, ``rlft prm``, ``rlft dpo``, ``rlft rft``, ``rlft label``, ``rlft distill``, ``rlft prepare gsm8k|humaneval|mbpp``, ``rlft config``.
 
     rlft train                                    # the embedded demo (tiny model, synthetic arithmetic)
     rlft train recipes/grpo_gsm8k.yaml model.path=/models/qwen algo.group_size=4
@@ -10,6 +10,7 @@
     rlft dpo model.path=runs/<name>/policy dpo.beta=0.1          # DPO (dpo.loss=ipo: IPO) on preference pairs
     rlft rft model.path=runs/<name>/policy rft.mode=offline      # rejection-sampling fine-tuning (rft.keep=shortest)
     rlft label model.path=runs/<name>/policy label.judge.path=runs/judge/policy   # AI-labelled preference pairs
+    rlft distill model.path=runs/<name>/policy distill.teachers=[runs/<big>/policy]   # on-policy distillation
     rlft prepare gsm8k --input path/to/gsm8k --output data/gsm8k
     rlft prepare mbpp --input path/to/mbpp.jsonl --output data/mbpp    # also: humaneval (HumanEval.jsonl)
     rlft config                                   # every key, its default and meaning
@@ -66,7 +67,7 @@ def cmd_eval(ns: argparse.Namespace) -> int:
 
 
 def cmd_stage(ns: argparse.Namespace) -> int:
-    """``rlft sft`` / ``rlft rm`` / ``rlft prm`` / ``rlft dpo`` / ``rlft rft`` / ``rlft label``: one stage on ``model.path`` (or the
+    """``rlft sft`` / ``rlft rm`` / ``rlft prm`` / ``rlft dpo`` / ``rlft rft`` / ``rlft label`` / ``rlft distill``: one stage on ``model.path`` (or the
     embedded tiny model), flat in its own run directory, through the same pipeline as ``rlft train``."""
     return _run(ns, only=ns.command)
 
@@ -160,7 +161,9 @@ def build_parser() -> argparse.ArgumentParser:
                        ("rft", "rejection-sampling fine-tuning (rft.* keys): sample, keep what the reward accepts, "
                                "fine-tune; offline or online"),
                        ("label", "preference rows for rm / dpo (label.* keys): model.path's samples ranked by a "
-                                 "judge model (RLAIF)")):
+                                 "judge model (RLAIF)"),
+                       ("distill", "on-policy distillation (distill.* keys): model.path samples, distill.teachers "
+                                   "score its tokens, the per-token reverse KL is the signal")):
         st = sub.add_parser(name, help=text)
         st.add_argument("args", nargs="*", help="[recipe.yaml] [section.key=value ...]")
         st.set_defaults(fn=cmd_stage)

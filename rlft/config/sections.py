@@ -24,7 +24,7 @@ from rlft.config.roles import RolesConfig
 from rlft.config.checks import _check, plain, template_problem
 from rlft.config.insight import EvalConfig, HealthConfig, LogConfig
 from rlft.config.reward import RewardConfig
-from rlft.config.stages import DPOConfig, LabelConfig, PRMConfig, RFTConfig, RMConfig, SFTConfig
+from rlft.config.stages import DistillConfig, DPOConfig, LabelConfig, PRMConfig, RFTConfig, RMConfig, SFTConfig
 
 __all__ = ["Config", "DataConfig", "LoraConfig", "ModelConfig", "OptimConfig", "RolloutConfig", "TrainConfig", "with_name"]
 
@@ -244,7 +244,7 @@ class TrainConfig:
 @dataclass(frozen=True)
 class Config:
     stages: tuple[str, ...] = ()
-    """A pipeline run by `rlft train`, in order (e.g. [sft, grpo], [sft, rm, ppo], [sft, dpo]); each stage starts from the previous stage's model. Names: sft, rm, dpo, label, rft (rft_offline / rft_online force rft.mode), rl, or an algorithm preset (which also selects algo.preset). Empty: SFT warm-up (sft.steps) then RL, in one directory."""
+    """A pipeline run by `rlft train`, in order (e.g. [sft, grpo], [sft, rm, ppo], [sft, dpo]); each stage starts from the previous stage's model. Names: sft, rm, dpo, label, rft (rft_offline / rft_online force rft.mode), distill (on-policy distillation from distill.teachers), rl, or an algorithm preset (which also selects algo.preset). Empty: SFT warm-up (sft.steps) then RL, in one directory."""
     model: ModelConfig = field(default_factory=ModelConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -261,6 +261,7 @@ class Config:
     rft: RFTConfig = field(default_factory=RFTConfig)
     prm: PRMConfig = field(default_factory=PRMConfig)
     label: LabelConfig = field(default_factory=LabelConfig)
+    distill: DistillConfig = field(default_factory=DistillConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     health: HealthConfig = field(default_factory=HealthConfig)

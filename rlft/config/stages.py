@@ -1,4 +1,4 @@
-"""The sections of the stages around RL: ``sft``, ``rm``, ``dpo``, ``rft``, ``prm`` and ``label``."""
+"""The sections of the stages around RL: ``sft``, ``rm``, ``dpo``, ``rft``, ``prm``, ``label`` and ``distill``."""
 
 from __future__ import annotations
 
@@ -225,3 +225,35 @@ class LabelConfig:
                "ranking needs label.mode=pointwise (pairwise verdicts need not be transitive); use label.write=pairs")
         _check(self.mode == "pointwise" or self.judge.name == "judge", "label.judge.name",
                f"label.mode=pairwise compares two completions, which only the judge reward does; got {self.judge.name!r}")
+
+
+@dataclass(frozen=True)
+class DistillConfig:
+    teachers: tuple[str, ...] = ()
+    """Teacher models of the distill stage: causal LM directories (or hub ids) with the student's tokenizer; they score the student's samples without gradient."""
+    teacher_weights: tuple[float, ...] = ()
+    """One weight per teacher (>= 0, not all 0), normalised to sum 1: the teacher log-prob of a token is the weighted mean of the teachers' (empty: equal weights)."""
+    signal: Literal["advantage", "loss"] = "advantage"
+    """advantage: A_t = -kl_coef * (log pi(y_t) - log pi_teacher(y_t)) per token, fixed at rollout time and trained through algo.policy_loss (Thinking Machines' on-policy distillation); loss: the sampled-token reverse-KL estimate of the current student, kl_coef times it added to the loss and minimised directly (its gradient is (log pi - log pi_teacher) * grad log pi), the policy loss carrying only the task reward."""
+    kl_coef: float = 1.0
+    """Weight of the reverse-KL signal (the advantage's scale, or the loss term's coefficient)."""
+    reward_weight: float = 0.0
+    """Weight of the task reward's advantage (algo.advantage on reward.fns) added to the signal; 0: pure distillation."""
+
+    def __post_init__(self) -> None:
+        _check(not self.teacher_weights or len(self.teacher_weights) == len(self.teachers), "distill.teacher_weights",
+               f"has {len(self.teacher_weights)} weights for {len(self.teachers)} teachers (distill.teachers); "
+               "give one per teacher, or none for equal weights")
+        for i, w in enumerate(self.teacher_weights):
+            _check(math.isfinite(w) and w >= 0, f"distill.teacher_weights[{i}]", f"must be finite and >= 0, got {w}")
+        _check(not self.teacher_weights or sum(self.teacher_weights) > 0, "distill.teacher_weights",
+               "must not all be 0")
+        _check(math.isfinite(self.kl_coef) and self.kl_coef > 0, "distill.kl_coef", f"must be > 0, got {self.kl_coef}")
+        _check(math.isfinite(self.reward_weight) and self.reward_weight >= 0, "distill.reward_weight",
+               f"must be >= 0 (0: pure distillation), got {self.reward_weight}")
+
+    @property
+    def weights(self) -> tuple[float, ...]:
+        """Each teacher's weight, normalised to sum 1."""
+        raw = self.teacher_weights or (1.0,) * len(self.teachers)
+        return tuple(w / sum(raw) for w in raw)

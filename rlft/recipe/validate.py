@@ -88,13 +88,16 @@ def _check_step_rewards(cfg: Config) -> None:
 
 
 def _check_stages(cfg: Config) -> None:
-    """Stage names, at most one RL stage, and each ``@rm``/``@prm`` scorer trained by a stage before the RL one."""
+    """Stage names, at most one RL stage, teachers for a distill stage, and each ``@rm``/``@prm`` scorer trained by a
+    stage before the RL one."""
     for i, name in enumerate(cfg.stages):
         _check(name in STAGES or name in PRESETS, f"stages[{i}]",
                f"unknown stage {name!r}; allowed: {', '.join(STAGES.names())} or a preset "
                f"({', '.join(PRESETS.names())})")
     rl = [i for i, name in enumerate(cfg.stages) if name == "rl" or name in PRESETS]
     _check(len(rl) <= 1, "stages", f"has {len(rl)} RL stages; a pipeline holds at most one")
+    _check("distill" not in cfg.stages or bool(cfg.distill.teachers), "distill.teachers",
+           "the distill stage needs at least one teacher model directory (causal LMs with the student's tokenizer)")
     before_rl = cfg.stages[: rl[0]] if rl else ()
     for placeholder, stage, reward in ((PIPELINE_RM, "an rm", "a reward_model"),
                                        (PIPELINE_PRM, "a prm", "a process_reward_model")):

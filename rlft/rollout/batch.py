@@ -33,6 +33,7 @@ class Batch:
     old_logp: Tensor | None = None  # (B, T) behaviour-policy log-probs (only when several passes)
     rollout_logp: Tensor | None = None  # (B, T) log-probs the sampler computed while sampling (every backend), else None
     ref_logp: Tensor | None = None  # (B, T) reference-model log-probs (only when a KL term needs them)
+    teacher_logp: Tensor | None = None  # (B, T) the distill stage's teachers' log-prob (their weighted mean)
     values: Tensor | None = None  # (B, T) critic values at rollout time (only with a critic)
     ret: Tensor | None = None  # (B, T) critic targets (only with a critic)
     loss_mask: Tensor | None = None  # (B, T) tokens that carry a loss (response_mask minus filtered samples)

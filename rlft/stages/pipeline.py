@@ -146,7 +146,7 @@ def _check_resume(cfg: Config, steps: list[Planned], flat: bool) -> None:
 
 
 def preflight(cfg: Config, kinds: list[str]) -> Task:
-    """What can fail on the user's input, checked before anything is written: the model and critic paths, the
+    """What can fail on the user's input, checked before anything is written: the model, critic and teacher paths, the
     task's data, the extra held-out sets of eval.sets and the data of the stages ``kinds`` that will run
     (sft.source for an sft stage or an SFT warm-up, rm.source, dpo.source), each read whole: a missing file or a
     malformed row fails here, naming file, row and field; a label stage's judge (built: its directory and parameters
@@ -155,6 +155,10 @@ def preflight(cfg: Config, kinds: list[str]) -> Task:
         check_model_path(cfg.model.path, "model.path")
     if cfg.critic.path:
         check_model_path(cfg.critic.path, "critic.path")
+    if "distill" in kinds and not cfg.distill.teachers:
+        raise ConfigError("distill.teachers: the distill stage needs at least one teacher model directory")
+    for k, path in enumerate(cfg.distill.teachers if "distill" in kinds else ()):
+        check_model_path(path, f"distill.teachers[{k}]")
     sft = sft_examples(cfg, []) if cfg.sft.source and ("sft" in kinds or cfg.sft.steps) else None
     for name in ("rm", "dpo"):  # '@label': the preferences an earlier label stage writes
         if name in kinds and getattr(cfg, name).source == PIPELINE_LABELS:

@@ -35,6 +35,7 @@ from rlft.rollout.hf import generate, samples_exactly, sampling_args
 from rlft.rollout.episodes import episode_metrics
 from rlft.rollout.multiturn import rollout_env
 from rlft.trainers import hacking
+from rlft.trainers.distill import distill_advantages, distill_logprobs
 from rlft.trainers.roles import role_advantages, role_metrics, score_roles
 from rlft.trainers.state import RLState
 from rlft.trainers.update import batch_logprobs, micro_batches, shares_prefix, update
@@ -58,7 +59,7 @@ def rl_step(state: RLState, cfg: Config, *, train_policy: bool = True) -> dict[s
     with strategy().gathered(state.policy):  # a sharded policy: whole weights for sampling
         batch, metrics = collect(state, cfg, t)
     with _timed(t, "logprob"):  # each sharded model whole for its own pass only, one at a time
-        fill_logprobs(state, batch, cfg)
+        metrics.update(fill_logprobs(state, batch, cfg))
     with _timed(t, "advantage"):
         metrics.update(compute_advantages(state, batch, cfg))
     state.last_batch = batch
@@ -303,8 +304,11 @@ def reward_metrics(drawn: list[tuple[Batch, ScoreResult]], cfg: Config) -> dict[
 
 
 @torch.no_grad()
-def fill_logprobs(state: RLState, batch: Batch, cfg: Config) -> None:
-    """Old log-probs (only when not single pass), reference log-probs (only with a KL term), values (critic).
+def fill_logprobs(state: RLState, batch: Batch, cfg: Config) -> dict[str, float]:
+    """Old log-probs (only when not single pass, or when teachers need the student's), reference log-probs (only
+    with a KL term), values (critic), the teachers' log-probs (the distill stage; their weighted mean in
+    ``batch.teacher_logp``, each through the same chunked, shared-prefix path as the reference). Returns the distill
+    metrics (none without teachers).
 
     The old log-probs are those the sampler computed while sampling when the sampler is exact
     (``rlft.rollout.hf.samples_exactly``: the trainer's own model in float32 without autocast): the same policy and
@@ -316,12 +320,15 @@ def fill_logprobs(state: RLState, batch: Batch, cfg: Config) -> None:
         return model, lambda mb: batch_logprobs(model, mb, cfg)[0], shares_prefix(model, cfg)
 
     models = {}  # name: (the model, the forward of a micro-batch, whether it computes each group's prompt once)
-    if not a.single_pass and batch.rollout_logp is not None and samples_exactly(cfg):
+    needs_old = not a.single_pass or bool(state.teachers)  # the distill signal compares the student's at rollout
+    if needs_old and batch.rollout_logp is not None and samples_exactly(cfg):
         batch.old_logp = batch.rollout_logp * batch.response_mask
-    elif not a.single_pass:
+    elif needs_old:
         models["old_logp"] = logprobs_of(state.policy)
     if a.needs_ref:
         models["ref_logp"] = logprobs_of(state.ref)
+    for k, teacher in enumerate(state.teachers):  # frozen, as the reference
+        models[f"teacher_{k}"] = logprobs_of(teacher)
     if state.critic is not None:
         def values(mb: Batch) -> torch.Tensor:
             with autocast(state.critic, cfg.model.autocast):
@@ -329,12 +336,17 @@ def fill_logprobs(state: RLState, batch: Batch, cfg: Config) -> None:
 
         models["values"] = state.critic, values, False
     own = batch.index(state.dist.share(len(batch)))  # this process's rows; the others compute theirs
+    teachers = []  # (B, T) each, in distill.teachers order
     for name, (model, fn, shared) in models.items():
         out = torch.zeros(own.response_ids.shape)  # (b, T)
         with strategy().gathered(model):  # sharded: whole for this pass, then split again before the next model's
             for rows, mb in micro_batches(own, cfg.train.micro_batch_size, cfg.train.micro_batch_tokens, shared):
                 out[rows, :mb.response_ids.shape[1]] = fn(mb).cpu()  # (rows, t <= T): trimmed columns stay 0
-        setattr(batch, name, torch.cat(state.dist.gather(out)))
+        if name.startswith("teacher_"):
+            teachers.append(torch.cat(state.dist.gather(out)))
+        else:
+            setattr(batch, name, torch.cat(state.dist.gather(out)))
+    return distill_logprobs(batch, teachers, cfg) if teachers else {}
 
 
 def compute_advantages(state: RLState, batch: Batch, cfg: Config) -> dict[str, float]:
@@ -366,6 +378,8 @@ def compute_advantages(state: RLState, batch: Batch, cfg: Config) -> dict[str, f
         batch.adv, batch.ret = estimate(inp, a)  # (B, T) each
     else:  # several roles: each role's advantage from its own reward, on its own tokens
         batch.adv, batch.ret = role_advantages(lambda x: estimate(x, a), inp, batch)
+    if batch.teacher_logp is not None:  # the distill stage: the reverse-KL signal, the task's advantage weighted
+        metrics.update(distill_advantages(batch, mask, cfg))
     batch.loss_mask = overlong_filter(mask, batch.truncated) if a.overlong_filter else mask  # DAPO §3.4
     if batch.values is not None:
         metrics.update({"critic/values/mean": masked_mean(batch.values, mask).item(),

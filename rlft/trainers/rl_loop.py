@@ -23,10 +23,11 @@ from rlft.trainers.rm_refresh import RUN_RM
 
 
 def run_rl(policy, tokenizer, train_ex, train_prompts, cfg: Config, run_dir: Path, ckpt, echo,
-            held_out: list[HeldOut]) -> None:
+            held_out: list[HeldOut], teachers=()) -> None:
+    """RL of ``policy`` in ``run_dir`` (from ``ckpt`` when resuming); ``teachers``: the distill stage's."""
     t0 = time.perf_counter()
     dist = current()
-    state = build_rl_state(policy, tokenizer, train_ex, train_prompts, cfg)
+    state = build_rl_state(policy, tokenizer, train_ex, train_prompts, cfg, teachers)
     state.dist = dist
     if ckpt is not None:
         restore(state, ckpt, run_dir, echo)

@@ -57,6 +57,7 @@ class RLState:
     examples: Sequence[Example]
     prompts: list[list[int]]  # token ids, one per example
     ref: torch.nn.Module | None = None
+    teachers: list[torch.nn.Module] = field(default_factory=list)  # the distill stage's, frozen (distill.teachers)
     critic: torch.nn.Module | None = None  # rlft.models.critic.Critic
     critic_optimizer: torch.optim.Optimizer | None = None
     critic_scheduler: torch.optim.lr_scheduler.LRScheduler | None = None

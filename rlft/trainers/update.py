@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from rlft.config import Config
+from rlft.core.distill import reverse_kl_loss
 from rlft.core.kl import KL_ESTIMATORS
 from rlft.core.losses import POLICY_LOSSES, aggregate_parts, aggregation_weight, positive_lm_parts, top_entropy_mask
 from rlft.core.rollout_corr import correction_weights, gap_metrics, gap_stats, resolve
@@ -211,6 +212,10 @@ def _policy_step(state: "RLState", mb: Batch, cfg: Config) -> dict[str, float]:
             terms["actor/kl_loss"] = kl_mat
             kl_seq = masked_sum(kl_mat.detach(), mask) / len(mb)  # this micro-batch's share of the KL per sequence
             totals["actor/kl_seq"] = totals.get("actor/kl_seq", 0.0) + kl_seq.item()
+        if micro.teacher_logp is not None and cfg.distill.signal == "loss":  # the distill stage's reverse-KL loss
+            distill_mat = reverse_kl_loss(logp, micro.teacher_logp.to(device))  # (b, T) value d_t, grad d_t grad logp
+            loss_mat = loss_mat + cfg.distill.kl_coef * distill_mat
+            terms["distill/kl_loss"] = distill_mat
         if a.entropy_coef > 0:
             loss_mat = loss_mat - a.entropy_coef * ent
         num, _ = aggregate_parts(loss_mat, mask, a.loss_agg, max_len)
