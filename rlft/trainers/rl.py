@@ -55,8 +55,11 @@ def rl_step(state: RLState, cfg: Config, *, train_policy: bool = True) -> dict[s
     """
     t: dict[str, float] = {}  # timing_s/<phase>
     t_start = time.perf_counter()
-    with strategy().gathered(state.policy):  # a sharded policy: whole weights for sampling
-        batch, metrics = collect(state, cfg, t)
+    if state.rollouts is not None and train_policy:  # one-step-off: the batch sampled during the last update
+        batch, metrics = state.rollouts.next(state, cfg, t)
+    else:
+        with strategy().gathered(state.policy):  # a sharded policy: whole weights for sampling
+            batch, metrics = collect(state, cfg, t)
     with _timed(t, "logprob"):  # each sharded model whole for its own pass only, one at a time
         fill_logprobs(state, batch, cfg)
     with _timed(t, "advantage"):
@@ -308,7 +311,8 @@ def fill_logprobs(state: RLState, batch: Batch, cfg: Config) -> None:
 
     The old log-probs are those the sampler computed while sampling when the sampler is exact
     (``rlft.rollout.hf.samples_exactly``: the trainer's own model in float32 without autocast): the same policy and
-    temperature, so a forward pass over the batch is saved. Any other sampler's log-probs stay in
+    temperature, so a forward pass over the batch is saved, unless the batch is stale (``Batch.staleness``: sampled
+    with the weights before an earlier update, ``train.async_rollout``). Any other sampler's log-probs stay in
     ``batch.rollout_logp``, for the rollout correction against the trainer's recomputed ones."""
     a = cfg.algo
 
@@ -316,7 +320,7 @@ def fill_logprobs(state: RLState, batch: Batch, cfg: Config) -> None:
         return model, lambda mb: batch_logprobs(model, mb, cfg)[0], shares_prefix(model, cfg)
 
     models = {}  # name: (the model, the forward of a micro-batch, whether it computes each group's prompt once)
-    if not a.single_pass and batch.rollout_logp is not None and samples_exactly(cfg):
+    if not a.single_pass and batch.rollout_logp is not None and samples_exactly(cfg) and not batch.staleness:
         batch.old_logp = batch.rollout_logp * batch.response_mask
     elif not a.single_pass:
         models["old_logp"] = logprobs_of(state.policy)
