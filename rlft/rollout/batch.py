@@ -46,6 +46,7 @@ class Batch:
     role_scores: Tensor | None = None  # (B, R) multi-agent: each role's reward, NaN where unscorable
     reward_parts: Tensor | None = None  # (B, K) each reward component unweighted (reward.fns order, then the
     # overlong penalty when on), NaN where unscorable: what GDPO normalises one by one
+    staleness: int = 0  # policy updates between the weights that sampled the batch and those it trains (async)
 
     def __len__(self) -> int:
         return self.prompt_ids.shape[0]

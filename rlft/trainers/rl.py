@@ -56,8 +56,11 @@ def rl_step(state: RLState, cfg: Config, *, train_policy: bool = True) -> dict[s
     """
     t: dict[str, float] = {}  # timing_s/<phase>
     t_start = time.perf_counter()
-    with strategy().gathered(state.policy):  # a sharded policy: whole weights for sampling
-        batch, metrics = collect(state, cfg, t)
+    if state.rollouts is not None and train_policy:  # one-step-off: the batch sampled during the last update
+        batch, metrics = state.rollouts.next(state, cfg, t)
+    else:
+        with strategy().gathered(state.policy):  # a sharded policy: whole weights for sampling
+            batch, metrics = collect(state, cfg, t)
     with _timed(t, "logprob"):  # each sharded model whole for its own pass only, one at a time
         metrics.update(fill_logprobs(state, batch, cfg))
     with _timed(t, "advantage"):
@@ -312,7 +315,8 @@ def fill_logprobs(state: RLState, batch: Batch, cfg: Config) -> dict[str, float]
 
     The old log-probs are those the sampler computed while sampling when the sampler is exact
     (``rlft.rollout.hf.samples_exactly``: the trainer's own model in float32 without autocast): the same policy and
-    temperature, so a forward pass over the batch is saved. Any other sampler's log-probs stay in
+    temperature, so a forward pass over the batch is saved, unless the batch is stale (``Batch.staleness``: sampled
+    with the weights before an earlier update, ``train.async_rollout``). Any other sampler's log-probs stay in
     ``batch.rollout_logp``, for the rollout correction against the trainer's recomputed ones."""
     a = cfg.algo
 
@@ -321,7 +325,7 @@ def fill_logprobs(state: RLState, batch: Batch, cfg: Config) -> dict[str, float]
 
     models = {}  # name: (the model, the forward of a micro-batch, whether it computes each group's prompt once)
     needs_old = not a.single_pass or bool(state.teachers)  # the distill signal compares the student's at rollout
-    if needs_old and batch.rollout_logp is not None and samples_exactly(cfg):
+    if needs_old and batch.rollout_logp is not None and samples_exactly(cfg) and not batch.staleness:
         batch.old_logp = batch.rollout_logp * batch.response_mask
     elif needs_old:
         models["old_logp"] = logprobs_of(state.policy)

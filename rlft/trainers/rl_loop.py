@@ -16,6 +16,7 @@ from rlft.parallel.launch import strategy
 from rlft.runs import checkpoint
 from rlft.runs.start import append_jsonl, seed_everything, write_json
 from rlft.runs.tracking import MetricsLog
+from rlft.trainers.async_rollout import AsyncRollouts
 from rlft.trainers.state import RLState
 from rlft.trainers.rl import rl_step, sample_records
 from rlft.trainers.rl_setup import PROCESS_SEED_STRIDE, build_rl_state, restore, save_checkpoint
@@ -29,6 +30,8 @@ def run_rl(policy, tokenizer, train_ex, train_prompts, cfg: Config, run_dir: Pat
     dist = current()
     state = build_rl_state(policy, tokenizer, train_ex, train_prompts, cfg, teachers)
     state.dist = dist
+    if cfg.train.overlapped:  # one-step-off rollouts: the sampler copy, before a checkpoint fills the one in flight
+        state.rollouts = AsyncRollouts(state, cfg)
     if ckpt is not None:
         restore(state, ckpt, run_dir, echo)
     else:
@@ -72,6 +75,8 @@ def run_rl(policy, tokenizer, train_ex, train_prompts, cfg: Config, run_dir: Pat
                                          f"{run_dir / 'checkpoints' / f'step_{state.step:06d}'} written; "
                                          "train.resume=true continues from it", exit_code=128 + signum)
     finally:
+        if state.rollouts is not None:  # a rollout still in flight (a time budget, an error): waited for, dropped
+            state.rollouts.close()
         bar.close()
         if log is not None:
             log.close()

@@ -120,9 +120,11 @@ def _logprobs(model, mb: Batch, cfg: Config, **kwargs) -> tuple[torch.Tensor, to
                                  chunk=cfg.train.logprob_chunk, **kwargs)
 
 
-def rollout_correction(cfg: Config) -> str:
-    """The run's ``algo.rollout_correction`` with ``auto`` resolved by its sampler (``rlft.rollout.hf.samples_exactly``)."""
-    return resolve(cfg.algo.rollout_correction, samples_exactly(cfg))
+def rollout_correction(cfg: Config, stale: bool = False) -> str:
+    """The run's ``algo.rollout_correction`` with ``auto`` resolved by its sampler (``rlft.rollout.hf.samples_exactly``)
+    and the batch: a ``stale`` batch (sampled before an earlier update, ``train.async_rollout``) is corrected whatever
+    the sampler, its sampler's weights being older than pi_old."""
+    return resolve(cfg.algo.rollout_correction, samples_exactly(cfg) and not stale)
 
 
 def corrected(pg_mat: Tensor, old_logp: Tensor, micro: Batch, mask: Tensor, mode: str, a) -> tuple[Tensor, dict]:
@@ -185,7 +187,7 @@ def _policy_step(state: "RLState", mb: Batch, cfg: Config) -> dict[str, float]:
     # must make the same calls, so the shared-prefix forward makes as many calls for runs of similar response
     # lengths as the process with the most (agreed in each pass), a number that would otherwise differ
     agree = s.agreed(policy)
-    correction, gaps = rollout_correction(cfg), []
+    correction, gaps = rollout_correction(cfg, stale=mb.staleness > 0), []
     micros = [m for _, m in micro_batches(mb.index(dist.share(len(mb))), cfg.train.micro_batch_size,
                                           cfg.train.micro_batch_tokens, shares_prefix(policy, cfg))]
     for _ in range(s.lockstep(policy, len(micros))):  # every process runs as many passes as the busiest
