@@ -18,7 +18,7 @@ from rlft.trainers import rl, update as update_module
 from test_algorithms import run  # noqa: F401  (the fixture)
 from test_pipeline import NON_DETERMINISTIC, quiet, read_jsonl
 
-ASYNC = ("train.async_rollout=true", "optim.lr=1e-2")
+ASYNC = ("train.async=true", "optim.lr=1e-2")  # the key; the field is train.async_rollout
 CORR_KEYS = ("rollout_corr/logp_gap_mean", "rollout_corr/logp_gap_max", "rollout_corr/kl", "rollout_corr/ratio_max",
              "rollout_corr/masked_frac")
 
@@ -159,3 +159,10 @@ def test_several_processes_are_refused(tmp_path, tiny_overrides):
                     examples=[], prompts=[], dist=Dist(rank=0, world=2))
     with pytest.raises(ConfigError, match="train.async_rollout: runs in one process; this run has 2"):
         check(state, load_config(None, tiny_overrides(tmp_path, "train.async_rollout=true")))
+
+
+def test_train_async_is_the_field_async_rollout_and_not_both():
+    assert load_config(None, ["train.async=true"]).train.async_rollout is True
+    assert load_config(None, []).train.async_rollout is False
+    with pytest.raises(ConfigError, match=r"train\.async: is train\.async_rollout under another name"):
+        load_config(None, ["train.async=true", "train.async_rollout=false"])

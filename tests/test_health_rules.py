@@ -125,6 +125,15 @@ def test_a_window_rule_compares_strictly_and_ignores_steps_that_left_the_window(
     assert firing(out, rule) == ([4, 5, 6] if pattern is OVER else [4, 5])
 
 
+def test_the_sampler_gap_of_a_stale_batch_does_not_count():
+    # window 3, threshold .0625: steps 1-4 stale (train.async, staleness 1) with a large gap, no warning; steps 5-7
+    # fresh, the same gap: fires from step 5 (the window's fresh steps alone make the mean)
+    mon = monitor(window=3, rollout_gap_max=0.0625)
+    stale = [{"rollout_corr/logp_gap_mean": 1.0, "async/staleness": 1.0}] * 4
+    fresh = [{"rollout_corr/logp_gap_mean": 1.0, "async/staleness": 0.0}] * 3
+    assert firing(feed(mon, stale + fresh, CALM), "rollout_mismatch") == [5, 6, 7]
+
+
 def test_kl_in_the_loss_is_read_before_the_kl_in_the_reward():
     # both logged: only actor/kl_loss counts (window 3: its mean .1), whatever the reward penalty says
     mon = monitor(window=3)

@@ -22,7 +22,7 @@ from rlft.config.algo import AlgoConfig
 from rlft.config.checks import ConfigError, _check
 from rlft.config.env import FIELDS as ENV_FIELDS
 from rlft.config.env import EnvConfig
-from rlft.config.sections import Config
+from rlft.config.sections import Config, TrainConfig
 from rlft.config.insight import EvalSet
 from rlft.config.reward import RewardTerm
 from rlft.envs.build import check_params
@@ -118,10 +118,25 @@ def _reward_term(value: Any, key: str) -> RewardTerm:
         raise ConfigError(f"{key}.{e}") from None
 
 
+KEY_ALIASES: dict[type, dict[str, str]] = {TrainConfig: {"async": "async_rollout"}}
+"""Keys read under another name: a field cannot be called ``async`` (a Python keyword), so ``train.async`` is the
+field ``train.async_rollout``."""
+
+
+def _unalias(cls: type, data: Mapping[str, Any], prefix: str) -> Mapping[str, Any]:
+    """``data`` with ``cls``'s aliased keys under their field's name (both given: an error naming them)."""
+    for alias, name in KEY_ALIASES.get(cls, {}).items():
+        if alias in data:
+            _check(name not in data, f"{prefix}{alias}", f"is {prefix}{name} under another name; give one of them")
+            data = {(name if k == alias else k): v for k, v in data.items()}
+    return data
+
+
 def _build(cls: type, data: Mapping[str, Any], prefix: str, entry: bool = False) -> Any:
     """The dataclass ``cls`` from ``data``; an ``entry`` of a list checks its fields under bare names, which get
     ``prefix`` (``eval.sets[1].``) here."""
     _check(isinstance(data, Mapping), prefix.rstrip(".") or "config", f"must be a section (a mapping), got {data!r}")
+    data = _unalias(cls, data, prefix)
     hints = typing.get_type_hints(cls)
     known = {f.name for f in fields(cls)}
     for key in data:
