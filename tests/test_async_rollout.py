@@ -161,8 +161,15 @@ def test_several_processes_are_refused(tmp_path, tiny_overrides):
         check(state, load_config(None, tiny_overrides(tmp_path, "train.async_rollout=true")))
 
 
-def test_train_async_is_the_field_async_rollout_and_not_both():
+def test_train_async_is_the_field_async_rollout(tmp_path):
     assert load_config(None, ["train.async=true"]).train.async_rollout is True
     assert load_config(None, []).train.async_rollout is False
+    assert load_config(None, ["train.async=true", "train.async_rollout=false"]).train.async_rollout is False  # later
+    assert load_config(None, ["train.async_rollout=false", "train.async=true"]).train.async_rollout is True
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("train: {async: true}\n")
+    assert load_config(recipe).train.async_rollout is True
+    assert load_config(recipe, ["train.async_rollout=false"]).train.async_rollout is False
+    recipe.write_text("train: {async: true, async_rollout: false}\n")
     with pytest.raises(ConfigError, match=r"train\.async: is train\.async_rollout under another name"):
-        load_config(None, ["train.async=true", "train.async_rollout=false"])
+        load_config(recipe)

@@ -22,7 +22,7 @@ from rlft.config.algo import AlgoConfig
 from rlft.config.checks import ConfigError, _check
 from rlft.config.env import FIELDS as ENV_FIELDS
 from rlft.config.env import EnvConfig
-from rlft.config.sections import Config, TrainConfig
+from rlft.config.sections import Config
 from rlft.config.insight import EvalSet
 from rlft.config.reward import RewardTerm
 from rlft.envs.build import check_params
@@ -118,25 +118,29 @@ def _reward_term(value: Any, key: str) -> RewardTerm:
         raise ConfigError(f"{key}.{e}") from None
 
 
-KEY_ALIASES: dict[type, dict[str, str]] = {TrainConfig: {"async": "async_rollout"}}
-"""Keys read under another name: a field cannot be called ``async`` (a Python keyword), so ``train.async`` is the
-field ``train.async_rollout``."""
+KEY_ALIASES: dict[str, dict[str, str]] = {"train": {"async": "async_rollout"}}
+"""Keys read under another name, by section: a field cannot be called ``async`` (a Python keyword), so ``train.async``
+is the field ``train.async_rollout``. A recipe's section is read with its aliases renamed (both names in one
+section: an error naming them); an override names either, and the later override wins."""
 
 
-def _unalias(cls: type, data: Mapping[str, Any], prefix: str) -> Mapping[str, Any]:
-    """``data`` with ``cls``'s aliased keys under their field's name (both given: an error naming them)."""
-    for alias, name in KEY_ALIASES.get(cls, {}).items():
-        if alias in data:
-            _check(name not in data, f"{prefix}{alias}", f"is {prefix}{name} under another name; give one of them")
-            data = {(name if k == alias else k): v for k, v in data.items()}
-    return data
+def _unalias(tree: dict) -> None:
+    """Rename the aliased keys of ``tree``'s sections (a recipe) to their fields' names, in place."""
+    for section, aliases in KEY_ALIASES.items():
+        data = tree.get(section)
+        if not isinstance(data, dict):
+            continue
+        for alias, name in aliases.items():
+            if alias in data:
+                _check(name not in data, f"{section}.{alias}",
+                       f"is {section}.{name} under another name; give one of them")
+                data[name] = data.pop(alias)
 
 
 def _build(cls: type, data: Mapping[str, Any], prefix: str, entry: bool = False) -> Any:
     """The dataclass ``cls`` from ``data``; an ``entry`` of a list checks its fields under bare names, which get
     ``prefix`` (``eval.sets[1].``) here."""
     _check(isinstance(data, Mapping), prefix.rstrip(".") or "config", f"must be a section (a mapping), got {data!r}")
-    data = _unalias(cls, data, prefix)
     hints = typing.get_type_hints(cls)
     known = {f.name for f in fields(cls)}
     for key in data:
@@ -251,12 +255,15 @@ def load_config(recipe: str | Path | None = None, overrides: list[str] | tuple[s
             raise ConfigError(f"recipe {path}: invalid YAML: {e}") from None
         if not isinstance(tree, dict):
             raise ConfigError(f"recipe {path}: top level must be a mapping of sections")
+    _unalias(tree)
     if isinstance(tree.get("algo"), str):  # recipe shorthand `algo: dapo`
         tree["algo"] = {"preset": tree["algo"]}
     for text in overrides:
         parts, value = parse_override(text)
         if parts == ["algo"] and isinstance(value, str):  # `algo=dapo` selects a preset, keeping other algo keys
             parts = ["algo", "preset"]
+        if len(parts) == 2 and parts[1] in KEY_ALIASES.get(parts[0], {}):
+            parts = [parts[0], KEY_ALIASES[parts[0]][parts[1]]]
         _set(tree, parts, value, text)
     _preset_from_stages(tree)
     reward = tree.get("reward")
