@@ -105,6 +105,18 @@ def test_ptx_loss(run, tmp_path):
     assert all(r["actor/ptx_loss"] > 0 for r in records)
 
 
+def test_train_logprob_chunk_reaches_the_ptx_term(run, tmp_path, monkeypatch):
+    import rlft.trainers.update as update
+
+    seen = []
+    real = update.lm_loss_sum
+    monkeypatch.setattr(update, "lm_loss_sum", lambda *a, **k: seen.append(k.get("chunk")) or real(*a, **k))
+    texts = tmp_path / "ptx.jsonl"
+    texts.write_text("".join(json.dumps({"text": f"max(1,2,{i})=? #### {max(2, i)}"}) + "\n" for i in range(5)))
+    run("algo.ptx_coef=0.5", f"data.ptx_source={texts}", "train.ptx_batch_size=2", "train.logprob_chunk=7")
+    assert seen and set(seen) == {7}
+
+
 def test_ptx_rows_without_text_name_the_row(run, tmp_path):
     from rlft.data.schema import DataError
 

@@ -190,3 +190,41 @@ def test_the_embedded_demo_prints_its_estimate(tmp_path, tiny_overrides):
     assert len(printed) == 1, lines
     at = lines.index(printed[0])
     assert lines[at - 1].startswith("rlft: run "), lines  # right after the run's first line
+
+
+@pytest.mark.parametrize("targets", [("all-linear",), ("q_proj", "v_proj")])
+def test_lora_params_count_what_peft_adds(tiny_model_dir, targets):
+    from transformers import AutoModelForCausalLM
+
+    from rlft.models.lora import add_lora
+
+    cfg = load_config(None, ["lora.rank=4", f"lora.target_modules={list(targets)}"])
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    predicted = memory.lora_params(model, 4, targets)
+    peft = add_lora(model, cfg.lora)
+    assert predicted == sum(p.numel() for n, p in peft.named_parameters() if "lora_" in n) > 0
+
+
+def test_a_roles_run_is_sized_for_its_adapters(tiny_model_dir):
+    """Before the warm-up the policy is the plain base; the estimate sizes the RL phase: one adapter per role, the
+    unfrozen ones trained, the base frozen (no vocabulary gradients, no reference copy)."""
+    from transformers import AutoModelForCausalLM
+
+    from rlft.models.roles import with_roles
+    from rlft.stages.rl import _memory_estimate
+
+    overrides = ["env.name=review", "roles.names=[solver, verifier]", "roles.frozen=[verifier]", "lora.rank=4",
+                 "lora.alpha=8.0", "algo.kl_coef=0.04"]
+    cfg = load_config(None, overrides)
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    n = sum(p.numel() for p in base.parameters())
+    lines: list[str] = []
+    _memory_estimate(base, [[1, 2, 3]], cfg, n, n, lines.append)
+    real = with_roles(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32),
+                      ("solver", "verifier"), cfg.lora, frozen=("verifier",))
+    b = next(base.parameters()).element_size()
+    total = sum(p.numel() for p in real.parameters())
+    trained = sum(p.numel() for p in real.parameters() if p.requires_grad)
+    assert 0 < trained < total
+    assert f"weights {memory.size(total * b)}, gradients {memory.size(trained * b)}" in lines[0], lines
+    assert "vocabulary gradients" not in lines[0] and "reference" not in lines[0]

@@ -327,6 +327,22 @@ def test_a_loss_on_one_roles_tokens_reaches_only_that_roles_adapter(tiny_model_d
     assert all(p.grad is None for p in base)
 
 
+def test_a_batch_no_role_wrote_gives_zeros_that_still_carry_a_graph(tiny_model_dir, tok):
+    """Every token the environment's (-1): no role's pass has rows, so one pass of the first role runs and every
+    output is its zero multiple: the right shape, exactly 0, and a backward through it reaches no weight's value
+    (the adapters' gradients are 0), as a micro-batch of a lockstep run with nothing of its own needs."""
+    model = two_roles(tiny_model_dir)
+    batch = forward_batch(tok, [[-1, -1, -1], [-1, -1, -1]])
+    logp, ent = batch_logprobs(model, batch, Config(), with_entropy=True)
+    assert logp.shape == ent.shape == batch.response_ids.shape
+    assert (logp == 0).all() and (ent == 0).all()
+    assert logp.requires_grad
+    (logp.sum() + ent.sum()).backward()
+    grads = [p.grad for role in ROLES for p in adapter_parameters(model, role)]
+    assert all(g is None or not g.any() for g in grads) and any(g is not None for g in grads)
+    assert model.active_adapter == "solver"
+
+
 # --------------------------------------------------------------------------- configuration
 
 

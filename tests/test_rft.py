@@ -145,6 +145,19 @@ def test_a_round_that_accepts_nothing_does_not_update(tmp_path, tiny_overrides, 
     assert all("rft/loss" not in m and m["rft/accept_rate"] == 0.0 for m in rounds)
 
 
+def test_train_logprob_chunk_reaches_rfts_updates(tmp_path, tiny_overrides, tiny_model_dir, monkeypatch):
+    from rlft.models.loading import load_policy
+    from rlft.data.task import load_task
+
+    seen = []
+    real = rft_trainer.sft_updates
+    monkeypatch.setattr(rft_trainer, "sft_updates", lambda *a, **k: seen.append(k.get("chunk")) or real(*a, **k))
+    cfg = load_config(None, tiny_overrides(tmp_path, *ROUNDS, "train.logprob_chunk=5"))
+    policy, tok = load_policy(str(tiny_model_dir), cfg.model)
+    rft_trainer.train_rft(policy, tok, load_task(cfg)[0], cfg)
+    assert seen and set(seen) == {5}
+
+
 @pytest.mark.parametrize("rounds, per_round, want", [
     (4, 10, [4, 8, 12, 16]),  # shares 1:2:3:4 of 40
     (3, 2, [1, 2, 3]),

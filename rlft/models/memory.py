@@ -161,6 +161,18 @@ def trained_vocab_matrices(model) -> int:
     return sum(1 for m in heads if m is not None and getattr(m, "weight", None) is not None and m.weight.requires_grad)
 
 
+def lora_params(model, rank: int, target_modules) -> int:
+    """Parameters PEFT's LoRA of ``rank`` adds to ``model``: ``rank x (in + out)`` for every targeted ``nn.Linear``
+    (``("all-linear",)``: every one but the output head, as PEFT does; otherwise those whose name's last part is
+    listed), so a run can be sized before its adapters exist."""
+    from torch import nn
+
+    head = getattr(model, "get_output_embeddings", lambda: None)()
+    every = tuple(target_modules) == ("all-linear",)
+    return sum(rank * (m.in_features + m.out_features) for name, m in model.named_modules()
+               if isinstance(m, nn.Linear) and m is not head and (every or name.rsplit(".", 1)[-1] in target_modules))
+
+
 def micro_batch_rows(micro_batch_size: int, micro_batch_tokens: int, row_tokens: int) -> int:
     """Rows of one forward/backward: ``train.micro_batch_size``, fewer when ``train.micro_batch_tokens`` (> 0) holds
     fewer rows of ``row_tokens`` (at least one)."""

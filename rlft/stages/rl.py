@@ -29,7 +29,7 @@ from rlft.config import Config, ConfigError
 from rlft.data.templates import encode_prompts
 from rlft.insight.eval import HeldOut, evaluate_sets, primary_set, prompt_tools, without_examples
 from rlft.models import memory
-from rlft.models.lora import save_policy
+from rlft.models.lora import is_peft, save_policy
 from rlft.models.loading import resolve_device
 from rlft.models.roles import has_roles
 from rlft.parallel.dist import current
@@ -145,6 +145,14 @@ def _memory_estimate(policy, train_prompts: list[list[int]], cfg: Config, n_para
     if model_config is None or not hasattr(model_config, "num_hidden_layers"):
         return  # several roles' wrapper or a model without a decoder config: nothing to estimate from
     t = cfg.train
+    lora, vocab = cfg.lora.rank > 0, memory.trained_vocab_matrices(policy)
+    if cfg.roles.multi_agent and not is_peft(policy):
+        # the base before its roles' adapters exist (they come after the warm-up): size the RL phase, where every
+        # role carries an adapter, the unfrozen ones train, and the base is frozen
+        adapter = memory.lora_params(policy, cfg.lora.rank, cfg.lora.target_modules)
+        n_params += len(cfg.roles.names) * adapter
+        n_train = (len(cfg.roles.names) - len(cfg.roles.frozen)) * adapter
+        lora, vocab = True, 0
     prompt_tokens = max((len(p) for p in train_prompts), default=0)
     row_tokens = prompt_tokens + cfg.rollout.max_new_tokens
     est = memory.estimate(
@@ -152,13 +160,13 @@ def _memory_estimate(policy, train_prompts: list[list[int]], cfg: Config, n_para
         dtype_bytes=next(policy.parameters()).element_size(), rows=t.prompts_per_step * cfg.algo.group_size,
         prompt_tokens=prompt_tokens, response_tokens=cfg.rollout.max_new_tokens,
         micro_batch_rows=memory.micro_batch_rows(t.micro_batch_size, t.micro_batch_tokens, row_tokens),
-        logprob_chunk=t.logprob_chunk, lora=cfg.lora.rank > 0, reference=cfg.algo.needs_ref,
+        logprob_chunk=t.logprob_chunk, lora=lora, reference=cfg.algo.needs_ref,
         critic=cfg.algo.needs_critic, gradient_checkpointing=cfg.model.gradient_checkpointing,
-        trained_vocab_matrices=memory.trained_vocab_matrices(policy))
+        trained_vocab_matrices=vocab)
     available = memory.available_memory(str(resolve_device(cfg.model.device)))
     echo(est.line(available))
     if t.memory_check:
-        memory.check(est, available, lora=cfg.lora.rank > 0)
+        memory.check(est, available, lora=lora)
 
 
 def _warm_up(policy, tokenizer, task: Task, cfg: Config, out_dir: Path) -> None:
