@@ -103,7 +103,8 @@ def run_rl_stage(inp: StageInput, distill: bool = False) -> StageResult:
         train_prompts = encode_prompts(task.train, cfg.data.template, tokenizer, cfg.data.max_prompt_tokens,
                                        "train data", prompt_tools(cfg, cfg.data.template))
         held_out = [h.encode(tokenizer, cfg) for h in (primary_set(cfg, task.held_out), *task.sets)]
-        _memory_estimate(policy, train_prompts, cfg, n_params, n_train, echo)
+        _memory_estimate(policy, train_prompts, cfg, n_params, n_train, echo,
+                         teacher_params=sum(p.numel() for t in teachers for p in t.parameters()))
     echo(f"rlft: {len(task.train)} training prompts, {len(task.held_out)} held-out"
          + "".join(f", {len(h.examples)} in {h.name}" for h in task.sets)
          + (f"; {dist.world} processes" if dist.active else ""))
@@ -138,7 +139,8 @@ def run_rl_stage(inp: StageInput, distill: bool = False) -> StageResult:
     return StageResult(model_dir=out_dir / "policy", metrics=without_examples(after), summary=line)
 
 
-def _memory_estimate(policy, train_prompts: list[list[int]], cfg: Config, n_params: int, n_train: int, echo) -> None:
+def _memory_estimate(policy, train_prompts: list[list[int]], cfg: Config, n_params: int, n_train: int, echo,
+                     teacher_params: int = 0) -> None:
     """Print the memory model's estimate of this run (rlft.models.memory) and, with train.memory_check, refuse one
     over 1.5 x the machine's memory. The prompt width is the longest training prompt (a batch pads to it)."""
     model_config = getattr(policy, "config", None)
@@ -162,7 +164,7 @@ def _memory_estimate(policy, train_prompts: list[list[int]], cfg: Config, n_para
         micro_batch_rows=memory.micro_batch_rows(t.micro_batch_size, t.micro_batch_tokens, row_tokens),
         logprob_chunk=t.logprob_chunk, lora=lora, reference=cfg.algo.needs_ref,
         critic=cfg.algo.needs_critic, gradient_checkpointing=cfg.model.gradient_checkpointing,
-        trained_vocab_matrices=vocab)
+        trained_vocab_matrices=vocab, teacher_params=teacher_params, sampler_copy=cfg.train.overlapped)
     available = memory.available_memory(str(resolve_device(cfg.model.device)))
     echo(est.line(available))
     if t.memory_check:
