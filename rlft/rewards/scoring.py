@@ -68,7 +68,9 @@ def score_batch(
     ``rlft.rewards.REWARDS``, with default parameters) or ``(label, fn)`` pairs
     of built rewards; results are keyed by name or label. Group-level rewards
     are called once per contiguous group of ``group_size`` samples, batched ones
-    once on the whole batch; a failure costs the samples of that call. A reward
+    once on the whole batch; a failure costs the samples of that call, except that a batched reward whose call
+    raised is called again on each sample alone, so that one bad sample costs only itself (a call that timed out
+    costs its samples). A reward
     with a ``deadline_s`` attribute gets that instead of ``timeout_s``. A
     component with weight 0 is reported in ``per_fn`` but cannot make ``total``
     None. A per-sample reward marked ``runs_in_pool`` is scored in the active
@@ -193,7 +195,18 @@ def _score_lists(name, fn, completions, samples, size, timeout_s,
             if not isinstance(out, Sequence) or isinstance(out, str) or len(out) != len(completions[chunk]):
                 raise TypeError(f"returned {type(out).__name__}, expected a list of {size} values")
             out = list(out) if per_value else [checked_value(v) for v in out]
-        except (Exception, RewardTimeout) as e:
+        except RewardTimeout as e:  # a hung call: retrying its samples one by one could hang as many times
+            out = [None] * len(completions[chunk])
+            n_errors += len(out)
+            first_error = first_error or f"samples {start}-{start + len(out) - 1}: {type(e).__name__}: {e}"
+        except Exception as e:
+            if per_value and size > 1:  # a batched reward that threw: each sample alone, so a bad one costs itself
+                out, bad, first = _one_by_one(fn, completions[chunk], samples[chunk], start, timeout_s)
+                n_errors += bad
+                first_error = first_error or first or f"samples {start}-{start + len(out) - 1}: " \
+                                                      f"{type(e).__name__}: {e} (each alone: scored)"
+                values.extend(out)
+                continue
             out = [None] * len(completions[chunk])
             n_errors += len(out)
             first_error = first_error or f"samples {start}-{start + len(out) - 1}: {type(e).__name__}: {e}"
@@ -208,6 +221,23 @@ def _score_lists(name, fn, completions, samples, size, timeout_s,
         values.extend(out)
     _warn(name, n_errors, len(values), first_error)
     return values, n_errors
+
+
+def _one_by_one(fn, completions, samples, start: int, timeout_s: float) -> tuple[list[float | None], int, str | None]:
+    """A batched reward called on one sample at a time (after the whole call threw): (values, errors, first
+    error)."""
+    out, bad, first = [], 0, None
+    for i, (c, s) in enumerate(zip(completions, samples)):
+        try:
+            got = call_with_timeout(fn, ([c], [s]), timeout_s)
+            if not isinstance(got, Sequence) or isinstance(got, str) or len(got) != 1:
+                raise TypeError(f"returned {type(got).__name__}, expected a list of 1 value")
+            out.append(checked_value(got[0]))
+        except (Exception, RewardTimeout) as e:
+            out.append(None)
+            bad += 1
+            first = first or f"sample {start + i}: {type(e).__name__}: {e}"
+    return out, bad, first
 
 
 def _warn(name: str, n_errors: int, n: int, first_error: str | None) -> None:
