@@ -253,10 +253,32 @@ def _alarm_available() -> bool:
     )
 
 
+def _call_in_thread(fn: Callable, args: tuple, timeout_s: float):
+    """``fn(*args)`` in a daemon thread, waited for ``timeout_s`` at most (RewardTimeout after that)."""
+    result: dict = {}
+
+    def run() -> None:
+        try:
+            result["value"] = fn(*args)
+        except BaseException as e:  # handed to the caller below
+            result["error"] = e
+
+    worker = threading.Thread(target=run, name="rlft-reward-call", daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    if worker.is_alive():
+        raise RewardTimeout(f"timed out after {timeout_s}s (left running in its thread)")
+    if "error" in result:
+        raise result["error"]
+    return result["value"]
+
+
 def call_with_timeout(fn: Callable, args: tuple, timeout_s: float):
-    """``fn(*args)``, interrupted after ``timeout_s`` where SIGALRM is usable."""
+    """``fn(*args)``, interrupted after ``timeout_s`` where SIGALRM is usable; elsewhere (a thread other than the
+    main one, as train.async's rollout thread) run in a daemon thread of its own and given up after ``timeout_s``:
+    RewardTimeout is raised and the call is left to finish on its own (a thread cannot be stopped)."""
     if not _alarm_available():
-        return fn(*args)
+        return _call_in_thread(fn, args, timeout_s)
     state = {"armed": True, "fired": False}
 
     def on_alarm(signum, frame):
@@ -267,7 +289,7 @@ def call_with_timeout(fn: Callable, args: tuple, timeout_s: float):
     try:
         previous_handler = signal.signal(signal.SIGALRM, on_alarm)
     except ValueError:  # not the main interpreter
-        return fn(*args)
+        return _call_in_thread(fn, args, timeout_s)
     previous_delay, previous_interval = signal.setitimer(signal.ITIMER_REAL, timeout_s)
     start = time.monotonic()
     try:
