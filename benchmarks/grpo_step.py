@@ -48,6 +48,7 @@ from rlft.data.schema import Example
 from rlft.data.templates import encode_prompts
 from rlft.models.loading import quiet_transformers
 from rlft.models.tiny import build_tiny_model
+from rlft.trainers.async_rollout import AsyncRollouts
 from rlft.trainers.rl_setup import build_rl_state
 from rlft.data.task import load_task
 from rlft.runs.start import process_settings, seed_everything
@@ -132,6 +133,8 @@ def run(args: argparse.Namespace, overrides: list[str]) -> dict:
         examples, _ = load_task(cfg)
     prompts = encode_prompts(examples, cfg.data.template, tok, cfg.data.max_prompt_tokens)
     state = build_rl_state(policy, tok, examples, prompts, cfg)  # the optimizer, schedule and reference of rlft train
+    if cfg.train.overlapped:  # train.async_rollout=true: the next step's rollout beside this step's update
+        state.rollouts = AsyncRollouts(state, cfg)
     policy.train()
     batches = []  # each step's batch, as the update sees it
     advantages = rl.compute_advantages
@@ -149,6 +152,8 @@ def run(args: argparse.Namespace, overrides: list[str]) -> dict:
                       "update_gflops": flops / 1e9 / m["timing_s/update"],
                       **{k: v for k, v in m.items() if k.startswith("timing_s/")}})
     rl.compute_advantages = advantages
+    if state.rollouts is not None:
+        state.rollouts.close()  # the rollout started for a step after the last
     rates.append(matmul_gflops())
     timed = steps[1:] or steps
     update_rate = statistics.median(s["update_gflops"] for s in timed)

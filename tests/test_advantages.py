@@ -1,3 +1,4 @@
+import dataclasses
 import math
 import statistics
 from types import SimpleNamespace
@@ -107,13 +108,16 @@ def _naive(scores, G, kind, eps=1e-6):
 
 def test_registry_names_and_contract():
     assert set(ADVANTAGES.names()) == {"group_norm", "group_mean", "rloo", "gae", "reinforce", "reinforce_pp",
-                                       "reinforce_pp_baseline", "process"}
+                                       "reinforce_pp_baseline", "process", "maxrl", "gdpo"}
     scores, mask, tr, values = ragged(B=4, T=5, seed=3)
     steps = (torch.arange(5) % 2 == 1).long().expand(4, 5)  # (B, T) a step ends at every other token (process)
     inp = AdvantageInputs(scores, mask, 2, token_rewards=tr, values=values, baseline=0.1, step_rewards=values,
-                          step_mask=steps)
+                          step_mask=steps, reward_parts=torch.stack([scores, -scores], 1), reward_weights=(1.0, 0.5))
     for name in ADVANTAGES.names():
-        adv, ret = ADVANTAGES.get(name)(inp, cfg())
+        # maxrl is defined for pass/fail rewards: its inputs here are the same scores thresholded at their median
+        x = dataclasses.replace(inp, scores=(scores > scores.nanmedian()).to(scores.dtype), token_rewards=None) \
+            if name == "maxrl" else inp
+        adv, ret = ADVANTAGES.get(name)(x, cfg())
         assert adv.shape == ret.shape == mask.shape, name
         assert (adv[mask == 0] == 0).all() and (ret[mask == 0] == 0).all(), name
         assert torch.isfinite(adv).all() and torch.isfinite(ret).all(), name

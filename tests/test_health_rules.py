@@ -91,6 +91,7 @@ WINDOW_RULES = [
     ("no_learning_signal", "frac_reward_zero_std", {"zero_std_max": 0.45}, 0.45, OVER, CALM),  # .09, .9, .45
     ("length_budget", "response_length/clip_ratio", {}, 0.5, OVER, CALM),  # values .1, 1.0, .5
     ("clip_fraction", "actor/pg_clipfrac", {}, 0.3, OVER, CALM),  # values .06, .6, .3
+    ("rollout_mismatch", "rollout_corr/logp_gap_mean", {"rollout_gap_max": 0.0625}, 0.0625, OVER, CALM),
     ("entropy_collapse", "actor/entropy", {"entropy_min": 0.25}, 0.25, UNDER, CALM),  # values .4, 0, .25
 ]
 
@@ -122,6 +123,15 @@ def test_a_window_rule_compares_strictly_and_ignores_steps_that_left_the_window(
     # OVER: s4 (1+1+50)/3 = 17.3T fires, s5 (1+50+.2)/3 fires, s6 (50+.2+.2)/3 fires, s7 .2T no
     # UNDER: s4 (1+1+0)/3 = .667T fires, s5 (1+0+1.6)/3 = .867T fires, s6 (0+1.6+1.6)/3 = 1.067T no
     assert firing(out, rule) == ([4, 5, 6] if pattern is OVER else [4, 5])
+
+
+def test_the_sampler_gap_of_a_stale_batch_does_not_count():
+    # window 3, threshold .0625: steps 1-4 stale (train.async, staleness 1) with a large gap, no warning; steps 5-7
+    # fresh, the same gap: fires from step 5 (the window's fresh steps alone make the mean)
+    mon = monitor(window=3, rollout_gap_max=0.0625)
+    stale = [{"rollout_corr/logp_gap_mean": 1.0, "async/staleness": 1.0}] * 4
+    fresh = [{"rollout_corr/logp_gap_mean": 1.0, "async/staleness": 0.0}] * 3
+    assert firing(feed(mon, stale + fresh, CALM), "rollout_mismatch") == [5, 6, 7]
 
 
 def test_kl_in_the_loss_is_read_before_the_kl_in_the_reward():
@@ -332,7 +342,7 @@ NAMED = {"kl_blowup": "health.kl_max", "grad_norm_explosion": "health.grad_norm_
          "entropy_collapse": "health.entropy_min", "length_collapse": "health.length_drop",
          "clip_fraction": "actor/pg_clipfrac", "nonfinite": "health/skipped_steps",
          "length_budget": "rollout.max_new_tokens", "no_learning_signal": "algo.group_size",
-         "reward_hacking": "eval.every"}
+         "reward_hacking": "eval.every", "rollout_mismatch": "algo.rollout_correction"}
 
 
 def test_every_rule_is_covered_here_and_its_advice_names_what_to_look_at():

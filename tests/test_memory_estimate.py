@@ -96,6 +96,17 @@ def test_vocabulary_gradients_by_hand_and_on_a_real_model(tiny_model_dir):
     assert memory.trained_vocab_matrices(lora_model) == 0
 
 
+def test_teachers_and_the_async_sampler_copy_by_hand():
+    e = est(teacher_params=500, sampler_copy=True)
+    assert e.teachers == 2000  # 500 params x 4 bytes, frozen: weights only
+    assert e.sampler_copy == 4000  # the 1000 trained params x 4 bytes; frozen ones are shared
+    assert e.persistent == est().persistent + 6000 and e.update == est().update
+    assert "teachers 2.0 kB, sampler copy 4.0 kB" in e.line(None)
+    lora = est(lora=True, trainable_params=100, total_params=1100, sampler_copy=True)
+    assert lora.sampler_copy == 400  # LoRA: only the adapters move
+    assert "teachers" not in est().line(None) and "sampler copy" not in est().line(None)
+
+
 def test_doubling_rows_doubles_the_batch_terms_and_leaves_the_weights():
     one = est(micro_batch_rows=2, rows=4)
     two = est(micro_batch_rows=4, rows=8)
@@ -228,3 +239,17 @@ def test_a_roles_run_is_sized_for_its_adapters(tiny_model_dir):
     assert 0 < trained < total
     assert f"weights {memory.size(total * b)}, gradients {memory.size(trained * b)}" in lines[0], lines
     assert "vocabulary gradients" not in lines[0] and "reference" not in lines[0]
+
+
+def test_a_run_counts_its_teachers_and_its_sampler_copy(tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    from rlft.stages.rl import _memory_estimate
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    n = sum(p.numel() for p in model.parameters())
+    b = next(model.parameters()).element_size()
+    lines: list[str] = []
+    _memory_estimate(model, [[1, 2, 3]], load_config(None, ["train.async=true"]), n, n, lines.append,
+                     teacher_params=3 * n)
+    assert f"teachers {memory.size(3 * n * b)}, sampler copy {memory.size(n * b)}" in lines[0], lines

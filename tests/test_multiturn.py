@@ -543,7 +543,7 @@ def trajectory_run(tmp_path, tiny_size_overrides, recipes_dir, *extra):
 
 
 @pytest.mark.parametrize("preset", ["grpo", "ppo", "dapo", "vapo", "gspo", "rloo", "reinforce_pp", "dr_grpo",
-                                    "reinforce"])
+                                    "reinforce", "cispo", "gmpo"])
 def test_every_preset_trains_20_steps_on_trajectories(preset, tmp_path, tiny_size_overrides, recipes_dir,
                                                       always_env):
     from rlft.recipe.presets import PRESETS
@@ -565,7 +565,7 @@ def test_every_preset_trains_20_steps_on_trajectories(preset, tmp_path, tiny_siz
 def test_every_preset_is_in_the_trajectory_test():
     from rlft.recipe.presets import PRESETS
 
-    tested = {"grpo", "ppo", "dapo", "vapo", "gspo", "rloo", "reinforce_pp", "dr_grpo", "reinforce"}
+    tested = {"grpo", "ppo", "dapo", "vapo", "gspo", "rloo", "reinforce_pp", "dr_grpo", "reinforce", "cispo", "gmpo"}
     assert set(PRESETS.names()) <= tested, set(PRESETS.names()) - tested
 
 

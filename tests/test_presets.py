@@ -16,7 +16,7 @@ from rlft.core.kl import KL_ESTIMATORS
 from rlft.core.losses import AGGREGATIONS, POLICY_LOSSES
 from rlft.recipe.presets import DEFINES, PRESETS, conflict
 
-NAMES = ["dapo", "dr_grpo", "grpo", "gspo", "ppo", "reinforce", "reinforce_pp", "rloo", "vapo"]
+NAMES = ["cispo", "dapo", "dr_grpo", "gmpo", "grpo", "gspo", "ppo", "reinforce", "reinforce_pp", "rloo", "vapo"]
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 
 # The values of the task statement / the papers, field by field.
@@ -37,6 +37,10 @@ EXPECTED = {
                  kl_coef=0.05),
     "reinforce": dict(advantage="reinforce", baseline="batch_mean", policy_loss="reinforce", loss_agg="token-mean",
                       kl_coef=0.0),
+    "cispo": dict(advantage="group_norm", policy_loss="cispo", clip_low=1.0, clip_high=0.28, loss_agg="token-mean",
+                  kl_coef=0.0),
+    "gmpo": dict(advantage="group_norm", policy_loss="gmpo", clip_low=0.4, clip_high=0.4,
+                 loss_agg="seq-mean-token-mean", kl_coef=0.0),
     "reinforce_pp": dict(advantage="reinforce_pp", gamma=1.0, policy_loss="clip", clip_low=0.2, clip_high=0.2,
                          loss_agg="token-mean", kl_in="reward", kl_estimator="k2", kl_coef=0.01),
 }
@@ -53,6 +57,8 @@ CONFLICTS = [
     ("rloo", "algo.advantage=group_norm"),
     ("reinforce", "algo.advantage=reinforce_pp"), ("reinforce", "algo.policy_loss=clip"),
     ("reinforce_pp", "algo.advantage=reinforce"),
+    ("cispo", "algo.policy_loss=clip"), ("cispo", "algo.loss_agg=seq-mean-token-mean"),
+    ("gmpo", "algo.policy_loss=gspo"), ("gmpo", "algo.loss_agg=token-mean"),
 ]
 
 
@@ -290,7 +296,9 @@ TASK_RECIPES = ["grpo_math.yaml", "grpo_mbpp.yaml",  # tests/test_task_recipes.p
                 "process_demo.yaml",  # tests/test_process_supervision.py
                 "tool_demo.yaml",  # tests/test_multiturn.py
                 "game_demo.yaml",  # tests/test_game_demo.py
-                "multiagent_demo.yaml"]  # tests/test_multiagent.py
+                "multiagent_demo.yaml",  # tests/test_multiagent.py
+                "judge_demo.yaml", "rlaif_dpo_demo.yaml", "rlaif_demo.yaml",  # tests/test_label.py
+                "distill_demo.yaml"]  # tests/test_distill.py
 
 
 def test_every_recipe_is_a_preset_recipe_or_a_task_recipe():

@@ -284,3 +284,67 @@ def test_every_choice_parameter_refuses_other_values(factory, field):
     needed = {k: v for k, v in REQUIRED.items() if k in {f.name for f in dataclasses.fields(factory)}}
     with pytest.raises(ValueError, match=f"^{field}: must be one of .*, got 'not-a-choice'"):
         factory(**needed, **{field: "not-a-choice"})
+
+
+@batched
+def batch_fails_on_e(completions, samples):
+    if "e" in completions:
+        raise RuntimeError("batched checker exploded")
+    return [float(len(c)) for c in completions]
+
+
+def test_a_batched_reward_that_throws_costs_only_the_bad_sample():
+    out = score_batch(TEXTS, [{}] * 6, [("len", batch_fails_on_e)], [1.0], group_size=2)
+    assert out.per_fn["len"] == [1.0, 3.0, 2.0, 4.0, None, 2.0]  # each alone after the batch call threw
+    assert out.errors["len"] == 1 and out.total[4] is None and out.total[0] == 1.0
+
+
+@batched
+def batch_hangs(completions, samples):
+    import time
+
+    time.sleep(5)
+    return [1.0] * len(completions)
+
+
+def test_a_batched_reward_that_hangs_costs_its_call_without_retrying_each_sample():
+    import time
+
+    if not hasattr(__import__("signal"), "SIGALRM"):
+        pytest.skip("no SIGALRM: calls are not interrupted on this platform")
+    t0 = time.perf_counter()
+    out = score_batch(TEXTS, [{}] * 6, [("slow", batch_hangs)], [1.0], timeout_s=0.2)
+    assert out.per_fn["slow"] == [None] * 6 and out.errors["slow"] == 6
+    assert time.perf_counter() - t0 < 2.0  # one timed-out call, not six
+
+
+def test_off_the_main_thread_a_hung_reward_is_given_up_after_its_timeout():
+    """train.async scores its rollouts in a background thread, where SIGALRM cannot interrupt a call: the call runs
+    in a thread of its own and is given up after the timeout, costing its sample; values and errors come back."""
+    import threading
+    import time
+
+    from rlft.rewards.scoring import RewardTimeout, call_with_timeout
+
+    seen: dict = {}
+
+    def background() -> None:
+        t0 = time.perf_counter()
+        try:
+            call_with_timeout(lambda: time.sleep(5), (), 0.2)
+        except RewardTimeout as e:
+            seen["timeout"] = (str(e), time.perf_counter() - t0)
+        seen["value"] = call_with_timeout(lambda a, b: a + b, (2, 3), 1.0)
+        try:
+            call_with_timeout(lambda: 1 / 0, (), 1.0)
+        except ZeroDivisionError:
+            seen["error"] = True
+        out = score_batch(["a", "bb"], [{}] * 2, [("slow", lambda c, s: time.sleep(5) or 1.0)], [1.0], timeout_s=0.2)
+        seen["scored"] = (out.per_fn["slow"], out.errors["slow"])
+
+    worker = threading.Thread(target=background)
+    worker.start()
+    worker.join(30)
+    assert "timed out after 0.2s" in seen["timeout"][0] and seen["timeout"][1] < 2.0
+    assert seen["value"] == 5 and seen["error"]
+    assert seen["scored"] == ([None, None], 2)

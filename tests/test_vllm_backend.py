@@ -68,9 +68,13 @@ class FakeLLM:
             for j in reversed(range(params.n)):  # vLLM's completions carry an index; rlft must not rely on order
                 row = i * params.n + j
                 ids = s.response_ids[row][s.response_mask[row].bool()].tolist()
+                lps = s.logprobs[row][s.response_mask[row].bool()].tolist()
                 stopped = not bool(s.truncated[row])
+                # logprobs=0: one mapping per token holding the sampled token's Logprob, as vLLM returns them
+                scored = [{t: SimpleNamespace(logprob=lp)} for t, lp in zip(ids, lps)] \
+                    if getattr(params, "logprobs", None) is not None else None
                 comps.append(SimpleNamespace(index=j, token_ids=ids, finish_reason="stop" if stopped else "length",
-                                             stop_reason=ids[-1] if stopped else None))
+                                             stop_reason=ids[-1] if stopped else None, logprobs=scored))
             outs.append(SimpleNamespace(outputs=comps))
         return outs
 
@@ -99,7 +103,30 @@ def test_outputs_become_rows_grouped_by_prompt_with_the_stop_token_kept():
     assert s.response_ids.tolist() == [[5, 6, 6, 6], [7, 8, 2, 0], [9, 3, 0, 0], [2, 0, 0, 0]]
     assert s.response_mask.tolist() == [[1, 1, 1, 1], [1, 1, 1, 0], [1, 1, 0, 0], [1, 0, 0, 0]]
     assert s.truncated.tolist() == [True, False, False, False]
-    assert s.logprobs is None  # the trainer recomputes them
+    assert s.logprobs is None  # the engine returned no log-probs: the batch has no rollout_logp
+
+
+def test_the_engine_s_log_probs_come_back_per_token_and_a_token_it_left_out_is_nan():
+    def scored(ids, lps):
+        return [{t: SimpleNamespace(logprob=lp), 99: SimpleNamespace(logprob=-9.0)} for t, lp in zip(ids, lps)]
+
+    outputs = [SimpleNamespace(outputs=[
+        SimpleNamespace(index=0, token_ids=[7, 8], finish_reason="stop", stop_reason=2, logprobs=scored([7, 8], [-0.5, -1.5])),
+        SimpleNamespace(index=1, token_ids=[5, 6, 2], finish_reason="stop", stop_reason=2,
+                        logprobs=scored([5, 6, 2], [-0.25, -2.0, -0.125]))])]
+    s = to_sampled(outputs, [[11]], group_size=2, max_new_tokens=4, stops=[2], pad_id=0)
+    assert s.response_ids.tolist() == [[7, 8, 2], [5, 6, 2]]
+    assert s.logprobs[0, :2].tolist() == [-0.5, -1.5] and torch.isnan(s.logprobs[0, 2])  # the stop vLLM left out
+    assert s.logprobs[1].tolist() == [-0.25, -2.0, -0.125]
+
+
+def test_sampling_params_ask_for_the_sampled_token_s_log_prob_after_the_temperature(fake_vllm, tiny_model_dir):
+    model = load_model(str(tiny_model_dir))
+    torch.manual_seed(0)
+    s = sample_vllm(model, [[5, 6]], group_size=2, max_new_tokens=4, stops=[2], pad_id=0, temperature=0.7)
+    llm = FakeLLM.instances[0]
+    assert llm.calls[0].logprobs == 0 and llm.kwargs["logprobs_mode"] == "processed_logprobs"
+    assert s.logprobs is not None and torch.all(s.logprobs[s.response_mask.bool()] < 0)
 
 
 def test_a_missing_completion_is_an_error_not_a_short_batch():

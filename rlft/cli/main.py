@@ -1,4 +1,4 @@
-"""Command line: ``rlft train``, ``rlft eval``, ``rlft sft``, ``rlft rm``, ``rlft prm``, ``rlft dpo``, ``rlft rft``, ``rlft prepare gsm8k|humaneval|mbpp``, ``rlft config``.
+"""Command line: ``rlft train``, ``rlft eval``, ``rlft sft``, ``rlft rm``, ``rlft prm``, ``rlft dpo``, ``rlft rft``, ``rlft label``, ``rlft distill``, ``rlft prepare gsm8k|humaneval|mbpp``, ``rlft config``.
 
     rlft train                                    # the embedded demo (tiny model, synthetic arithmetic)
     rlft train recipes/grpo_gsm8k.yaml model.path=/models/qwen algo.group_size=4
@@ -9,6 +9,8 @@
     rlft prm model.path=runs/<name>/policy data.source=synthetic:chain   # a process reward model (step labels)
     rlft dpo model.path=runs/<name>/policy dpo.beta=0.1          # DPO (dpo.loss=ipo: IPO) on preference pairs
     rlft rft model.path=runs/<name>/policy rft.mode=offline      # rejection-sampling fine-tuning (rft.keep=shortest)
+    rlft label model.path=runs/<name>/policy label.judge.path=runs/judge/policy   # AI-labelled preference pairs
+    rlft distill model.path=runs/<name>/policy distill.teachers=[runs/<big>/policy]   # on-policy distillation
     rlft prepare gsm8k --input path/to/gsm8k --output data/gsm8k
     rlft prepare mbpp --input path/to/mbpp.jsonl --output data/mbpp    # also: humaneval (HumanEval.jsonl)
     rlft config                                   # every key, its default and meaning
@@ -65,7 +67,7 @@ def cmd_eval(ns: argparse.Namespace) -> int:
 
 
 def cmd_stage(ns: argparse.Namespace) -> int:
-    """``rlft sft`` / ``rlft rm`` / ``rlft prm`` / ``rlft dpo`` / ``rlft rft``: one stage on ``model.path`` (or the
+    """``rlft sft`` / ``rlft rm`` / ``rlft prm`` / ``rlft dpo`` / ``rlft rft`` / ``rlft label`` / ``rlft distill``: one stage on ``model.path`` (or the
     embedded tiny model), flat in its own run directory, through the same pipeline as ``rlft train``."""
     return _run(ns, only=ns.command)
 
@@ -157,7 +159,11 @@ def build_parser() -> argparse.ArgumentParser:
                                "backbone, step labels from a rule checker"),
                        ("dpo", "DPO / IPO (dpo.* keys) on preference pairs, model.path as the frozen reference"),
                        ("rft", "rejection-sampling fine-tuning (rft.* keys): sample, keep what the reward accepts, "
-                               "fine-tune; offline or online")):
+                               "fine-tune; offline or online"),
+                       ("label", "preference rows for rm / dpo (label.* keys): model.path's samples ranked by a "
+                                 "judge model (RLAIF)"),
+                       ("distill", "on-policy distillation (distill.* keys): model.path samples, distill.teachers "
+                                   "score its tokens, the per-token reverse KL is the signal")):
         st = sub.add_parser(name, help=text)
         st.add_argument("args", nargs="*", help="[recipe.yaml] [section.key=value ...]")
         st.set_defaults(fn=cmd_stage)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -12,8 +13,13 @@ TOKEN_LEVEL_ADVANTAGES = ("gae", "reinforce", "reinforce_pp")
 """Advantage estimators that use no group statistic (per-token returns; batch-level baselines and whitening)."""
 STEP_LEVEL_ADVANTAGES = ("process",)
 """Advantage estimators that read step rewards (Batch.step_rewards) from step-level rewards, not the sequence reward."""
-UNCLIPPED_LOSSES = ("reinforce", "ppo_penalty", "kimi_omd")
-"""Policy losses without a clipped surrogate: algo.clip_c (dual-clip) cannot apply to them."""
+ROLLOUT_CORRECTIONS = ("off", "token_tis", "seq_tis", "token_mis", "seq_mis")
+"""algo.rollout_correction values besides ``auto`` (rlft.core.rollout_corr)."""
+UNCLIPPED_LOSSES = ("reinforce", "ppo_penalty", "kimi_omd", "cispo", "sapo", "gmpo", "kl_cov")
+"""Policy losses without PPO's clipped ratio surrogate: algo.clip_c (dual-clip) cannot apply to them
+(gmpo clips log-ratios inside a geometric mean; dppo_tv/dppo_kl read clip_c as the cap of their IS weight)."""
+SEQUENCE_LOSSES = ("gspo", "gmpo")
+"""Policy losses built on a sequence-level ratio: they need a sequence-constant advantage."""
 
 
 @dataclass(frozen=True)
@@ -54,6 +60,24 @@ class AlgoConfig:
     omd_tau: float = 0.1
     """policy_loss=kimi_omd: tau of the (tau/2) (log pi(y)/pi_old(y))^2 regulariser (Kimi k1.5 §2.3.2); pair it with
     advantage=group_mean and loss_agg=seq-mean-token-sum."""
+    sapo_tau_pos: float = 1.0
+    """policy_loss=sapo: temperature of the soft gate sigmoid(tau (r - 1)) 4 / tau where A > 0 (SAPO; verl 1.0)."""
+    sapo_tau_neg: float = 1.05
+    """policy_loss=sapo: temperature of the gate where A <= 0 (SAPO recommends tau_neg > tau_pos; verl 1.05)."""
+    clip_cov_ratio: float = 2e-4
+    """policy_loss=clip_cov: share of the valid tokens whose gradient is held out (Cui et al. 2025; verl 2e-4)."""
+    clip_cov_lb: float = 1.0
+    """policy_loss=clip_cov: lower bound of the covariance of a token that may be held out (verl 1.0)."""
+    clip_cov_ub: float = 5.0
+    """policy_loss=clip_cov: upper bound of that covariance (verl 5.0)."""
+    kl_cov_ratio: float = 2e-4
+    """policy_loss=kl_cov: share of the valid tokens (largest covariance) that get the KL penalty (verl 2e-4;
+    the paper 2e-3 for Qwen2.5-7B)."""
+    kl_cov_coef: float = 1.0
+    """policy_loss=kl_cov: coefficient of the |log r| penalty on those tokens (verl ppo_kl_coef 1.0)."""
+    entropy_top_frac: float = 1.0
+    """Share rho of the valid tokens of each micro-batch, highest entropy first, whose policy-gradient term is
+    kept ("Beyond the 80/20 rule", Wang et al. 2025: 0.2); 1.0: every token (off)."""
     entropy_coef: float = 0.0
     """Entropy bonus coefficient (>= 0; the bonus is aggregated over tokens with algo.loss_agg, as verl does)."""
     adv_eps: float = 1e-6
@@ -90,6 +114,15 @@ class AlgoConfig:
     """DAPO soft overlong punishment: L_cache = frac * rollout.max_new_tokens (0: off; DAPO 4096/20480 = 0.2)."""
     overlong_penalty: float = 1.0
     """Soft overlong punishment: scale of the length penalty (reaches -overlong_penalty at L_max)."""
+    rollout_correction: str = "auto"
+    """Correction for a sampler whose log-probs are not the trainer's (rlft.core.rollout_corr): each token's policy
+    loss times the detached ratio pi_old / pi_sampler, token_tis / seq_tis (truncated at rollout_corr_cap),
+    token_mis / seq_mis (0 outside [rollout_corr_low, rollout_corr_cap]), or off; auto: off where the sampler is exact
+    (rlft's or transformers' generate on a float32 policy without autocast), token_tis elsewhere (bfloat16, vllm)."""
+    rollout_corr_cap: float = 2.0
+    """C: the truncation cap of the *_tis modes and the upper edge of the *_mis band (verl's default 2.0)."""
+    rollout_corr_low: float = 0.5
+    """The lower edge of the *_mis band (IcePop's two-sided mask; 1 / rollout_corr_cap by default)."""
     epochs: int = 1
     """Passes over each rollout batch."""
     minibatches: int = 1
@@ -117,12 +150,26 @@ class AlgoConfig:
         _check(self.penalty_target == 0 or self.penalty_coef > 0, "algo.penalty_target",
                "needs an initial algo.penalty_coef > 0 (halving or doubling 0 stays 0)")
         _check(self.omd_tau > 0, "algo.omd_tau", "must be > 0")
+        _check(self.sapo_tau_pos > 0, "algo.sapo_tau_pos", "must be > 0")
+        _check(self.sapo_tau_neg > 0, "algo.sapo_tau_neg", "must be > 0")
+        _check(0 < self.clip_cov_ratio <= 1, "algo.clip_cov_ratio", "must be in (0, 1]")
+        _check(self.clip_cov_lb < self.clip_cov_ub, "algo.clip_cov_lb/clip_cov_ub",
+               f"the covariance band needs clip_cov_lb < clip_cov_ub, got {self.clip_cov_lb} and {self.clip_cov_ub}")
+        _check(0 < self.kl_cov_ratio <= 1, "algo.kl_cov_ratio", "must be in (0, 1]")
+        _check(self.kl_cov_coef >= 0, "algo.kl_cov_coef", "must be >= 0")
+        _check(0 < self.entropy_top_frac <= 1, "algo.entropy_top_frac", "must be in (0, 1] (1: every token)")
         _check(self.lm_coef >= 0, "algo.lm_coef", "must be >= 0")
         _check(self.ptx_coef >= 0, "algo.ptx_coef", "must be >= 0")
         _check(self.max_sample_rounds >= 0, "algo.max_sample_rounds", "must be >= 0")
         _check(0 <= self.overlong_buffer_frac <= 1, "algo.overlong_buffer_frac", "must be in [0, 1]")
         _check(self.overlong_penalty >= 0, "algo.overlong_penalty", "must be >= 0")
         _check(self.adv_eps >= 0, "algo.adv_eps", "must be >= 0")
+        _check(self.rollout_correction in ("auto", *ROLLOUT_CORRECTIONS), "algo.rollout_correction",
+               f"unknown {self.rollout_correction!r}; allowed: auto, {', '.join(ROLLOUT_CORRECTIONS)}")
+        _check(math.isfinite(self.rollout_corr_cap) and self.rollout_corr_cap >= 1, "algo.rollout_corr_cap",
+               f"must be a finite number >= 1 (a cap below 1 would shrink on-policy tokens), got {self.rollout_corr_cap}")
+        _check(0 <= self.rollout_corr_low <= 1, "algo.rollout_corr_low",
+               f"must be in [0, 1] (the band must keep on-policy tokens, ratio 1), got {self.rollout_corr_low}")
         _check(self.epochs >= 1, "algo.epochs", "must be >= 1")
         _check(self.minibatches >= 1, "algo.minibatches", "must be >= 1")
         self._check_combinations()
@@ -134,10 +181,14 @@ class AlgoConfig:
                f"1 is allowed with {', '.join(TOKEN_LEVEL_ADVANTAGES)}")
         _check(self.group_size >= 2 or not self.dynamic_sampling, "algo.group_size",
                "must be >= 2 with algo.dynamic_sampling (a group of one never has distinct rewards)")
-        _check(self.policy_loss != "gspo" or self.sequence_constant_adv, "algo.policy_loss",
-               f"'gspo' clips a sequence-level ratio and needs a sequence-constant advantage (GSPO eq. 5); "
+        _check(self.policy_loss not in SEQUENCE_LOSSES or self.sequence_constant_adv, "algo.policy_loss",
+               f"{self.policy_loss!r} uses a sequence-level ratio and needs a sequence-constant advantage "
+               f"(GSPO eq. 5, GMPO's geometric mean); "
                f"advantage {self.advantage!r} is token-level here (gae and reinforce_pp always; "
                f"reinforce with gamma < 1 or KL in the reward)")
+        _check(self.policy_loss != "gmpo" or self.loss_agg == "seq-mean-token-mean", "algo.loss_agg",
+               f"policy_loss 'gmpo' is a mean over sequences of -A_i s_i (GMPO objective); its per-token form needs "
+               f"loss_agg=seq-mean-token-mean, got {self.loss_agg!r}")
         _check(self.length_alpha == 0 or self.advantage == "gae", "algo.length_alpha",
                f"length-adaptive lambda is a GAE parameter (VAPO); needs algo.advantage=gae, got {self.advantage!r}")
         _check(self.kl_in != "reward" or self.kl_coef > 0, "algo.kl_in",
@@ -151,6 +202,9 @@ class AlgoConfig:
         _check(self.policy_loss != "ppo_penalty" or self.epochs * self.minibatches > 1, "algo.policy_loss",
                "'ppo_penalty' penalises KL(pi_old || pi), which is 0 (and so is its gradient) at the first optimizer "
                "step of a batch; needs algo.epochs * algo.minibatches > 1")
+        _check(self.advantage != "gdpo" or self.kl_in != "reward", "algo.kl_in",
+               "advantage 'gdpo' normalises the reward components one by one and has no place for a per-token KL "
+               "reward; set algo.kl_in=loss")
         for key, off in (("kl_in", self.kl_in != "reward"), ("overlong_buffer_frac", self.overlong_buffer_frac == 0)):
             _check(off or self.advantage not in STEP_LEVEL_ADVANTAGES, f"algo.{key}",
                    f"advantage {self.advantage!r} reads step rewards only, so a penalty added to the sequence "

@@ -138,13 +138,15 @@ class HealthConfig:
     """length_budget: response_length/clip_ratio (responses cut at rollout.max_new_tokens) above this."""
     clipfrac_max: float = 0.3
     """clip_fraction: actor/pg_clipfrac above this."""
+    rollout_gap_max: float = 0.05
+    """rollout_mismatch: rollout_corr/logp_gap_mean (mean |log pi_trainer - log pi_sampler| per token) above this."""
     val_drop: float = 0.05
     """reward_hacking: the latest val/<set>/exact_match this far below the best one while the training reward rose (needs eval.every)."""
 
     def __post_init__(self) -> None:
         _check(self.window >= 1, "health.window", "must be >= 1")
         for name in ("kl_max", "grad_norm_max", "entropy_min", "zero_std_max", "length_drop", "clip_ratio_max",
-                     "clipfrac_max", "val_drop"):
+                     "clipfrac_max", "rollout_gap_max", "val_drop"):
             _check(math.isfinite(getattr(self, name)) and getattr(self, name) >= 0, f"health.{name}",
                    "must be a finite number >= 0")
 

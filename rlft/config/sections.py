@@ -24,7 +24,7 @@ from rlft.config.roles import RolesConfig
 from rlft.config.checks import _check, plain, template_problem
 from rlft.config.insight import EvalConfig, HealthConfig, LogConfig
 from rlft.config.reward import RewardConfig
-from rlft.config.stages import DPOConfig, PRMConfig, RFTConfig, RMConfig, SFTConfig
+from rlft.config.stages import DistillConfig, DPOConfig, LabelConfig, PRMConfig, RFTConfig, RMConfig, SFTConfig
 
 __all__ = ["Config", "DataConfig", "LoraConfig", "ModelConfig", "OptimConfig", "RolloutConfig", "TrainConfig", "with_name"]
 
@@ -223,6 +223,10 @@ class TrainConfig:
     """No RL step starts once this many seconds of the RL stage (value pre-training included) have passed (0: no limit)."""
     threads: int = 0
     """CPU threads of torch for `rlft train` and the single-stage commands (torch.set_num_threads); 0: torch's default. 1 keeps the tiny model fast on a busy machine, where threads spin waiting for each other."""
+    async_rollout: bool = False
+    """One-step-off-policy rollouts; a recipe or override may say train.async (`async` is a Python keyword, hence the field's name): the rollout of step t+1 runs in a background thread, from a copy of the weights taken before update t (refreshed after every update; with LoRA only the adapters are copied, the base is shared), while step t's log-prob passes and update run; the batch each step trains on was then sampled one update earlier (async/staleness), its log-probs under the sampler (Batch.rollout_logp) are the behaviour policy's, the old log-probs are recomputed with the current weights, and algo.rollout_correction=auto corrects it (token_tis). The rollout draws from a random generator of its own, seeded from train.seed and the step, so a run repeats exactly, resumed or not. One process, rollout.sampler=rlft, no rm.refresh_every, env or roles (refused). On a machine whose cores the two threads share it saves little or nothing (docs/speed.md, "Asynchronous rollouts")."""
+    max_staleness: int = 1
+    """With train.async_rollout: how many updates a batch may lag the weights it trains (0: the synchronous loop, exactly; 1: one-step-off). Deeper pipelines are not implemented."""
     malloc: Literal["auto", "keep", "release", "default"] = "auto"
     """How the process's C allocator (glibc) treats freed memory, for `rlft train` and the single-stage commands (rlft.runs.malloc): keep: freed blocks under 1 GiB stay for reuse, so the tensors each step allocates anew are not faulted in page by page again (33.6M model, short prompts, CPU: update 0.77 s instead of 0.82 s; the same peak); release: large freed blocks go back to the system at once (the lowest peak when the process frees large blocks of varying size, as FSDP and DeepSpeed do); default: glibc's own settings; auto: release under an FSDP or DeepSpeed launch, default when MALLOC_*_ or GLIBC_TUNABLES set malloc, keep otherwise. The numbers a run computes do not depend on it; without glibc it does nothing."""
 
@@ -239,12 +243,19 @@ class TrainConfig:
         _check(self.max_consecutive_skips >= 0, "train.max_consecutive_skips", "must be >= 0 (0: never stop)")
         _check(self.ptx_batch_size >= 1, "train.ptx_batch_size", "must be >= 1")
         _check(self.keep_checkpoints >= 1, "train.keep_checkpoints", "must be >= 1")
+        _check(self.max_staleness in (0, 1), "train.max_staleness",
+               f"must be 0 (synchronous) or 1 (one-step-off); deeper pipelines are not implemented, got {self.max_staleness}")
+
+    @property
+    def overlapped(self) -> bool:
+        """Whether the rollouts run one step ahead in a background thread (``train.async_rollout`` with a staleness)."""
+        return self.async_rollout and self.max_staleness > 0
 
 
 @dataclass(frozen=True)
 class Config:
     stages: tuple[str, ...] = ()
-    """A pipeline run by `rlft train`, in order (e.g. [sft, grpo], [sft, rm, ppo], [sft, dpo]); each stage starts from the previous stage's model. Names: sft, rm, dpo, rft (rft_offline / rft_online force rft.mode), rl, or an algorithm preset (which also selects algo.preset). Empty: SFT warm-up (sft.steps) then RL, in one directory."""
+    """A pipeline run by `rlft train`, in order (e.g. [sft, grpo], [sft, rm, ppo], [sft, dpo]); each stage starts from the previous stage's model. Names: sft, rm, dpo, label, rft (rft_offline / rft_online force rft.mode), distill (on-policy distillation from distill.teachers), rl, or an algorithm preset (which also selects algo.preset). Empty: SFT warm-up (sft.steps) then RL, in one directory."""
     model: ModelConfig = field(default_factory=ModelConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -260,6 +271,8 @@ class Config:
     dpo: DPOConfig = field(default_factory=DPOConfig)
     rft: RFTConfig = field(default_factory=RFTConfig)
     prm: PRMConfig = field(default_factory=PRMConfig)
+    label: LabelConfig = field(default_factory=LabelConfig)
+    distill: DistillConfig = field(default_factory=DistillConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     health: HealthConfig = field(default_factory=HealthConfig)
@@ -277,6 +290,8 @@ class Config:
         n_rm = sum(t.name == "reward_model" for t in self.reward.fns)
         _check(not self.rm.refresh_every or n_rm == 1, "rm.refresh_every",
                f"retrains the reward_model reward, so reward.fns needs exactly one reward_model entry, found {n_rm}")
+        if self.train.overlapped:
+            self._check_async()
 
     def _check_roles(self) -> None:
         """What several roles on one base need from the other sections."""
@@ -292,9 +307,22 @@ class Config:
         _check(not self.rm.refresh_every, "rm.refresh_every", "refreshes one reward model from one policy's "
                "rollouts; it does not take roles")
 
+    def _check_async(self) -> None:
+        """What one-step-off rollouts (train.async_rollout) cannot run yet."""
+        _check(self.rollout.sampler == "rlft", "train.async_rollout", f"needs rollout.sampler=rlft, whose draws take "
+               f"the rollout's own random generator; {self.rollout.sampler} draws from torch's global one (or its "
+               "engine's), which the update shares")
+        _check(not self.rm.refresh_every, "train.async_rollout", "does not take rm.refresh_every yet (the reward "
+               "model would be retrained while the next rollout is scored with it); set train.async_rollout=false")
+        _check(not self.env.multi_turn, "train.async_rollout", "does not take environments yet (env.name); set "
+               "train.async_rollout=false")
+        _check(not self.roles.multi_agent, "train.async_rollout", "does not take several roles yet (roles); set "
+               "train.async_rollout=false")
+
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["reward"]["fns"] = [t.to_plain() for t in self.reward.fns]
+        d["label"]["judge"] = self.label.judge.to_plain()
         d["env"] = self.env.to_plain()
         return d
 

@@ -1,4 +1,4 @@
-"""The sections of the stages around RL: ``sft``, ``rm``, ``dpo``, ``rft`` and ``prm``."""
+"""The sections of the stages around RL: ``sft``, ``rm``, ``dpo``, ``rft``, ``prm``, ``label`` and ``distill``."""
 
 from __future__ import annotations
 
@@ -7,6 +7,9 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 from rlft.config.checks import _check
+from rlft.config.reward import RewardTerm
+
+PIPELINE_LABELS = "@label"  # rm.source / dpo.source: the preferences a pipeline's label stage wrote
 
 
 @dataclass(frozen=True)
@@ -15,7 +18,7 @@ class _PreferenceData:
     ``batch_size`` and ``lr`` (checked here) and its own keys."""
 
     source: str = ""
-    """Preference rows (pairs, K-way rankings or HH-RLHF transcripts): a file, a directory of splits or hf:<name>; empty: pairs made from data.source's numeric answers (right over wrong)."""
+    """Preference rows (pairs, K-way rankings or HH-RLHF transcripts): a file, a directory of splits or hf:<name>; '@label' in a pipeline: what its label stage wrote; empty: pairs made from data.source's numeric answers (right over wrong)."""
     train_split: str = "train"
     eval_split: str = "test"
     num_eval: int = 200
@@ -178,7 +181,7 @@ class SFTConfig:
     loss_on: Literal["response", "all", "answer"] = "response"
     """Which tokens carry the SFT loss: the response (and its eos), prompt and response, or only the final answer (the #### line, last \\boxed{} or <answer> tag) and the eos."""
     source: str = ""
-    """SFT rows ({prompt, completion} or {messages}): a file, a directory of splits or hf:<name>; synthetic:<task>: that synthetic task's demonstrations (drawn as data.source's problems, with data.synth_*); empty: the RL rows' reference responses."""
+    """SFT rows ({prompt, completion} or {messages}): a file, a directory of splits or hf:<name>; synthetic:<task>: that synthetic task's demonstrations (drawn as data.source's problems, with data.synth_*); judge:synthetic:<task>: "is this answer right?" questions about that task's problems, answered yes/no by eval.correct_fn (to train the judge reward's model); empty: the RL rows' reference responses."""
     train_split: str = "train"
     """Split of sft.source to train on."""
     system_prompt: str = ""
@@ -193,3 +196,64 @@ class SFTConfig:
         _check(self.warmup_steps >= 0, "sft.warmup_steps", "must be >= 0")
         _check(self.max_tokens >= 0, "sft.max_tokens", "must be >= 0 (0: no budget)")
 
+
+
+@dataclass(frozen=True)
+class LabelConfig:
+    judge: RewardTerm = RewardTerm("judge")
+    """The judge, a reward entry: {name: judge, path: <causal LM dir>, template, labels, scores, ...} (rlft.rewards.judge); with label.mode=pointwise any reward scores (e.g. reward_model)."""
+    mode: Literal["pointwise", "pairwise"] = "pointwise"
+    """pointwise: each completion scored alone, pairs ordered by score; pairwise: the judge compares every two completions of a prompt (both orders averaged, judge's pair_template)."""
+    write: Literal["pairs", "ranking"] = "pairs"
+    """Rows written: (chosen, rejected) pairs, or one K-way ranking per prompt (pointwise only: pairwise verdicts need not be transitive)."""
+    samples: int = 4
+    """Completions sampled per prompt from the stage's policy (rollout.temperature, top_p, top_k, max_new_tokens); duplicates and empty ones are dropped."""
+    prompts: int = 0
+    """Training prompts labelled: the first N of data.source's training split (0: all)."""
+    num_eval: int = 100
+    """Held-out prompts labelled for the test split (the first N of data.source's held-out problems; 0: all)."""
+    min_margin: float = 0.0
+    """A pair is written only when the judge separates it by more than this: the score difference (pointwise) or |2 P(a better) - 1| (pairwise); ties are never written."""
+
+    def __post_init__(self) -> None:
+        _check(self.samples >= 2, "label.samples", f"must be >= 2 (a pair needs two completions), got {self.samples}")
+        _check(self.prompts >= 0, "label.prompts", "must be >= 0 (0: all)")
+        _check(self.num_eval >= 0, "label.num_eval", "must be >= 0 (0: all)")
+        _check(math.isfinite(self.min_margin) and self.min_margin >= 0, "label.min_margin",
+               f"must be a finite number >= 0, got {self.min_margin}")
+        _check(self.mode == "pointwise" or self.write == "pairs", "label.write",
+               "ranking needs label.mode=pointwise (pairwise verdicts need not be transitive); use label.write=pairs")
+        _check(self.mode == "pointwise" or self.judge.name == "judge", "label.judge.name",
+               f"label.mode=pairwise compares two completions, which only the judge reward does; got {self.judge.name!r}")
+
+
+@dataclass(frozen=True)
+class DistillConfig:
+    teachers: tuple[str, ...] = ()
+    """Teacher models of the distill stage: causal LM directories (or hub ids) with the student's tokenizer; they score the student's samples without gradient."""
+    teacher_weights: tuple[float, ...] = ()
+    """One weight per teacher (>= 0, not all 0), normalised to sum 1: the teacher log-prob of a token is the weighted mean of the teachers' (empty: equal weights)."""
+    signal: Literal["advantage", "loss"] = "advantage"
+    """advantage: A_t = -kl_coef * (log pi(y_t) - log pi_teacher(y_t)) per token, fixed at rollout time and trained through algo.policy_loss (Thinking Machines' on-policy distillation); loss: the sampled-token reverse-KL estimate of the current student, kl_coef times it added to the loss and minimised directly (its gradient is (log pi - log pi_teacher) * grad log pi), the policy loss carrying only the task reward."""
+    kl_coef: float = 1.0
+    """Weight of the reverse-KL signal (the advantage's scale, or the loss term's coefficient)."""
+    reward_weight: float = 0.0
+    """Weight of the task reward's advantage (algo.advantage on reward.fns) added to the signal; 0: pure distillation."""
+
+    def __post_init__(self) -> None:
+        _check(not self.teacher_weights or len(self.teacher_weights) == len(self.teachers), "distill.teacher_weights",
+               f"has {len(self.teacher_weights)} weights for {len(self.teachers)} teachers (distill.teachers); "
+               "give one per teacher, or none for equal weights")
+        for i, w in enumerate(self.teacher_weights):
+            _check(math.isfinite(w) and w >= 0, f"distill.teacher_weights[{i}]", f"must be finite and >= 0, got {w}")
+        _check(not self.teacher_weights or sum(self.teacher_weights) > 0, "distill.teacher_weights",
+               "must not all be 0")
+        _check(math.isfinite(self.kl_coef) and self.kl_coef > 0, "distill.kl_coef", f"must be > 0, got {self.kl_coef}")
+        _check(math.isfinite(self.reward_weight) and self.reward_weight >= 0, "distill.reward_weight",
+               f"must be >= 0 (0: pure distillation), got {self.reward_weight}")
+
+    @property
+    def weights(self) -> tuple[float, ...]:
+        """Each teacher's weight, normalised to sum 1."""
+        raw = self.teacher_weights or (1.0,) * len(self.teachers)
+        return tuple(w / sum(raw) for w in raw)

@@ -79,12 +79,18 @@ class AdvantageInputs:
     baseline: float | None = None  # running baseline of reinforce with baseline='ema' (kept by the trainer)
     step_rewards: Tensor | None = None  # (B, T) reward of the step ending at each token (NaN = unscorable), else 0
     step_mask: Tensor | None = None  # (B, T) 1 at the token where a step ends (process supervision)
+    reward_parts: Tensor | None = None  # (B, K) each reward component, unweighted (NaN = unscorable): GDPO
+    reward_weights: tuple[float, ...] | None = None  # (K,) the weight of each column of reward_parts
 
     def __post_init__(self) -> None:
         if self.scores.dim() != 1:
             raise ValueError(f"scores must be 1-D (B,), got shape {tuple(self.scores.shape)}")
         if self.mask.dim() != 2 or self.mask.shape[0] != self.scores.shape[0]:
             raise ValueError(f"mask must be (B, T) with B={self.scores.shape[0]}, got shape {tuple(self.mask.shape)}")
+        if self.reward_parts is not None and (self.reward_parts.dim() != 2
+                                              or self.reward_parts.shape[0] != self.scores.shape[0]):
+            raise ValueError(f"reward_parts must be (B, K) with B={self.scores.shape[0]}, "
+                             f"got shape {tuple(self.reward_parts.shape)}")
         for name in ("token_rewards", "values", "step_rewards", "step_mask"):
             x = getattr(self, name)
             if x is not None and x.shape != self.mask.shape:
@@ -170,6 +176,27 @@ def rloo(scores: Tensor, group_size: int, eps: float = 1e-6) -> Tensor:
     nf = n.to(r.dtype)[:, None]  # (P, 1)
     baseline = (r.sum(-1, keepdim=True) - r) / (nf - 1).clamp(min=1)  # (P, G) leave-one-out mean
     adv = r - baseline  # Ahmadian et al. 2024 ("Back to basics"), RLOO estimator; Kool et al. 2019
+    return _finish(adv, valid, zero_std)  # (B,)
+
+
+def maxrl(scores: Tensor, group_size: int, eps: float = 1e-6) -> Tensor:
+    """MaxRL: A_i = (r_i - mean(r)) / mean(r) within the group, 0 where mean(r) = 0 (``eps`` unused); (B,) -> (B,).
+
+    Maximum Likelihood RL (Tajwar et al. 2026, arXiv:2602.02710): averaging grad log pi over the
+    successful samples only (1/K sum over the K correct of N) is an unbiased estimator of the
+    gradient of the order-N truncation of log p(correct) (their Theorem 2); subtracting the mean
+    over all N samples as a control variate gives per sample (r_i / rbar - 1) / N, i.e. this
+    advantage under a mean over the group.  Defined for pass/fail rewards: a valid reward outside
+    [0, 1] is an error, not silently rescaled.
+    """
+    r, valid = _groups(scores, group_size)  # (P, G)
+    if (valid & ((r < 0) | (r > 1))).any():
+        raise ValueError("advantage 'maxrl' needs pass/fail rewards in [0, 1] (MaxRL's success indicator); "
+                         f"got values in [{r[valid].min().item()}, {r[valid].max().item()}] "
+                         "(KL in the reward or an overlong penalty also moves them out)")
+    _, mean, _, zero_std = _stats(r, valid)
+    pos = mean[:, None] > 0  # (P, 1)
+    adv = torch.where(pos, (r - mean[:, None]) / torch.where(pos, mean[:, None], torch.ones_like(r)), torch.zeros_like(r))
     return _finish(adv, valid, zero_std)  # (B,)
 
 
@@ -269,8 +296,43 @@ def _outcome_estimator(seq_fn: Callable[[Tensor, int, float], Tensor]) -> Advant
     return estimator
 
 
-for _name, _fn in (("group_norm", group_norm), ("group_mean", group_mean), ("rloo", rloo)):
+for _name, _fn in (("group_norm", group_norm), ("group_mean", group_mean), ("rloo", rloo), ("maxrl", maxrl)):
     ADVANTAGES.register(_name)(_outcome_estimator(_fn))
+
+
+def gdpo_advantages(parts: Tensor, weights: "tuple[float, ...]", scorable: Tensor, group_size: int,
+                    eps: float = 1e-6) -> Tensor:
+    """GDPO: each reward component group-normalised on its own, weighted, summed, then normalised over the batch.
+
+    A_sum,i = sum_k w_k group_norm(r_k)_i (a NaN component is out of its group's statistics and adds 0), then
+    A_i = (A_sum,i - mean) / (std + eps) over the ``scorable`` (B,) sequences (unbiased std; 0 elsewhere).
+    Liu et al. 2026 (arXiv:2601.05242): group-wise normalisation decoupled per reward, then batch-wise
+    advantage normalisation; the paper sums the components unweighted (w_k = 1), rlft weights each
+    normalised component by its reward.weights entry (so a weight still ranks the components).  (B, K) -> (B,).
+    """
+    if parts.shape[1] != len(weights):
+        raise ValueError(f"GDPO: {parts.shape[1]} reward components but {len(weights)} weights")
+    total = torch.zeros(parts.shape[0], dtype=torch.promote_types(parts.dtype, torch.float32), device=parts.device)
+    for k, w in enumerate(weights):
+        total = total + w * group_norm(parts[:, k], group_size, eps)  # (B,)  0 at NaN and in degenerate groups
+    n = scorable.sum()
+    if n < 2:
+        return torch.zeros_like(total)
+    mean = masked_mean(total, scorable)
+    std = torch.sqrt(masked_sum((total - mean) ** 2, scorable) / (n - 1))  # unbiased, over scorable sequences
+    return torch.where(scorable, (total - mean) / (std + eps), torch.zeros_like(total))  # (B,)
+
+
+@ADVANTAGES.register("gdpo")
+def gdpo(inp: AdvantageInputs, cfg: Any) -> tuple[Tensor, Tensor]:
+    """GDPO over ``inp.reward_parts`` (see :func:`gdpo_advantages`), broadcast over valid tokens; ret = adv."""
+    if inp.reward_parts is None or inp.reward_weights is None:
+        raise ValueError("advantage 'gdpo' needs reward_parts (B, K) and reward_weights in AdvantageInputs: "
+                         "the per-component rewards the trainer's score() records")
+    scorable = ~torch.isnan(inp.scores)  # (B,)
+    seq_adv = gdpo_advantages(inp.reward_parts, inp.reward_weights, scorable, inp.group_size, cfg.adv_eps)  # (B,)
+    adv = torch.where(inp.mask != 0, seq_adv[:, None], seq_adv.new_zeros(()))  # (B, T)
+    return adv, adv.clone()
 
 
 @ADVANTAGES.register("gae")

@@ -16,21 +16,22 @@ Two registries:
   ``ppo_penalty`` (PPO's KL-penalty objective, reads ``cfg.penalty_coef``) and
   ``kimi_omd`` (Kimi k1.5 online mirror descent, reads ``cfg.omd_tau``) complete
   the table; ``cfg`` is the algo config *as it holds at this step* (the trainer
-  passes a ``dataclasses.replace`` copy carrying the adaptive beta).
+  passes a ``dataclasses.replace`` copy carrying the adaptive beta).  The 2025
+  losses live in ``rlft.core.trust_region`` and are registered here: ``cispo``,
+  ``sapo``, ``gmpo``, ``dppo_tv``, ``dppo_kl``, ``clip_cov``, ``kl_cov``.
 * ``AGGREGATIONS``: ``fn(loss_mat, mask, max_len=None) -> scalar``, how per-token
   losses become one number.
 
 Exact micro-batching.  Every aggregation is a ratio ``numerator / denominator``
-whose two parts are *sums over sequences*, so for any split of the batch into
-micro-batches::
-
-    sum(num_i) / sum(den_i) == aggregate(full batch)
-
-``aggregate_parts`` returns ``(num, den)`` and ``aggregation_weight`` the
-``den`` alone.  A trainer computes ``total = sum(aggregation_weight(mask_i))``
-first (all-reduced across ranks under data parallelism), then back-propagates
-``num_i / total`` for each micro-batch; the accumulated gradient equals that of
-the full-batch loss.
+whose numerator is a *sum over sequences*, and whose denominator depends on the
+mask alone.  ``aggregate_parts`` returns ``(num, den)`` and ``aggregation_weight``
+the ``den`` alone.  A trainer computes ``total = aggregation_weight(mask)`` of the
+whole mini-batch first (``rlft.trainers.update`` does, on the mini-batch's rows of
+every process), then back-propagates ``num_i / total`` for each micro-batch; the
+accumulated gradient equals that of the full-batch loss.  For every mode but
+``token-sum`` the denominator is also a sum over sequences, so
+``sum(num_i) / sum(den_i) == aggregate(full batch)``; ``token-sum``'s is the
+constant 1.
 
 Aggregation conventions (fixed here, tested in ``tests/test_losses.py``):
 
@@ -38,6 +39,8 @@ Aggregation conventions (fixed here, tested in ``tests/test_losses.py``):
 * ``seq-mean-token-mean``: mean over sequences of per-sequence token means
   (GRPO, DeepSeekMath eq. 3).
 * ``seq-mean-token-sum``: mean over sequences of per-sequence token sums.
+* ``token-sum``: sum over valid tokens, no normaliser (a loss that grows with
+  the batch and the lengths: scale the learning rate to it).
 * ``seq-mean-token-sum-norm``: sum over valid tokens / (B * max_len), a
   constant normaliser (Dr. GRPO, Liu et al. 2025, §3.1).
 * In the two ``seq-mean-*`` modes a sequence with no valid token (e.g. an
@@ -48,11 +51,16 @@ Aggregation conventions (fixed here, tested in ``tests/test_losses.py``):
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 import torch
 from torch import Tensor
 
+from rlft.core.loss_terms import LOG_RATIO_CLAMP, _masked_inputs, _metrics, _no_clip_flags, _surrogate
+from rlft.core.trust_region import (
+    cispo_loss, clip_cov_loss, dppo_kl_loss, dppo_tv_loss, gmpo_loss, kl_cov_loss, sapo_loss,
+)
 from rlft.core.ops import masked_mean, masked_sum
 from rlft.registry import Registry
 
@@ -64,61 +72,9 @@ POLICY_LOSSES: Registry[PolicyLossFn] = Registry("policy loss")
 AGGREGATIONS: Registry[AggregationFn] = Registry("loss aggregation")
 AGGREGATION_PARTS: Registry[PartsFn] = Registry("loss aggregation")
 
-LOG_RATIO_CLAMP = 20.0  # |log r| bound before exp, for numerical safety only
 
 
 # --------------------------------------------------------------------------- policy losses
-
-
-def _check_clip_c(clip_c: float) -> None:
-    if clip_c != 0 and not clip_c > 1:
-        raise ValueError(f"clip_c (dual-clip constant) must be 0 (off) or > 1, got {clip_c}")
-
-
-def _metrics(logp: Tensor, old_logp: Tensor, valid: Tensor, **flags: Tensor) -> dict[str, Tensor]:
-    """Token fractions of the bool (B, T) ``flags`` over valid tokens, and ppo_kl; all detached."""
-    with torch.no_grad():
-        out = {f"pg_{k}": masked_mean(v.float(), valid) for k, v in flags.items()}
-        out["ppo_kl"] = masked_mean((old_logp - logp).float(), valid)  # k1 estimate of KL(pi_old || pi)
-    return out
-
-
-def _surrogate(ratio: Tensor, adv: Tensor, valid: Tensor, cfg: Any) -> tuple[Tensor, dict[str, Tensor]]:
-    """Clipped surrogate of ``ratio`` (B, T), shared by ``clip`` and ``gspo``; adv is 0 at invalid.
-
-    loss = max(-A r, -A clip(r, 1 - clip_low, 1 + clip_high))      (PPO eq. 7, DAPO eq. 10)
-    and, when cfg.clip_c > 0, for A < 0: loss = min(that, -clip_c A)
-    (dual-clip PPO, Ye et al. 2020, arXiv:1912.09729)
-    """
-    clip_c = float(cfg.clip_c)
-    _check_clip_c(clip_c)
-    clipped = ratio.clamp(1.0 - cfg.clip_low, 1.0 + cfg.clip_high)  # (B, T)
-    loss_unclipped = -adv * ratio  # (B, T)
-    loss_clipped = -adv * clipped  # (B, T)
-    loss = torch.maximum(loss_unclipped, loss_clipped)  # (B, T)  pessimistic bound
-    dual = torch.zeros_like(valid)  # (B, T) bool
-    if clip_c > 0:
-        cap = -clip_c * adv  # (B, T)  > 0 where A < 0
-        dual = valid & (adv < 0) & (loss > cap)  # (B, T)  capped: gradient 0 there
-        loss = torch.where(dual, cap, loss)  # (B, T)
-    loss = torch.where(valid, loss, torch.zeros_like(loss))  # (B, T)
-    with torch.no_grad():
-        flags = {
-            "clipfrac": loss_clipped > loss_unclipped,  # (B, T)  the PPO clip is active, gradient 0
-            "clipfrac_high": (adv > 0) & (ratio > 1.0 + cfg.clip_high),  # (B, T)
-            "clipfrac_low": (adv < 0) & (ratio < 1.0 - cfg.clip_low),  # (B, T)
-            "clipfrac_dual": dual,  # (B, T)
-        }
-    return loss, flags
-
-
-def _masked_inputs(logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """(valid (B, T) bool, adv with invalid -> 0, log ratio with invalid -> 0): junk cannot reach the gradient."""
-    valid = mask != 0  # (B, T)
-    zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
-    adv = torch.where(valid, adv, zero)  # (B, T)
-    log_ratio = torch.where(valid, logp - old_logp, zero)  # (B, T)
-    return valid, adv, log_ratio
 
 
 @POLICY_LOSSES.register("clip")
@@ -160,11 +116,6 @@ def gspo_loss(logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, cfg: An
     ratio = torch.exp(seq_log_ratio[:, None] + token_part)  # (B, T)  s_i,t, GSPO eq. 14
     loss, flags = _surrogate(ratio, adv, valid, cfg)
     return loss, _metrics(logp, old_logp, valid, **flags)
-
-
-def _no_clip_flags(valid: Tensor) -> dict[str, Tensor]:
-    never = torch.zeros_like(valid)  # (B, T) bool
-    return {"clipfrac": never, "clipfrac_high": never, "clipfrac_low": never, "clipfrac_dual": never}
 
 
 @POLICY_LOSSES.register("reinforce")
@@ -233,6 +184,29 @@ def kimi_omd_loss(logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor,
     return loss, _metrics(logp, old_logp, valid, **_no_clip_flags(valid))
 
 
+for _name, _fn in (("cispo", cispo_loss), ("sapo", sapo_loss), ("gmpo", gmpo_loss), ("dppo_tv", dppo_tv_loss),
+                   ("dppo_kl", dppo_kl_loss), ("clip_cov", clip_cov_loss), ("kl_cov", kl_cov_loss)):
+    POLICY_LOSSES.register(_name)(_fn)
+
+
+def top_entropy_mask(entropy: Tensor, mask: Tensor, frac: float) -> Tensor:
+    """(B, T) bool: the valid tokens whose entropy is at least the k-th largest, k = ceil(frac * n_valid).
+
+    "Beyond the 80/20 rule" (Wang et al. 2025, arXiv:2506.01939, §5): the policy gradient keeps the
+    term of a token only if H_t >= tau_rho, the rho-quantile from the top of the entropies of the
+    batch's tokens (rho = frac, 0.2 in the paper); the normaliser of the objective is unchanged.
+    Ties at the threshold are all kept; frac = 1 keeps every valid token.  No gradient flows through it.
+    """
+    valid = mask != 0  # (B, T)
+    n = int(valid.sum())
+    if n == 0 or frac >= 1:
+        return valid
+    k = max(1, math.ceil(frac * n))
+    ent = torch.where(valid, entropy.detach(), torch.full_like(entropy, -torch.inf))  # (B, T)
+    tau = torch.topk(ent.flatten(), k).values[-1]  # the k-th largest valid entropy
+    return valid & (ent >= tau)
+
+
 # --------------------------------------------------------------------------- aggregation
 
 
@@ -283,6 +257,13 @@ def seq_mean_token_sum_parts(loss_mat: Tensor, mask: Tensor, max_len: int | None
     """mean over non-empty sequences of the per-sequence token sum."""
     seq_sum, _, nonempty = _seq_counts(loss_mat, mask)  # (B,) each
     return masked_sum(seq_sum, nonempty), nonempty.sum().to(seq_sum.dtype)
+
+
+@_aggregation("token-sum")
+def token_sum_parts(loss_mat: Tensor, mask: Tensor, max_len: int | None = None) -> tuple[Tensor, Tensor]:
+    """sum of valid token losses, no normaliser (the denominator is the constant 1, whatever the batch)."""
+    num = masked_sum(loss_mat, mask)  # ()
+    return num, torch.ones((), dtype=num.dtype, device=num.device)
 
 
 @_aggregation("seq-mean-token-sum-norm")

@@ -40,6 +40,14 @@ def _over(key: str, limit: str) -> Callable[["HealthMonitor", object], bool]:
     return check
 
 
+def _sampler_gap(monitor: "HealthMonitor", h) -> bool:
+    """The sampler's log-prob gap, over the steps whose batch the current weights sampled: a stale batch's gap
+    (train.async, async/staleness > 0) holds an update's change too, which the correction is there for."""
+    vals = [m["rollout_corr/logp_gap_mean"] for m in monitor.window
+            if math.isfinite(m.get("rollout_corr/logp_gap_mean", math.nan)) and not m.get("async/staleness")]
+    return bool(vals) and sum(vals) / len(vals) > h.rollout_gap_max
+
+
 def _kl(monitor: "HealthMonitor", h) -> bool:
     v = _mean(monitor, "actor/kl_loss")  # KL to the reference in the loss (GRPO), per token
     if v is None:
@@ -97,6 +105,11 @@ RULES.register("length_budget")(Rule(_over("response_length/clip_ratio", "clip_r
 RULES.register("clip_fraction")(Rule(_over("actor/pg_clipfrac", "clipfrac_max"),
                                      "a large share of tokens is clipped (actor/pg_clipfrac): the updates are too "
                                      "large for the trust region; lower optim.lr or algo.epochs"))
+RULES.register("rollout_mismatch")(Rule(_sampler_gap,
+                                        "the sampler's log-probs drift from the trainer's (rollout_corr/logp_gap_mean "
+                                        "above health.rollout_gap_max): keep algo.rollout_correction on (token_mis or "
+                                        "seq_mis drop the worst tokens), sample in float32 (model.autocast=none) or "
+                                        "check the engine's weights and dtype"))
 RULES.register("nonfinite")(Rule(_nonfinite, "a metric is NaN/inf or an update was skipped (health/skipped_steps): "
                                              "lower optim.lr, check rewards and data for extreme values"))
 RULES.register("reward_hacking")(Rule(_hacking, "the training reward rises while held-out accuracy falls "

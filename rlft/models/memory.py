@@ -37,6 +37,8 @@ class MemoryEstimate:
     optimizer: int
     reference: int
     critic: int
+    teachers: int
+    sampler_copy: int
     activations: int
     logprob_head: int
     vocab_gradients: int
@@ -45,7 +47,8 @@ class MemoryEstimate:
 
     @property
     def persistent(self) -> int:
-        return self.weights + self.gradients + self.optimizer + self.reference + self.critic
+        return (self.weights + self.gradients + self.optimizer + self.reference + self.critic + self.teachers
+                + self.sampler_copy)
 
     @property
     def rollout(self) -> int:
@@ -62,7 +65,9 @@ class MemoryEstimate:
     def line(self, available: int | None) -> str:
         """The start-up line: ``rlft: memory estimate: peak ~X (weights A, ...); this machine has F available``."""
         g = size
-        extra = "".join(f", {name} {g(v)}" for name, v in (("reference", self.reference), ("critic", self.critic))
+        extra = "".join(f", {name} {g(v)}" for name, v in (("reference", self.reference), ("critic", self.critic),
+                                                            ("teachers", self.teachers),
+                                                            ("sampler copy", self.sampler_copy))
                         if v)
         have = f"; this machine has {g(available)} available" if available is not None else ""
         return (f"rlft: memory estimate: peak ~{g(self.peak)} (weights {g(self.weights)}, gradients "
@@ -105,7 +110,7 @@ def shape(model_config) -> dict[str, int]:
 def estimate(model_config, *, trainable_params: int, total_params: int, dtype_bytes: int, rows: int,
              prompt_tokens: int, response_tokens: int, micro_batch_rows: int, logprob_chunk: int, lora: bool,
              reference: bool, critic: bool, gradient_checkpointing: bool = False,
-             trained_vocab_matrices: int = 0) -> MemoryEstimate:
+             trained_vocab_matrices: int = 0, teacher_params: int = 0, sampler_copy: bool = False) -> MemoryEstimate:
     """The memory of an RL run of a decoder of ``model_config``'s shape, term by term (bytes).
 
     - weights: ``total_params x dtype_bytes`` (the policy, LoRA adapters included).
@@ -115,6 +120,9 @@ def estimate(model_config, *, trainable_params: int, total_params: int, dtype_by
       model.autocast the parameters themselves are float32).
     - reference: a full frozen copy, ``total_params x dtype_bytes``, when a KL term needs one (``reference``) and
       not under LoRA, whose reference is the base with its adapters off (rlft.trainers.rl_setup.build_rl_state).
+    - teachers: the distill stage's frozen teachers, ``teacher_params x dtype_bytes`` (in the policy's dtype).
+    - sampler_copy: one-step-off rollouts (``train.async``) sample from a copy of the trained weights,
+      ``trainable_params x dtype_bytes`` (the frozen ones are shared).
     - critic: a copy of the policy trained whole (weights, gradients, two moments): ``4 x total_params x dtype_bytes``.
     - activations: one micro-batch's forward+backward, ``micro_batch_rows x (prompt_tokens + response_tokens)``
       tokens, each saving ``layer_activation_elements`` x dtype_bytes in every layer; under gradient checkpointing
@@ -146,6 +154,8 @@ def estimate(model_config, *, trainable_params: int, total_params: int, dtype_by
         optimizer=2 * trainable_params * dtype_bytes,
         reference=total_params * dtype_bytes if reference and not lora else 0,
         critic=4 * total_params * dtype_bytes if critic else 0,
+        teachers=teacher_params * dtype_bytes,
+        sampler_copy=trainable_params * dtype_bytes if sampler_copy else 0,
         activations=micro_rows * tokens * saved * dtype_bytes,
         logprob_head=LOGPROB_HEAD_COPIES * head_tokens * head_vocab * 4,
         vocab_gradients=trained_vocab_matrices * s["vocab"] * s["hidden"] * dtype_bytes,

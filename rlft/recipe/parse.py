@@ -76,7 +76,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         _check(math.isfinite(number), key, f"must be a finite number, got {_shown(value)}")
         return number
     if tp is str:
-        _check(isinstance(value, str), key, f"must be a string, got {value!r}")
+        _check(isinstance(value, str), key, f"must be a string, got {value!r}"
+               + (" (YAML reads yes/no/on/off as true/false: quote it, 'yes')" if isinstance(value, bool) else ""))
         return value
     raise TypeError(f"{key}: unsupported annotation {tp!r}")  # a bug in this file, not user input
 
@@ -117,6 +118,25 @@ def _reward_term(value: Any, key: str) -> RewardTerm:
         raise ConfigError(f"{key}.{e}") from None
 
 
+KEY_ALIASES: dict[str, dict[str, str]] = {"train": {"async": "async_rollout"}}
+"""Keys read under another name, by section: a field cannot be called ``async`` (a Python keyword), so ``train.async``
+is the field ``train.async_rollout``. A recipe's section is read with its aliases renamed (both names in one
+section: an error naming them); an override names either, and the later override wins."""
+
+
+def _unalias(tree: dict) -> None:
+    """Rename the aliased keys of ``tree``'s sections (a recipe) to their fields' names, in place."""
+    for section, aliases in KEY_ALIASES.items():
+        data = tree.get(section)
+        if not isinstance(data, dict):
+            continue
+        for alias, name in aliases.items():
+            if alias in data:
+                _check(name not in data, f"{section}.{alias}",
+                       f"is {section}.{name} under another name; give one of them")
+                data[name] = data.pop(alias)
+
+
 def _build(cls: type, data: Mapping[str, Any], prefix: str, entry: bool = False) -> Any:
     """The dataclass ``cls`` from ``data``; an ``entry`` of a list checks its fields under bare names, which get
     ``prefix`` (``eval.sets[1].``) here."""
@@ -133,6 +153,11 @@ def _build(cls: type, data: Mapping[str, Any], prefix: str, entry: bool = False)
         key = f"{prefix}{f.name}"
         if tp is EnvConfig:
             kwargs[f.name] = _env_section({} if data[f.name] is None else data[f.name])
+        elif tp is RewardTerm:  # one reward entry (label.judge); a mapping without a name keeps the default's
+            value = data[f.name]
+            if isinstance(value, Mapping) and "name" not in value:
+                value = {"name": f.default.name, **value}
+            kwargs[f.name] = _coerce(value, tp, key)
         elif dataclasses.is_dataclass(tp):  # an empty section (`model:` in YAML) is null
             kwargs[f.name] = _build(tp, {} if data[f.name] is None else data[f.name], f"{key}.")
         else:
@@ -230,12 +255,15 @@ def load_config(recipe: str | Path | None = None, overrides: list[str] | tuple[s
             raise ConfigError(f"recipe {path}: invalid YAML: {e}") from None
         if not isinstance(tree, dict):
             raise ConfigError(f"recipe {path}: top level must be a mapping of sections")
+    _unalias(tree)
     if isinstance(tree.get("algo"), str):  # recipe shorthand `algo: dapo`
         tree["algo"] = {"preset": tree["algo"]}
     for text in overrides:
         parts, value = parse_override(text)
         if parts == ["algo"] and isinstance(value, str):  # `algo=dapo` selects a preset, keeping other algo keys
             parts = ["algo", "preset"]
+        if len(parts) == 2 and parts[1] in KEY_ALIASES.get(parts[0], {}):
+            parts = [parts[0], KEY_ALIASES[parts[0]][parts[1]]]
         _set(tree, parts, value, text)
     _preset_from_stages(tree)
     reward = tree.get("reward")

@@ -242,3 +242,36 @@ def reinforce_pp() -> dict[str, Any]:
     return dict(name="reinforce_pp", advantage="reinforce_pp", gamma=1.0, policy_loss="clip",
                 clip_low=0.2, clip_high=0.2, loss_agg="token-mean", kl_in="reward", kl_estimator="k2",
                 kl_coef=0.01)
+
+
+@preset("cispo",
+        pin("policy_loss", "cispo", "clipped IS weight on a REINFORCE objective, MiniMax-M1 eq. 4-5"),
+        pin("loss_agg", "token-mean", "the objective is normalised by the total token count, MiniMax-M1 eq. 4"))
+def cispo() -> dict[str, Any]:
+    """CISPO: MiniMax 2025 (MiniMax-M1, arXiv:2506.13585, §3.1).
+
+    - policy loss ``cispo``: -sg(clip(r, 1 - eps_low, 1 + eps_high)) A log pi per token (eq. 4-5).
+    - eps_low 1.0: the report imposes no lower bound on the weight ("a large value"); 1.0 makes it 0.
+    - eps_high 0.28: the report tunes only eps_high and the sources consulted for rlft did not give its
+      value; 0.28 is Trinity-RFT's CISPO default (and DAPO's clip-higher), not a number from the paper.
+    - advantage ``group_norm`` (the group-relative advantage of M1's eq. 2), ``token-mean`` (1 / sum_i |o_i|,
+      eq. 4), no KL term.
+    """
+    return dict(name="cispo", advantage="group_norm", policy_loss="cispo", clip_low=1.0, clip_high=0.28,
+                loss_agg="token-mean", kl_in="loss", kl_estimator="k3", kl_coef=0.0)
+
+
+@preset("gmpo",
+        pin("policy_loss", "gmpo", "geometric mean of the log-space-clipped token ratios, GMPO §4"),
+        pin("loss_agg", "seq-mean-token-mean", "the objective averages sequences, 1/G sum_i, GMPO §4"))
+def gmpo() -> dict[str, Any]:
+    """GMPO: Zhao et al. 2025 (Geometric-Mean Policy Optimization, arXiv:2507.20673).
+
+    - policy loss ``gmpo``: -A_i (prod_t clipped r_t)^(1/|o_i|), the geometric mean of the token ratios.
+    - clip range (e^-0.4, e^0.4) in log space: clip_low = clip_high = 0.4 (§4; TRL's GMPOConfig epsilon 0.4).
+    - advantage ``group_norm`` (GRPO's), ``seq-mean-token-mean`` (1/G over sequences), no KL term
+      (TRL's example: beta 0.0).
+    """
+    return dict(name="gmpo", advantage="group_norm", policy_loss="gmpo", clip_low=0.4, clip_high=0.4,
+                loss_agg="seq-mean-token-mean", kl_in="loss", kl_estimator="k3", kl_coef=0.0)
+

@@ -31,7 +31,10 @@ def validate(cfg: Config) -> Config:
         value = getattr(cfg.algo, key)
         _check(value in reg, f"algo.{key}", f"unknown {value!r}; allowed: {', '.join(reg.names())}")
     _check_task(cfg.data.source, "data.source")
-    _check_task(cfg.sft.source, "sft.source")
+    _check_task(cfg.sft.source.removeprefix("judge:"), "sft.source")
+    _check(not cfg.sft.source.startswith("judge:") or cfg.sft.source.startswith("judge:synthetic:"), "sft.source",
+           f"judge:<source> builds a judge's demonstrations from a synthetic task: judge:synthetic:<task>, "
+           f"got {cfg.sft.source!r}")
     _check_rewards(cfg)
     _check_eval(cfg)
     _check(cfg.prm.labels in REWARDS and is_step_level(REWARDS.factory(cfg.prm.labels)), "prm.labels",
@@ -85,13 +88,16 @@ def _check_step_rewards(cfg: Config) -> None:
 
 
 def _check_stages(cfg: Config) -> None:
-    """Stage names, at most one RL stage, and each ``@rm``/``@prm`` scorer trained by a stage before the RL one."""
+    """Stage names, at most one RL stage, teachers for a distill stage, and each ``@rm``/``@prm`` scorer trained by a
+    stage before the RL one."""
     for i, name in enumerate(cfg.stages):
         _check(name in STAGES or name in PRESETS, f"stages[{i}]",
                f"unknown stage {name!r}; allowed: {', '.join(STAGES.names())} or a preset "
                f"({', '.join(PRESETS.names())})")
     rl = [i for i, name in enumerate(cfg.stages) if name == "rl" or name in PRESETS]
     _check(len(rl) <= 1, "stages", f"has {len(rl)} RL stages; a pipeline holds at most one")
+    _check("distill" not in cfg.stages or bool(cfg.distill.teachers), "distill.teachers",
+           "the distill stage needs at least one teacher model directory (causal LMs with the student's tokenizer)")
     before_rl = cfg.stages[: rl[0]] if rl else ()
     for placeholder, stage, reward in ((PIPELINE_RM, "an rm", "a reward_model"),
                                        (PIPELINE_PRM, "a prm", "a process_reward_model")):

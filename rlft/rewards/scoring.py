@@ -2,7 +2,9 @@
 
 A reward function that raises, runs past ``timeout_s`` or returns something
 other than ``None`` or a finite real number costs only that sample (for a
-group-level or batched reward, the samples of that call): its value
+group-level or batched reward, the samples of that call; but a batched reward's
+values each depend on their own sample only, so one bad value in a well-formed
+list costs that sample alone): its value
 is ``None`` (unscorable, excluded downstream -- never a silent 0), the failure
 is counted in ``ScoreResult.errors`` and logged once per function per batch on
 the ``rlft.rewards`` logger.
@@ -66,7 +68,9 @@ def score_batch(
     ``rlft.rewards.REWARDS``, with default parameters) or ``(label, fn)`` pairs
     of built rewards; results are keyed by name or label. Group-level rewards
     are called once per contiguous group of ``group_size`` samples, batched ones
-    once on the whole batch; a failure costs the samples of that call. A reward
+    once on the whole batch; a failure costs the samples of that call, except that a batched reward whose call
+    raised is called again on each sample alone, so that one bad sample costs only itself (a call that timed out
+    costs its samples). A reward
     with a ``deadline_s`` attribute gets that instead of ``timeout_s``. A
     component with weight 0 is reported in ``per_fn`` but cannot make ``total``
     None. A per-sample reward marked ``runs_in_pool`` is scored in the active
@@ -86,7 +90,8 @@ def score_batch(
             per_fn[name] = [_mean_step(x) for x in steps[name]]
         elif is_group_level(fn) or is_batched(fn):
             size = group_size if is_group_level(fn) else max(1, len(completions))
-            per_fn[name], errors[name] = _score_lists(name, fn, completions, samples, size, limit)
+            per_fn[name], errors[name] = _score_lists(name, fn, completions, samples, size, limit,
+                                                      per_value=is_batched(fn) and not is_group_level(fn))
         elif pool is not None and getattr(fn, "runs_in_pool", False):  # slow checkers: worker processes
             result = pool.score(fn, completions, samples, name=name)
             per_fn[name], errors[name] = result.values, result.errors
@@ -178,8 +183,10 @@ def _mean_step(steps: list[tuple[int, float | None]]) -> float | None:
     return sum(ok) / len(ok) if ok else None
 
 
-def _score_lists(name, fn, completions, samples, size, timeout_s) -> tuple[list[float | None], int]:
-    """A list-valued reward on consecutive chunks of ``size`` samples; a failing chunk costs its samples."""
+def _score_lists(name, fn, completions, samples, size, timeout_s,
+                 per_value: bool = False) -> tuple[list[float | None], int]:
+    """A list-valued reward on consecutive chunks of ``size`` samples; a failing chunk costs its samples.
+    ``per_value`` (a batched reward): a bad value in a well-formed list costs its own sample only."""
     values, n_errors, first_error = [], 0, None
     for start in range(0, len(completions), size):
         chunk = slice(start, start + size)
@@ -187,14 +194,50 @@ def _score_lists(name, fn, completions, samples, size, timeout_s) -> tuple[list[
             out = call_with_timeout(fn, (list(completions[chunk]), list(samples[chunk])), timeout_s)
             if not isinstance(out, Sequence) or isinstance(out, str) or len(out) != len(completions[chunk]):
                 raise TypeError(f"returned {type(out).__name__}, expected a list of {size} values")
-            chunk_values = [checked_value(v) for v in out]
-        except (Exception, RewardTimeout) as e:
-            chunk_values = [None] * len(completions[chunk])
-            n_errors += len(chunk_values)
-            first_error = first_error or f"samples {start}-{start + len(chunk_values) - 1}: {type(e).__name__}: {e}"
-        values.extend(chunk_values)
+            out = list(out) if per_value else [checked_value(v) for v in out]
+        except RewardTimeout as e:  # a hung call: retrying its samples one by one could hang as many times
+            out = [None] * len(completions[chunk])
+            n_errors += len(out)
+            first_error = first_error or f"samples {start}-{start + len(out) - 1}: {type(e).__name__}: {e}"
+        except Exception as e:
+            if per_value and size > 1:  # a batched reward that threw: each sample alone, so a bad one costs itself
+                out, bad, first = _one_by_one(fn, completions[chunk], samples[chunk], start, timeout_s)
+                n_errors += bad
+                first_error = first_error or first or f"samples {start}-{start + len(out) - 1}: " \
+                                                      f"{type(e).__name__}: {e} (each alone: scored)"
+                values.extend(out)
+                continue
+            out = [None] * len(completions[chunk])
+            n_errors += len(out)
+            first_error = first_error or f"samples {start}-{start + len(out) - 1}: {type(e).__name__}: {e}"
+        else:
+            for i, v in enumerate(out if per_value else ()):
+                try:
+                    out[i] = checked_value(v)
+                except (TypeError, ValueError) as e:
+                    out[i] = None
+                    n_errors += 1
+                    first_error = first_error or f"sample {start + i}: {type(e).__name__}: {e}"
+        values.extend(out)
     _warn(name, n_errors, len(values), first_error)
     return values, n_errors
+
+
+def _one_by_one(fn, completions, samples, start: int, timeout_s: float) -> tuple[list[float | None], int, str | None]:
+    """A batched reward called on one sample at a time (after the whole call threw): (values, errors, first
+    error)."""
+    out, bad, first = [], 0, None
+    for i, (c, s) in enumerate(zip(completions, samples)):
+        try:
+            got = call_with_timeout(fn, ([c], [s]), timeout_s)
+            if not isinstance(got, Sequence) or isinstance(got, str) or len(got) != 1:
+                raise TypeError(f"returned {type(got).__name__}, expected a list of 1 value")
+            out.append(checked_value(got[0]))
+        except (Exception, RewardTimeout) as e:
+            out.append(None)
+            bad += 1
+            first = first or f"sample {start + i}: {type(e).__name__}: {e}"
+    return out, bad, first
 
 
 def _warn(name: str, n_errors: int, n: int, first_error: str | None) -> None:
@@ -210,10 +253,32 @@ def _alarm_available() -> bool:
     )
 
 
+def _call_in_thread(fn: Callable, args: tuple, timeout_s: float):
+    """``fn(*args)`` in a daemon thread, waited for ``timeout_s`` at most (RewardTimeout after that)."""
+    result: dict = {}
+
+    def run() -> None:
+        try:
+            result["value"] = fn(*args)
+        except BaseException as e:  # handed to the caller below
+            result["error"] = e
+
+    worker = threading.Thread(target=run, name="rlft-reward-call", daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    if worker.is_alive():
+        raise RewardTimeout(f"timed out after {timeout_s}s (left running in its thread)")
+    if "error" in result:
+        raise result["error"]
+    return result["value"]
+
+
 def call_with_timeout(fn: Callable, args: tuple, timeout_s: float):
-    """``fn(*args)``, interrupted after ``timeout_s`` where SIGALRM is usable."""
+    """``fn(*args)``, interrupted after ``timeout_s`` where SIGALRM is usable; elsewhere (a thread other than the
+    main one, as train.async's rollout thread) run in a daemon thread of its own and given up after ``timeout_s``:
+    RewardTimeout is raised and the call is left to finish on its own (a thread cannot be stopped)."""
     if not _alarm_available():
-        return fn(*args)
+        return _call_in_thread(fn, args, timeout_s)
     state = {"armed": True, "fired": False}
 
     def on_alarm(signum, frame):
@@ -224,7 +289,7 @@ def call_with_timeout(fn: Callable, args: tuple, timeout_s: float):
     try:
         previous_handler = signal.signal(signal.SIGALRM, on_alarm)
     except ValueError:  # not the main interpreter
-        return fn(*args)
+        return _call_in_thread(fn, args, timeout_s)
     previous_delay, previous_interval = signal.setitimer(signal.ITIMER_REAL, timeout_s)
     start = time.monotonic()
     try:

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 
-ROW_TABLES = ("role_scores",)  # 2-D fields with one row per sequence and no token columns
+ROW_TABLES = ("role_scores", "reward_parts")  # 2-D fields with one row per sequence and no token columns
 
 
 @dataclass
@@ -31,8 +31,9 @@ class Batch:
     scores: Tensor | None = None  # (B,) combined reward, NaN where unscorable
     adv: Tensor | None = None  # (B, T) per-token advantages
     old_logp: Tensor | None = None  # (B, T) behaviour-policy log-probs (only when several passes)
-    rollout_logp: Tensor | None = None  # (B, T) log-probs the sampler computed while sampling (rlft sampler), else None
+    rollout_logp: Tensor | None = None  # (B, T) log-probs the sampler computed while sampling (every backend), else None
     ref_logp: Tensor | None = None  # (B, T) reference-model log-probs (only when a KL term needs them)
+    teacher_logp: Tensor | None = None  # (B, T) the distill stage's teachers' log-prob (their weighted mean)
     values: Tensor | None = None  # (B, T) critic values at rollout time (only with a critic)
     ret: Tensor | None = None  # (B, T) critic targets (only with a critic)
     loss_mask: Tensor | None = None  # (B, T) tokens that carry a loss (response_mask minus filtered samples)
@@ -43,6 +44,9 @@ class Batch:
     episodes: list[dict] = field(default_factory=list)  # multi-turn: one record per row (Trajectory.record), else []
     roles: Tensor | None = None  # (B, T) multi-agent: index of the role that wrote each response token, -1 elsewhere
     role_scores: Tensor | None = None  # (B, R) multi-agent: each role's reward, NaN where unscorable
+    reward_parts: Tensor | None = None  # (B, K) each reward component unweighted (reward.fns order, then the
+    # overlong penalty when on), NaN where unscorable: what GDPO normalises one by one
+    staleness: int = 0  # policy updates between the weights that sampled the batch and those it trains (async)
 
     def __len__(self) -> int:
         return self.prompt_ids.shape[0]

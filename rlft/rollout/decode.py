@@ -25,8 +25,11 @@ falls back to ``model.generate`` when it does not.
 from __future__ import annotations
 
 import inspect
+import threading
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Iterator
 
 import torch
 from torch import Tensor
@@ -42,6 +45,22 @@ COMPACT_SHARE = 0.25
 # Prompts at least this long (padded width) are kept once per prompt in the lean decode step (``SharedPrefix``)
 # instead of repeated to their G rows.
 SHARED_PROMPT_TOKENS = 64
+
+
+_STREAM = threading.local()  # .generator: the torch.Generator this thread's draws take (None: torch's global one)
+
+
+@contextmanager
+def random_stream(generator: torch.Generator) -> Iterator[None]:
+    """While active, ``draw`` in this thread takes its random numbers from ``generator`` instead of torch's global
+    generator, which other threads share: a rollout in a background thread (``rlft.trainers.async_rollout``) draws
+    the same tokens whatever the main thread does meanwhile. Other threads are not affected."""
+    previous = getattr(_STREAM, "generator", None)
+    _STREAM.generator = generator
+    try:
+        yield
+    finally:
+        _STREAM.generator = previous
 
 
 @dataclass
@@ -151,7 +170,8 @@ def draw(probs: Tensor) -> Tensor:
     the distribution of ``torch.multinomial(probs, 1)``, at about an eighth of its cost on a CPU)."""
     cdf = probs.cumsum(-1)
     total = cdf[:, -1:].contiguous()
-    u = torch.rand(total.shape, device=probs.device, dtype=cdf.dtype) * total
+    generator = getattr(_STREAM, "generator", None)  # this thread's own stream (random_stream), else the global one
+    u = torch.rand(total.shape, device=probs.device, dtype=cdf.dtype, generator=generator) * total
     # u < total, but a product rounded up to the total would give V: the last token with probability > 0 instead
     return torch.minimum(torch.searchsorted(cdf, u, right=True), torch.searchsorted(cdf, total)).squeeze(1)
 

@@ -3,7 +3,8 @@
 The default sampler is ``rlft.rollout.decode`` (each prompt prefilled once per group,
 finished rows dropped); ``rollout.sampler=generate`` uses transformers'
 ``model.generate``, as does a model the rlft sampler cannot drive. Both sample the
-same distribution.
+same distribution, and both record each chosen token's log-prob under softmax(logits / temperature)
+(``Batch.rollout_logp``), as the vLLM backend does from the engine's own log-probs.
 """
 
 from __future__ import annotations
@@ -20,6 +21,18 @@ from rlft.rollout.session import ContinuingSampler
 # greedy) -> Sampled: the rollout backends; a backend with settings of its own (RolloutConfig.sampler_options) also
 # takes them as ``options``
 SAMPLERS: Registry = Registry("rollout.sampler")
+# the backends that sample from the trainer's own model in this process: on a float32 policy without autocast their
+# log-probs are the trainer's (to rounding); every other backend (vllm, any future one) keeps weights or kernels of
+# its own and is corrected by default (algo.rollout_correction=auto)
+OWN_MODEL_SAMPLERS = ("rlft", "generate")
+
+
+def samples_exactly(cfg) -> bool:
+    """The run's sampler computes the trainer's own log-probs: a backend in ``OWN_MODEL_SAMPLERS`` on a float32
+    policy without autocast (``model.dtype``, ``model.autocast``). What ``algo.rollout_correction=auto`` resolves by,
+    and whether the sampler's log-probs may stand in for the trainer's old ones."""
+    return (cfg.rollout.sampler in OWN_MODEL_SAMPLERS and cfg.model.dtype == "float32"
+            and cfg.model.autocast == "none")
 
 
 def sampling_args(rollout, *, temperature: float | None = None) -> dict:
@@ -113,12 +126,22 @@ def _hf_generate(model, prompts: list[list[int]], *, group_size: int, max_new_to
     gen_cfg = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=not greedy, pad_token_id=pad_id,
                                eos_token_id=stops, use_cache=True, **neutral, **sampling)
     out = model.generate(input_ids=prompt_ids.to(device), attention_mask=prompt_mask.to(device),
-                         generation_config=gen_cfg)
-    response_ids = out[:, prompt_ids.shape[1]:].cpu()  # (B, T)
+                         generation_config=gen_cfg, return_dict_in_generate=True, output_logits=True)
+    response_ids = out.sequences[:, prompt_ids.shape[1]:].cpu()  # (B, T)
     is_eos = torch.isin(response_ids, torch.tensor(stops))
     after_eos = (is_eos.long().cumsum(1) - is_eos.long()) > 0  # strictly after the first eos
+    logp = chosen_logprobs(out.logits, response_ids, temperature).masked_fill(after_eos, 0.0)  # (B, T)
     return Sampled(prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=response_ids.masked_fill(after_eos, pad_id),
-                   response_mask=(~after_eos).long(), truncated=~is_eos.any(1))
+                   response_mask=(~after_eos).long(), truncated=~is_eos.any(1), logprobs=logp)
+
+
+def chosen_logprobs(logits: tuple, ids: torch.Tensor, temperature: float) -> torch.Tensor:
+    """(B, T) log-prob of each chosen token under softmax(logits / temperature), in float32, from ``generate``'s raw
+    per-step logits (``output_logits``; T tensors (B, V)): the quantity rlft's sampler records and the trainer
+    computes, before top-k / top-p (which the trainer's log-probs do not renormalise either)."""
+    steps = [torch.log_softmax(step.float().cpu() / temperature, dim=-1).gather(1, ids[:, t:t + 1])
+             for t, step in enumerate(logits[:ids.shape[1]])]
+    return torch.cat(steps, dim=1) if steps else torch.zeros(ids.shape)
 
 
 @SAMPLERS.register("vllm")

@@ -20,8 +20,12 @@ weights in vLLM's layout and samples from it. Written against vLLM's offline API
   ``ignore_eos`` so that exactly rlft's stop tokens end a response), each
   request seeded from torch's generator, so rlft's seed and checkpoints fix it.
 
-The old log-probs are not taken from vLLM: its kernels round differently from the
-trainer's, so the trainer recomputes them (``Sampled.logprobs`` is None).
+The engine's log-probs of the sampled tokens come back as ``Sampled.logprobs`` (the batch's ``rollout_logp``):
+the engine is built with ``logprobs_mode="processed_logprobs"``, so they are taken after the temperature (and,
+when rollout.top_k or rollout.top_p is set, of the truncated distribution vLLM samples, which the trainer's are
+not). They are not the old log-probs: vLLM's kernels round differently from the trainer's, so the trainer recomputes
+those, and the gap between the two is what ``algo.rollout_correction`` corrects (``rlft.core.rollout_corr``). A
+token the engine returned no log-prob for (a stop token it left out of ``token_ids``) gets NaN: ratio 1.
 
 Several processes (``accelerate launch`` with ``recipes/accelerate/ddp.yaml``, torchrun): each process holds the
 whole policy and samples its own share of the groups, so each starts an engine of its own on its own GPU, with
@@ -35,6 +39,7 @@ weights to push. This path follows vLLM's documented torchrun usage and has not 
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import weakref
@@ -142,7 +147,8 @@ def _engine(model, options: dict) -> _Engine:
     dtype = key.get_input_embeddings().weight.dtype
     kwargs = {"model": _model_dir(model), "dtype": str(dtype).removeprefix("torch."), "skip_tokenizer_init": True,
               "gpu_memory_utilization": options.get("gpu_memory_utilization", 0.3),
-              "enforce_eager": options.get("enforce_eager", False), "enable_prefix_caching": True, "seed": 0}
+              "enforce_eager": options.get("enforce_eager", False), "enable_prefix_caching": True, "seed": 0,
+              "logprobs_mode": "processed_logprobs"}
     if options.get("max_model_len"):
         kwargs["max_model_len"] = options["max_model_len"]
     _ENGINES[key] = engine = _Engine(LLM(**{**kwargs, **launch}))
@@ -167,7 +173,7 @@ def sampling_params(*, group_size: int, max_new_tokens: int, stops: list[int], t
 
     return SamplingParams(n=group_size, temperature=0.0 if greedy else temperature, top_p=1.0 if greedy else top_p,
                           top_k=-1 if greedy or top_k == 0 else top_k, max_tokens=max_new_tokens,
-                          stop_token_ids=list(stops), ignore_eos=True, seed=seed, detokenize=False)
+                          stop_token_ids=list(stops), ignore_eos=True, seed=seed, detokenize=False, logprobs=0)
 
 
 def to_sampled(outputs, prompts: list[list[int]], *, group_size: int, max_new_tokens: int, stops: list[int],
@@ -179,13 +185,17 @@ def to_sampled(outputs, prompts: list[list[int]], *, group_size: int, max_new_to
         raise RuntimeError(f"vLLM returned {len(outputs)} outputs for {len(prompts)} prompts")
     stop_set = set(stops)
     responses: list[list[int]] = []
+    logps: list[list[float]] = []
     ended: list[bool] = []
+    scored = False  # the engine returned log-probs (none at all: the batch has no rollout_logp)
     for out in outputs:
         completions = sorted(out.outputs, key=lambda c: c.index)
         if len(completions) != group_size:
             raise RuntimeError(f"vLLM returned {len(completions)} completions for a prompt, expected {group_size}")
         for c in completions:
             ids = list(c.token_ids)[:max_new_tokens]
+            lps = _chosen(getattr(c, "logprobs", None), ids)
+            scored = scored or bool(lps)
             stop = getattr(c, "stop_reason", None)
             if (c.finish_reason == "stop" and isinstance(stop, int) and stop in stop_set
                     and (not ids or ids[-1] != stop) and len(ids) < max_new_tokens):
@@ -194,16 +204,28 @@ def to_sampled(outputs, prompts: list[list[int]], *, group_size: int, max_new_to
             if cut is not None:
                 ids = ids[:cut + 1]
             responses.append(ids)
+            logps.append(lps[:len(ids)] + [math.nan] * (len(ids) - len(lps)))
             ended.append(cut is not None)
     width = max((len(r) for r in responses), default=0)
     response_ids = torch.full((len(responses), width), pad_id, dtype=torch.long)
     response_mask = torch.zeros((len(responses), width), dtype=torch.long)
+    logprobs = torch.zeros((len(responses), width))
     for i, r in enumerate(responses):
         response_ids[i, :len(r)] = torch.tensor(r, dtype=torch.long)
         response_mask[i, :len(r)] = 1
+        logprobs[i, :len(r)] = torch.tensor(logps[i], dtype=torch.float32)
     prompt_ids, prompt_mask = left_pad([p for p in prompts for _ in range(group_size)], pad_id)
     return Sampled(prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=response_ids,
-                   response_mask=response_mask, truncated=~torch.tensor(ended, dtype=torch.bool))
+                   response_mask=response_mask, truncated=~torch.tensor(ended, dtype=torch.bool),
+                   logprobs=logprobs if scored else None)
+
+
+def _chosen(logprobs, ids: list[int]) -> list[float]:
+    """The engine's log-prob of each token of ``ids`` from a completion's ``logprobs`` (one mapping token id ->
+    Logprob per generated token, the sampled token always among them); [] when the engine returned none."""
+    if not logprobs:
+        return []
+    return [float(step[t].logprob) for step, t in zip(logprobs, ids)]
 
 
 @torch.no_grad()

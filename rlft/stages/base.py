@@ -5,12 +5,13 @@ it continues from its own checkpoints), so the pipeline has no special case for 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rlft.config import Config
+from rlft.config import PIPELINE_LABELS, Config, ConfigError
 from rlft.data.preferences import Ranking
 from rlft.data.rankings import load_rankings
 from rlft.data.schema import Example
@@ -45,7 +46,8 @@ class StageInput:
     model_dir: Path  # the policy the stage starts from
     out_dir: Path  # where it writes: the run directory itself for a one-stage run, else <run>/<i>-<stage>/
     start: dict | None = None  # the held-out task metrics of model_dir, when an earlier stage measured them
-    scorers: Mapping[str, Path] = field(default_factory=dict)  # "rm" / "prm" -> the model an earlier stage trained
+    scorers: Mapping[str, Path] = field(default_factory=dict)  # "rm" / "prm" -> the model an earlier stage trained;
+    # "label" -> the preferences directory an earlier label stage wrote
     resume: bool = False  # continue from the last checkpoint in out_dir (stages registered with resumes=True)
     warm_up: bool = False  # RL: the SFT warm-up (sft.steps) first, in this stage's directory
     echo: Callable[..., None] = print
@@ -73,7 +75,8 @@ class Stage:
     """A registered stage and what the pipeline must know about it."""
 
     fn: Callable[[StageInput], StageResult]
-    scorer: bool = False  # trains a scorer (rm, prm): the next stage continues from the policy before it
+    scorer: bool = False  # leaves no policy (rm, prm: a scorer; label: preferences): the next stage continues
+    # from the policy before it, and the later ones find its result in StageInput.scorers under the stage's name
     every_process: bool = False  # runs in every process of a launch (data-parallel); the others in the main one
     resumes: bool = False  # continues from its checkpoints; the others start afresh when a run is resumed
 
@@ -93,6 +96,18 @@ def stage(name: str, *, scorer: bool = False, every_process: bool = False,
         return fn
 
     return deco
+
+
+def with_labels(cfg: Config, labels_dir: Path | None, name: str) -> Config:
+    """``cfg`` with ``<name>.source`` '@label' replaced by ``labels_dir``, the preferences a label stage wrote
+    earlier in the pipeline."""
+    section = getattr(cfg, name)
+    if section.source != PIPELINE_LABELS:
+        return cfg
+    if labels_dir is None:
+        raise ConfigError(f"{name}.source: {PIPELINE_LABELS!r} reads the preferences of a pipeline's label stage, and "
+                          f"no label stage runs before {name}: use stages: [..., label, {name}] or give a directory")
+    return dataclasses.replace(cfg, **{name: dataclasses.replace(section, source=str(labels_dir))})
 
 
 def task_metrics(policy, tokenizer, inp: StageInput) -> dict:

@@ -1,7 +1,7 @@
 """The DPO stage (``rlft dpo``): DPO or IPO on preference pairs against the starting model as frozen reference.
 
-Data as for the ``rm`` stage (``dpo.source``, or pairs made from the task's
-numeric answers). The starting model's log-probs of every pair are computed
+Data as for the ``rm`` stage (``dpo.source``, ``@label`` for the pipeline's label stage's
+AI-labelled pairs, or pairs made from the task's numeric answers). The starting model's log-probs of every pair are computed
 once and cached; it is then trained in place. Writes to ``out_dir``::
 
     policy/              the trained policy + tokenizer
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from rlft.models.lora import save_policy
 from rlft.trainers.policy import training_policy
-from rlft.stages.base import StageInput, StageResult, stage, step_log, task_metrics
+from rlft.stages.base import StageInput, StageResult, stage, step_log, task_metrics, with_labels
 from rlft.runs.start import write_json
 from rlft.runs.checkpoint import save_whole
 from rlft.trainers.dpo import encode_pairs, evaluate_dpo, reference_logps, train_dpo
@@ -27,7 +27,8 @@ from rlft.trainers.dpo import encode_pairs, evaluate_dpo, reference_logps, train
 @stage("dpo")
 def dpo_stage(inp: StageInput) -> StageResult:
     """Train the policy at ``model_dir`` with DPO/IPO; the result's model is the trained policy."""
-    cfg, out_dir, echo, start = inp.cfg, Path(inp.out_dir), inp.echo, inp.start
+    cfg, out_dir, echo, start = with_labels(inp.cfg, inp.scorers.get("label"), "dpo"), Path(inp.out_dir), inp.echo, \
+        inp.start
     d = cfg.dpo
     policy, tok = training_policy(cfg, str(inp.model_dir), None, out_dir)
     train, held_out = inp.problems.rankings_of(cfg, "dpo")

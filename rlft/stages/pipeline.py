@@ -4,7 +4,9 @@
 - ``stages: [sft, rm, ppo]`` runs each in turn, each in ``<i>-<stage>/``, each starting from the previous stage's
   policy (the rm and prm stages train scorers, not policies: the next stage continues from the policy before them,
   and a ``reward_model`` / ``process_reward_model`` reward with path ``@rm`` / ``@prm`` scores with them);
-- ``rlft sft`` (``rm``, ``prm``, ``dpo``, ``rft``) is that one stage, flat in the run directory.
+- ``stages: [sft, label, dpo]`` (or ``[sft, label, rm, ppo]``): the label stage writes preferences judged by a model,
+  which ``dpo.source`` / ``rm.source`` ``@label`` read (RLAIF);
+- ``rlft sft`` (``rm``, ``prm``, ``dpo``, ``rft``, ``label``) is that one stage, flat in the run directory.
 
 The start happens once, whatever the plan: the user's input is checked and the task read before anything is
 written (``preflight``), the run directory and its one ``config.yaml`` made, the base model built; after the last
@@ -32,7 +34,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlft.config import Config, ConfigError
+from rlft.config import PIPELINE_LABELS, Config, ConfigError
 from rlft.data.rankings import load_rankings
 from rlft.data.task import load_task
 from rlft.errors import WriteFailed, writing
@@ -45,7 +47,8 @@ from rlft.parallel.dist import Dist
 from rlft.runs import checkpoint
 from rlft.runs.start import (base_model_dir, prepare_run_dir, process_settings, removed_if_start_fails,
                              seed_everything, stops_on_write_failure)
-from rlft.stages.base import STAGES, StageInput, Task
+from rlft.stages.base import STAGES, StageInput, Task, with_labels
+from rlft.stages.label import judge_of
 from rlft.runs.start import write_json
 from rlft.stages.rl import rl_summary
 from rlft.trainers.sft import sft_examples
@@ -143,17 +146,27 @@ def _check_resume(cfg: Config, steps: list[Planned], flat: bool) -> None:
 
 
 def preflight(cfg: Config, kinds: list[str]) -> Task:
-    """What can fail on the user's input, checked before anything is written: the model and critic paths, the
+    """What can fail on the user's input, checked before anything is written: the model, critic and teacher paths, the
     task's data, the extra held-out sets of eval.sets and the data of the stages ``kinds`` that will run
     (sft.source for an sft stage or an SFT warm-up, rm.source, dpo.source), each read whole: a missing file or a
-    malformed row fails here, naming file, row and field. Returns the task, read once for every stage."""
+    malformed row fails here, naming file, row and field; a label stage's judge (built: its directory and parameters
+    checked) and an '@label' source without a label stage before it. Returns the task, read once for every stage."""
     if cfg.model.path:
         check_model_path(cfg.model.path, "model.path")
     if cfg.critic.path:
         check_model_path(cfg.critic.path, "critic.path")
+    if "distill" in kinds and not cfg.distill.teachers:
+        raise ConfigError("distill.teachers: the distill stage needs at least one teacher model directory")
+    for k, path in enumerate(cfg.distill.teachers if "distill" in kinds else ()):
+        check_model_path(path, f"distill.teachers[{k}]")
     sft = sft_examples(cfg, []) if cfg.sft.source and ("sft" in kinds or cfg.sft.steps) else None
+    for name in ("rm", "dpo"):  # '@label': the preferences an earlier label stage writes
+        if name in kinds and getattr(cfg, name).source == PIPELINE_LABELS:
+            with_labels(cfg, Path() if "label" in kinds[:kinds.index(name)] else None, name)
+    if "label" in kinds:
+        judge_of(cfg)
     rankings = {name: load_rankings(cfg, getattr(cfg, name), name) for name in ("rm", "dpo")
-                if name in kinds and getattr(cfg, name).source}
+                if name in kinds and getattr(cfg, name).source not in ("", PIPELINE_LABELS)}
     return Task(*load_task(cfg), load_sets(cfg), sft=sft, rankings=rankings)
 
 
@@ -223,7 +236,8 @@ def summary_table(entries: list[dict], seconds: float, run_dir: Path) -> str:
     lines = ["", "rlft pipeline summary", "-" * 72, f"{'stage':<16}{'metric':<22}{'value':>10}"]
     for i, e in enumerate(entries):
         m = e["metrics"]
-        key = next((k for k in ("exact_match", "rm/accuracy", "prm/accuracy") if k in m), None)
+        key = next((k for k in ("exact_match", "rm/accuracy", "prm/accuracy", "label/rule_agreement",
+                                 "label/train/pairs") if k in m), None)
         label, value = f"{i}-{e['stage']}", f"{m[key]:.3f}" if key else "-"
         lines.append(f"{label:<16}{key or '':<22}{value:>10}")
         for name, part in m.get("sets", {}).items():  # the extra held-out sets (eval.sets)

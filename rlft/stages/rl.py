@@ -42,6 +42,7 @@ from rlft.runs.checkpoint import save_model
 from rlft.runs.start import removed_if_start_fails, seed_everything, stops_on_write_failure, write_json
 from rlft.runs.tracking import MetricsLog
 from rlft.stages.base import StageInput, StageResult, Task, stage
+from rlft.trainers.distill import load_teachers
 from rlft.trainers.policy import attach_roles, training_policy
 from rlft.trainers.rl_loop import progress_bar, run_rl
 from rlft.trainers.rm_refresh import own_reward_model
@@ -67,6 +68,12 @@ def with_reward_model(cfg: Config, rm_dir: Path | None, prm_dir: Path | None = N
 def rl_stage(inp: StageInput) -> StageResult:
     """RL from ``inp.model_dir`` in ``inp.out_dir``; the result's model is the final policy. With ``inp.start`` (the
     held-out metrics of the model) the evaluation before RL is not repeated."""
+    return run_rl_stage(inp)
+
+
+def run_rl_stage(inp: StageInput, distill: bool = False) -> StageResult:
+    """The rl stage; with ``distill``, the distill stage: the same loop with ``distill.teachers`` scoring every
+    batch (``rlft.stages.distill``)."""
     out_dir, echo, dist = Path(inp.out_dir), inp.echo, current()
     ckpt = checkpoint.latest(out_dir) if inp.resume else None
     cfg = with_reward_model(inp.cfg, inp.scorers.get("rm"), inp.scorers.get("prm"))
@@ -75,11 +82,15 @@ def rl_stage(inp: StageInput) -> StageResult:
         with dist.main_first():  # rm.refresh_every: the run scores with (and refreshes) its own copy
             cfg = own_reward_model(cfg, out_dir)
         seed_everything(cfg.train.seed)
+        if distill and cfg.roles.multi_agent:
+            raise ConfigError(f"roles {list(cfg.roles.names)}: the distill stage trains one student; run it without "
+                              "roles")
         if cfg.roles.multi_agent and dist.active:
             raise ConfigError(f"roles {list(cfg.roles.names)}: several roles train in one process; run without "
                               f"accelerate launch / torchrun ({dist.world} processes)")
         with dist.main_first():  # LoRA on a pipeline's adapters writes their merged base once
             policy, tokenizer = training_policy(cfg, str(inp.model_dir), ckpt, out_dir)
+        teachers = load_teachers(cfg, tokenizer) if distill else []
         n_params = sum(p.numel() for p in policy.parameters())
         n_train = sum(p.numel() for p in policy.parameters() if p.requires_grad)
         trains = f", {n_train / 1e6:.3f}M of them LoRA adapters" if cfg.lora.rank else ""
@@ -87,10 +98,13 @@ def rl_stage(inp: StageInput) -> StageResult:
             trains = f"; roles {', '.join(cfg.roles.names)}: a LoRA adapter each, added after the warm-up"
         echo(f"rlft: run {out_dir}  model {inp.model_dir} ({n_params / 1e6:.2f}M params{trains}) on "
              f"{resolve_device(cfg.model.device)}")
+        for path, teacher in zip(cfg.distill.teachers if distill else (), teachers):
+            echo(f"rlft: teacher {path} ({sum(p.numel() for p in teacher.parameters()) / 1e6:.2f}M params)")
         train_prompts = encode_prompts(task.train, cfg.data.template, tokenizer, cfg.data.max_prompt_tokens,
                                        "train data", prompt_tools(cfg, cfg.data.template))
         held_out = [h.encode(tokenizer, cfg) for h in (primary_set(cfg, task.held_out), *task.sets)]
-        _memory_estimate(policy, train_prompts, cfg, n_params, n_train, echo)
+        _memory_estimate(policy, train_prompts, cfg, n_params, n_train, echo,
+                         teacher_params=sum(p.numel() for t in teachers for p in t.parameters()))
     echo(f"rlft: {len(task.train)} training prompts, {len(task.held_out)} held-out"
          + "".join(f", {len(h.examples)} in {h.name}" for h in task.sets)
          + (f"; {dist.world} processes" if dist.active else ""))
@@ -107,7 +121,7 @@ def rl_stage(inp: StageInput) -> StageResult:
             if cfg.eval.before_rl and inp.start is None:
                 results["before_rl"] = _evaluate(policy, tokenizer, held_out, cfg, echo, "before RL")
                 write_json(out_dir / "eval.json", results)
-        run_rl(policy, tokenizer, task.train, train_prompts, cfg, out_dir, ckpt, echo, held_out)
+        run_rl(policy, tokenizer, task.train, train_prompts, cfg, out_dir, ckpt, echo, held_out, teachers)
         results["after_rl"] = _evaluate(policy, tokenizer, held_out, cfg, echo, "after RL")
         write_json(out_dir / "eval.json", results)
     whole, _ = strategy().whole_state(policy)  # every process takes part; the main one writes (None: not sharded)
@@ -119,11 +133,14 @@ def rl_stage(inp: StageInput) -> StageResult:
     dist.barrier()  # the stage's files are complete when any process returns
     before, after = inp.start or results.get("before_rl", {}), results["after_rl"]
     start = f"{before['exact_match']:.3f} -> " if "exact_match" in before else ""
-    line = f"{cfg.algo.name}: exact match {start}{after['exact_match']:.3f}; policy in {out_dir / 'policy'}"
+    name = f"distill ({cfg.distill.signal}, {len(teachers)} teacher{'s' * (len(teachers) > 1)})" if distill \
+        else cfg.algo.name
+    line = f"{name}: exact match {start}{after['exact_match']:.3f}; policy in {out_dir / 'policy'}"
     return StageResult(model_dir=out_dir / "policy", metrics=without_examples(after), summary=line)
 
 
-def _memory_estimate(policy, train_prompts: list[list[int]], cfg: Config, n_params: int, n_train: int, echo) -> None:
+def _memory_estimate(policy, train_prompts: list[list[int]], cfg: Config, n_params: int, n_train: int, echo,
+                     teacher_params: int = 0) -> None:
     """Print the memory model's estimate of this run (rlft.models.memory) and, with train.memory_check, refuse one
     over 1.5 x the machine's memory. The prompt width is the longest training prompt (a batch pads to it)."""
     model_config = getattr(policy, "config", None)
@@ -147,7 +164,7 @@ def _memory_estimate(policy, train_prompts: list[list[int]], cfg: Config, n_para
         micro_batch_rows=memory.micro_batch_rows(t.micro_batch_size, t.micro_batch_tokens, row_tokens),
         logprob_chunk=t.logprob_chunk, lora=lora, reference=cfg.algo.needs_ref,
         critic=cfg.algo.needs_critic, gradient_checkpointing=cfg.model.gradient_checkpointing,
-        trained_vocab_matrices=vocab)
+        trained_vocab_matrices=vocab, teacher_params=teacher_params, sampler_copy=cfg.train.overlapped)
     available = memory.available_memory(str(resolve_device(cfg.model.device)))
     echo(est.line(available))
     if t.memory_check:

@@ -1,7 +1,8 @@
 """The reward-model stage (``rlft rm``): Bradley-Terry training on preference data, held-out ranking accuracy.
 
 Data (``rm.source``): a file or directory of preference rows in any layout of
-``rlft.data.preferences`` (pairs, K-way rankings, HH-RLHF transcripts), split
+``rlft.data.preferences`` (pairs, K-way rankings, HH-RLHF transcripts; ``@label``: what the pipeline's label
+stage wrote, AI feedback), split
 into ``rm.train_split`` / ``rm.eval_split``; or, when empty, pairs made from
 the task of ``data.source`` (its numeric answers: the right ``#### <answer>``
 over a wrong one); with ``rm.pairs_from`` policy or both, pairs from the
@@ -24,7 +25,7 @@ from rlft.config import Config, ConfigError
 from rlft.data.preferences import Ranking
 from rlft.models.loading import DTYPES, resolve_device
 from rlft.models.reward_head import build_reward_model
-from rlft.stages.base import StageInput, StageResult, Task, stage, step_log
+from rlft.stages.base import StageInput, StageResult, Task, stage, step_log, with_labels
 from rlft.runs.start import write_json
 from rlft.runs.checkpoint import save_model, save_whole
 from rlft.trainers.policy_pairs import policy_preferences
@@ -63,7 +64,8 @@ def rm_stage(inp: StageInput) -> StageResult:
 
     ``start`` (the policy's task metrics) is not used: this stage evaluates rankings, not the task.
     """
-    cfg, out_dir, echo, model_dir = inp.cfg, Path(inp.out_dir), inp.echo, str(inp.model_dir)
+    cfg, out_dir, echo, model_dir = with_labels(inp.cfg, inp.scorers.get("label"), "rm"), Path(inp.out_dir), \
+        inp.echo, str(inp.model_dir)
     r = cfg.rm
     model, tok = build_reward_model(model_dir, pooling=r.pooling, dtype=DTYPES[cfg.model.dtype],
                                     device=resolve_device(cfg.model.device),

@@ -17,7 +17,7 @@ from typing import Iterator, Sequence
 
 import torch
 
-from rlft.config import Config
+from rlft.config import Config, ConfigError
 from rlft.core.advantages import ADVANTAGES, AdvantageInputs, ema_update, group_stats, mean_return
 from rlft.core.kl import PenaltyCoefController, k3, kl_penalty_rewards
 from rlft.core.ops import masked_mean, masked_sum
@@ -31,10 +31,11 @@ from rlft.rewards.scoring import ScoreResult
 from rlft.rewards.steps import step_metrics, step_tensors
 from rlft.rewards.terms import built
 from rlft.rollout.batch import Batch, cat_batches
-from rlft.rollout.hf import generate, sampling_args
+from rlft.rollout.hf import generate, samples_exactly, sampling_args
 from rlft.rollout.episodes import episode_metrics
 from rlft.rollout.multiturn import rollout_env
 from rlft.trainers import hacking
+from rlft.trainers.distill import distill_advantages, distill_logprobs
 from rlft.trainers.roles import role_advantages, role_metrics, score_roles
 from rlft.trainers.state import RLState
 from rlft.trainers.update import batch_logprobs, micro_batches, shares_prefix, update
@@ -55,10 +56,13 @@ def rl_step(state: RLState, cfg: Config, *, train_policy: bool = True) -> dict[s
     """
     t: dict[str, float] = {}  # timing_s/<phase>
     t_start = time.perf_counter()
-    with strategy().gathered(state.policy):  # a sharded policy: whole weights for sampling
-        batch, metrics = collect(state, cfg, t)
+    if state.rollouts is not None and train_policy:  # one-step-off: the batch sampled during the last update
+        batch, metrics = state.rollouts.next(state, cfg, t)
+    else:
+        with strategy().gathered(state.policy):  # a sharded policy: whole weights for sampling
+            batch, metrics = collect(state, cfg, t)
     with _timed(t, "logprob"):  # each sharded model whole for its own pass only, one at a time
-        fill_logprobs(state, batch, cfg)
+        metrics.update(fill_logprobs(state, batch, cfg))
     with _timed(t, "advantage"):
         metrics.update(compute_advantages(state, batch, cfg))
     state.last_batch = batch
@@ -257,7 +261,14 @@ def score(batch: Batch, examples: Sequence[Example], cfg: Config) -> ScoreResult
         if batch.role_scores is not None:
             batch.role_scores[:, 0] = scores
     batch.scores = scores
+    batch.reward_parts = torch.tensor([[math.nan if v is None else v for v in vals] for vals in scored.per_fn.values()],
+                                      dtype=torch.float32).T.reshape(len(batch), -1)  # (B, K)
     return scored
+
+
+def reward_part_weights(cfg: Config) -> tuple[float, ...]:
+    """The weight of each column of ``Batch.reward_parts``: reward.fns' weights, then 1.0 for the overlong penalty."""
+    return (*cfg.reward.resolved_weights, *((1.0,) if cfg.algo.overlong_buffer_frac > 0 else ()))
 
 
 def attach_steps(batch: Batch, scored: ScoreResult, tokenizer, cfg: Config) -> None:
@@ -296,23 +307,32 @@ def reward_metrics(drawn: list[tuple[Batch, ScoreResult]], cfg: Config) -> dict[
 
 
 @torch.no_grad()
-def fill_logprobs(state: RLState, batch: Batch, cfg: Config) -> None:
-    """Old log-probs (only when not single pass), reference log-probs (only with a KL term), values (critic).
+def fill_logprobs(state: RLState, batch: Batch, cfg: Config) -> dict[str, float]:
+    """Old log-probs (only when not single pass, or when teachers need the student's), reference log-probs (only
+    with a KL term), values (critic), the teachers' log-probs (the distill stage; their weighted mean in
+    ``batch.teacher_logp``, each through the same chunked, shared-prefix path as the reference). Returns the distill
+    metrics (none without teachers).
 
-    The old log-probs are those the sampler computed while sampling, when it did (the rlft sampler): the same
-    policy and temperature, so a forward pass over the batch is saved."""
+    The old log-probs are those the sampler computed while sampling when the sampler is exact
+    (``rlft.rollout.hf.samples_exactly``: the trainer's own model in float32 without autocast): the same policy and
+    temperature, so a forward pass over the batch is saved, unless the batch is stale (``Batch.staleness``: sampled
+    with the weights before an earlier update, ``train.async_rollout``). Any other sampler's log-probs stay in
+    ``batch.rollout_logp``, for the rollout correction against the trainer's recomputed ones."""
     a = cfg.algo
 
     def logprobs_of(model) -> tuple:
         return model, lambda mb: batch_logprobs(model, mb, cfg)[0], shares_prefix(model, cfg)
 
     models = {}  # name: (the model, the forward of a micro-batch, whether it computes each group's prompt once)
-    if not a.single_pass and batch.rollout_logp is not None:
+    needs_old = not a.single_pass or bool(state.teachers)  # the distill signal compares the student's at rollout
+    if needs_old and batch.rollout_logp is not None and samples_exactly(cfg) and not batch.staleness:
         batch.old_logp = batch.rollout_logp * batch.response_mask
-    elif not a.single_pass:
+    elif needs_old:
         models["old_logp"] = logprobs_of(state.policy)
     if a.needs_ref:
         models["ref_logp"] = logprobs_of(state.ref)
+    for k, teacher in enumerate(state.teachers):  # frozen, as the reference
+        models[f"teacher_{k}"] = logprobs_of(teacher)
     if state.critic is not None:
         def values(mb: Batch) -> torch.Tensor:
             with autocast(state.critic, cfg.model.autocast):
@@ -320,12 +340,17 @@ def fill_logprobs(state: RLState, batch: Batch, cfg: Config) -> None:
 
         models["values"] = state.critic, values, False
     own = batch.index(state.dist.share(len(batch)))  # this process's rows; the others compute theirs
+    teachers = []  # (B, T) each, in distill.teachers order
     for name, (model, fn, shared) in models.items():
         out = torch.zeros(own.response_ids.shape)  # (b, T)
         with strategy().gathered(model):  # sharded: whole for this pass, then split again before the next model's
             for rows, mb in micro_batches(own, cfg.train.micro_batch_size, cfg.train.micro_batch_tokens, shared):
                 out[rows, :mb.response_ids.shape[1]] = fn(mb).cpu()  # (rows, t <= T): trimmed columns stay 0
-        setattr(batch, name, torch.cat(state.dist.gather(out)))
+        if name.startswith("teacher_"):
+            teachers.append(torch.cat(state.dist.gather(out)))
+        else:
+            setattr(batch, name, torch.cat(state.dist.gather(out)))
+    return distill_logprobs(batch, teachers, cfg) if teachers else {}
 
 
 def compute_advantages(state: RLState, batch: Batch, cfg: Config) -> dict[str, float]:
@@ -347,12 +372,18 @@ def compute_advantages(state: RLState, batch: Batch, cfg: Config) -> dict[str, f
         baseline = state.baseline if state.baseline is not None else current  # first batch: its own mean
         state.baseline = ema_update(state.baseline, current, a.baseline_momentum)
     inp = AdvantageInputs(batch.scores, mask, a.group_size, token_rewards=token_rewards, values=batch.values,
-                          baseline=baseline, step_rewards=batch.step_rewards, step_mask=batch.step_mask)
+                          baseline=baseline, step_rewards=batch.step_rewards, step_mask=batch.step_mask,
+                          reward_parts=batch.reward_parts, reward_weights=reward_part_weights(cfg))
     estimate = ADVANTAGES.get(a.advantage)
+    if batch.role_scores is not None and a.advantage == "gdpo":
+        raise ConfigError("algo.advantage: 'gdpo' normalises the reward components of one policy; with several roles "
+                          "each role has its own reward (use group_norm)")
     if batch.role_scores is None:
         batch.adv, batch.ret = estimate(inp, a)  # (B, T) each
     else:  # several roles: each role's advantage from its own reward, on its own tokens
         batch.adv, batch.ret = role_advantages(lambda x: estimate(x, a), inp, batch)
+    if batch.teacher_logp is not None:  # the distill stage: the reverse-KL signal, the task's advantage weighted
+        metrics.update(distill_advantages(batch, mask, cfg))
     batch.loss_mask = overlong_filter(mask, batch.truncated) if a.overlong_filter else mask  # DAPO §3.4
     if batch.values is not None:
         metrics.update({"critic/values/mean": masked_mean(batch.values, mask).item(),

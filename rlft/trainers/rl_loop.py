@@ -16,6 +16,7 @@ from rlft.parallel.launch import strategy
 from rlft.runs import checkpoint
 from rlft.runs.start import append_jsonl, seed_everything, write_json
 from rlft.runs.tracking import MetricsLog
+from rlft.trainers.async_rollout import AsyncRollouts
 from rlft.trainers.state import RLState
 from rlft.trainers.rl import rl_step, sample_records
 from rlft.trainers.rl_setup import PROCESS_SEED_STRIDE, build_rl_state, restore, save_checkpoint
@@ -23,11 +24,14 @@ from rlft.trainers.rm_refresh import RUN_RM
 
 
 def run_rl(policy, tokenizer, train_ex, train_prompts, cfg: Config, run_dir: Path, ckpt, echo,
-            held_out: list[HeldOut]) -> None:
+            held_out: list[HeldOut], teachers=()) -> None:
+    """RL of ``policy`` in ``run_dir`` (from ``ckpt`` when resuming); ``teachers``: the distill stage's."""
     t0 = time.perf_counter()
     dist = current()
-    state = build_rl_state(policy, tokenizer, train_ex, train_prompts, cfg)
+    state = build_rl_state(policy, tokenizer, train_ex, train_prompts, cfg, teachers)
     state.dist = dist
+    if cfg.train.overlapped:  # one-step-off rollouts: the sampler copy, before a checkpoint fills the one in flight
+        state.rollouts = AsyncRollouts(state, cfg)
     if ckpt is not None:
         restore(state, ckpt, run_dir, echo)
     else:
@@ -71,6 +75,8 @@ def run_rl(policy, tokenizer, train_ex, train_prompts, cfg: Config, run_dir: Pat
                                          f"{run_dir / 'checkpoints' / f'step_{state.step:06d}'} written; "
                                          "train.resume=true continues from it", exit_code=128 + signum)
     finally:
+        if state.rollouts is not None:  # a rollout still in flight (a time budget, an error): waited for, dropped
+            state.rollouts.close()
         bar.close()
         if log is not None:
             log.close()

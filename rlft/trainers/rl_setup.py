@@ -25,8 +25,10 @@ from rlft.trainers.rm_refresh import RMRefresh
 PROCESS_SEED_STRIDE = 1_000_003  # process r > 0 of a multi-process run seeds its sampling with seed + r * this
 
 
-def build_rl_state(policy, tokenizer, train_ex, train_prompts, cfg: Config) -> RLState:
-    """Optimizer and schedule of the policy, plus the reference model, critic, KL controller and ptx data it needs."""
+def build_rl_state(policy, tokenizer, train_ex, train_prompts, cfg: Config, teachers=()) -> RLState:
+    """Optimizer and schedule of the policy, plus the reference model, critic, KL controller and ptx data it needs;
+    ``teachers``: the distill stage's frozen teachers (``rlft.trainers.distill.load_teachers``), placed as the
+    reference is."""
     o, a = cfg.optim, cfg.algo
     ref = None
     if a.needs_ref:  # the frozen policy as it enters RL; under LoRA the base, i.e. the policy without its adapters
@@ -49,11 +51,14 @@ def build_rl_state(policy, tokenizer, train_ex, train_prompts, cfg: Config) -> R
 
     optimizer = s.prepare(policy, policy_optimizer, grad_clip=o.grad_clip)
     s.prepare(ref)  # frozen; nothing to place for LoRA's view of the policy
+    for teacher in teachers:
+        s.prepare(teacher)  # frozen, as the reference
     if critic is not None:
         made["critic_optimizer"] = s.prepare(critic, critic_optimizer, grad_clip=cfg.critic.grad_clip)
     scheduler = made["scheduler"]
     state = RLState(policy=policy, tokenizer=tokenizer, optimizer=optimizer, scheduler=scheduler,
                     sampler=PromptSampler(len(train_ex), cfg.train.seed), examples=train_ex, prompts=train_prompts)
+    state.teachers = list(teachers)
     state.penalty_ctl = penalty_controller(state, cfg)  # PPO-penalty's adaptive beta, when the loss reads one
     state.health = HealthMonitor(cfg.health)
     if cfg.rm.refresh_every:  # the reward model the run scores with, retrained on its rollouts

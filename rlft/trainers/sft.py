@@ -22,6 +22,7 @@ import torch
 from rlft.config import Config
 from rlft.core.ops import masked_sum
 from rlft.data.schema import DataError, Example
+from rlft.data.judge_data import PREFIX as JUDGE_PREFIX, judge_examples
 from rlft.data.synthetic import configured_task
 from rlft.data.sft_data import load_sft_examples, response_weights, with_system_prompt
 from rlft.data.templates import encode_prompts
@@ -37,6 +38,9 @@ Item = tuple[list[int], list[int], list[int]]  # prompt ids, target ids, loss we
 def sft_examples(cfg: Config, rl_examples: Sequence[Example]) -> list[Example]:
     """What SFT trains on: ``sft.source``'s rows, else the RL rows (their reference responses), with the system prompt."""
     s = cfg.sft
+    if s.source.startswith(JUDGE_PREFIX):  # a judge's demonstrations: "is this answer right?" by the task's rule
+        problems = configured_task(s.source[len(JUDGE_PREFIX):], cfg.data, cfg.train.seed, 0)[0]
+        return with_system_prompt(judge_examples(problems, cfg.eval.correct_fn, cfg.train.seed), s.system_prompt)
     if s.source.startswith("synthetic:"):  # a synthetic task's demonstrations, its problems drawn as data.source's
         return with_system_prompt(configured_task(s.source, cfg.data, cfg.train.seed, 0)[0], s.system_prompt)
     if s.source:

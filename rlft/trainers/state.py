@@ -57,6 +57,7 @@ class RLState:
     examples: Sequence[Example]
     prompts: list[list[int]]  # token ids, one per example
     ref: torch.nn.Module | None = None
+    teachers: list[torch.nn.Module] = field(default_factory=list)  # the distill stage's, frozen (distill.teachers)
     critic: torch.nn.Module | None = None  # rlft.models.critic.Critic
     critic_optimizer: torch.optim.Optimizer | None = None
     critic_scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
@@ -70,6 +71,7 @@ class RLState:
     health: object | None = None  # rlft.insight.health.HealthMonitor (the run's health warnings)
     reward_parts: dict[str, list] = field(default_factory=dict)  # each reward's value per row of the last batch
     last_batch: Batch | None = None  # the last step's batch, as it was trained on (for the sample log)
+    rollouts: object | None = None  # rlft.trainers.async_rollout.AsyncRollouts (train.async_rollout), else None
     skipped_steps: int = 0  # RL steps whose every policy update was skipped (a non-finite gradient), in all
     consecutive_skips: int = 0  # ... and in a row, up to the last step
     step: int = 0
@@ -88,7 +90,8 @@ class RLState:
                "hacking": self.hacking.state_dict(),
                "skips": [self.skipped_steps, self.consecutive_skips],
                "health": self.health.state_dict() if self.health is not None else None,
-               "rm_refresh": self.rm_refresh.state_dict() if self.rm_refresh is not None else None}
+               "rm_refresh": self.rm_refresh.state_dict() if self.rm_refresh is not None else None,
+               "async": self.rollouts.state_dict() if self.rollouts is not None else None}
         if self.critic is not None:
             model, optim = critic_states or (self.critic.state_dict(), self.critic_optimizer.state_dict())
             out["critic"] = {"model": model, "optimizer": optim, "scheduler": self.critic_scheduler.state_dict()}
@@ -98,6 +101,11 @@ class RLState:
         self.step, self.baseline = saved["step"], saved.get("baseline")
         self.skipped_steps, self.consecutive_skips = saved.get("skips", [0, 0])
         self.sampler.load_state_dict(saved["sampler"])
+        if saved.get("async") is not None:  # the rollout that was in flight, finished: the prompts are past it
+            if self.rollouts is None:
+                raise ValueError("the checkpoint holds the next step's rollout, sampled ahead with "
+                                 "train.async_rollout=true; resume with train.async_rollout=true")
+            self.rollouts.load_state_dict(saved["async"])
         if self.ref is not None and saved.get("ref") is not None:
             strategy().load_state(self.ref, saved["ref"])  # sharded or not
         for name in ("kl_ctl", "penalty_ctl", "ptx", "hacking", "rm_refresh", "health"):  # rl_setup.build_rl_state

@@ -17,8 +17,10 @@ import torch
 from torch import Tensor
 
 from rlft.config import Config
+from rlft.core.distill import reverse_kl_loss
 from rlft.core.kl import KL_ESTIMATORS
-from rlft.core.losses import POLICY_LOSSES, aggregate_parts, aggregation_weight, positive_lm_parts
+from rlft.core.losses import POLICY_LOSSES, aggregate_parts, aggregation_weight, positive_lm_parts, top_entropy_mask
+from rlft.core.rollout_corr import correction_weights, gap_metrics, gap_stats, resolve
 from rlft.core.ops import masked_mean, masked_sum
 from rlft.core.value import value_loss
 from rlft.parallel.launch import strategy
@@ -26,6 +28,7 @@ from rlft.parallel.strategy import idle_loss
 from rlft.models.forward import autocast, response_logprobs
 from rlft.models.roles import by_role, has_roles
 from rlft.rollout.batch import Batch
+from rlft.rollout.hf import samples_exactly
 from rlft.trainers.ptx import lm_loss_sum, lm_tokens
 
 if TYPE_CHECKING:
@@ -117,6 +120,27 @@ def _logprobs(model, mb: Batch, cfg: Config, **kwargs) -> tuple[torch.Tensor, to
                                  chunk=cfg.train.logprob_chunk, **kwargs)
 
 
+def rollout_correction(cfg: Config, stale: bool = False) -> str:
+    """The run's ``algo.rollout_correction`` with ``auto`` resolved by its sampler (``rlft.rollout.hf.samples_exactly``)
+    and the batch: a ``stale`` batch (sampled before an earlier update, ``train.async_rollout``) is corrected whatever
+    the sampler, its sampler's weights being older than pi_old."""
+    return resolve(cfg.algo.rollout_correction, samples_exactly(cfg) and not stale)
+
+
+def corrected(pg_mat: Tensor, old_logp: Tensor, micro: Batch, mask: Tensor, mode: str, a) -> tuple[Tensor, dict]:
+    """(pg_mat * w, gap_stats): each token's policy-gradient loss times the detached rollout-correction weight w of
+    ``mode`` (``rlft.core.rollout_corr``: pi_old / pi_sampler, truncated or masked), and the micro-batch's parts of the
+    rollout_corr/ metrics; the loss unchanged and no parts without the sampler's log-probs (``off`` only)."""
+    if micro.rollout_logp is None:
+        if mode != "off":
+            raise RuntimeError(f"algo.rollout_correction={mode} needs the sampler's log-probs (Batch.rollout_logp), "
+                               "and the rollout returned none for this batch; set algo.rollout_correction=off")
+        return pg_mat, {}
+    rollout_logp = micro.rollout_logp.to(pg_mat.device)
+    w, rejected = correction_weights(old_logp, rollout_logp, mask, mode, a.rollout_corr_cap, a.rollout_corr_low)
+    return pg_mat * w, gap_stats(old_logp, rollout_logp, mask, mode, rejected)
+
+
 def update(state: "RLState", batch: Batch, cfg: Config, *, train_policy: bool = True) -> dict[str, float]:
     """Run the optimizer steps over ``batch``; returns metrics averaged over them."""
     a = cfg.algo
@@ -163,6 +187,7 @@ def _policy_step(state: "RLState", mb: Batch, cfg: Config) -> dict[str, float]:
     # must make the same calls, so the shared-prefix forward makes as many calls for runs of similar response
     # lengths as the process with the most (agreed in each pass), a number that would otherwise differ
     agree = s.agreed(policy)
+    correction, gaps = rollout_correction(cfg, stale=mb.staleness > 0), []
     micros = [m for _, m in micro_batches(mb.index(dist.share(len(mb))), cfg.train.micro_batch_size,
                                           cfg.train.micro_batch_tokens, shares_prefix(policy, cfg))]
     for _ in range(s.lockstep(policy, len(micros))):  # every process runs as many passes as the busiest
@@ -174,6 +199,13 @@ def _policy_step(state: "RLState", mb: Batch, cfg: Config) -> dict[str, float]:
         old_logp = logp.detach() if a.single_pass else micro.old_logp.to(device)
         pg_mat, pg_metrics = POLICY_LOSSES.get(a.policy_loss)(logp, old_logp, micro.adv.to(device), mask,
                                                           loss_cfg)
+        pg_mat, gap = corrected(pg_mat, old_logp, micro, mask, correction, a)
+        gaps += [gap] if gap else []
+        if a.entropy_top_frac < 1:  # "Beyond the 80/20 rule": only the highest-entropy tokens' policy gradient
+            top = top_entropy_mask(ent, mask, a.entropy_top_frac)  # (b, T), this micro-batch's tokens
+            pg_mat = torch.where(top, pg_mat, torch.zeros_like(pg_mat))
+            kept = masked_mean(top.float(), mask).item() * share_of(mask, n_tok)
+            totals["actor/entropy_top_kept"] = totals.get("actor/entropy_top_kept", 0.0) + kept
         loss_mat = pg_mat
         terms = {"actor/pg_loss": pg_mat}
         if a.needs_ref and a.kl_in == "loss":  # GRPO: beta * KL(pi || ref) in the loss (DeepSeekMath eq. 3-4)
@@ -182,6 +214,10 @@ def _policy_step(state: "RLState", mb: Batch, cfg: Config) -> dict[str, float]:
             terms["actor/kl_loss"] = kl_mat
             kl_seq = masked_sum(kl_mat.detach(), mask) / len(mb)  # this micro-batch's share of the KL per sequence
             totals["actor/kl_seq"] = totals.get("actor/kl_seq", 0.0) + kl_seq.item()
+        if micro.teacher_logp is not None and cfg.distill.signal == "loss":  # the distill stage's reverse-KL loss
+            distill_mat = reverse_kl_loss(logp, micro.teacher_logp.to(device))  # (b, T) value d_t, grad d_t grad logp
+            loss_mat = loss_mat + cfg.distill.kl_coef * distill_mat
+            terms["distill/kl_loss"] = distill_mat
         if a.entropy_coef > 0:
             loss_mat = loss_mat - a.entropy_coef * ent
         num, _ = aggregate_parts(loss_mat, mask, a.loss_agg, max_len)
@@ -211,6 +247,7 @@ def _policy_step(state: "RLState", mb: Batch, cfg: Config) -> dict[str, float]:
             s.backward(policy, idle_loss(lm_loss_sum(model, ids[:1], mask[:1], weights[:1],
                                                      chunk=cfg.train.logprob_chunk)))
     totals = dist.sum_floats(totals)  # each process's share of the mini-batch's loss terms
+    totals.update(gap_metrics([g for part in dist.gather(gaps) for g in part]))
     if a.needs_ref and a.kl_in == "loss":
         totals["actor/kl_coef"] = kl_coef
     if state.penalty_ctl is not None:
@@ -218,6 +255,11 @@ def _policy_step(state: "RLState", mb: Batch, cfg: Config) -> dict[str, float]:
     totals["actor/positive_frac"] = positive.float().mean().item()
     totals.update(_optimizer_step(policy, state.optimizer, state.scheduler, cfg.optim.grad_clip, "actor"))
     return totals
+
+
+def share_of(mask: torch.Tensor, n_tok: float) -> float:
+    """This micro-batch's share of the mini-batch's valid tokens (the weight of its token-averaged metrics)."""
+    return mask.sum().item() / max(n_tok, 1)
 
 
 def _positive(mb: Batch, threshold: float) -> torch.Tensor:

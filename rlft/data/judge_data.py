@@ -1,0 +1,42 @@
+"""Demonstrations for a judge: "is this answer right?" questions about a synthetic task, answered by its rule.
+
+``sft.source: judge:synthetic:<task>`` trains a policy to be the ``judge`` reward's model (the embedded RLAIF demo):
+for each problem of the task (drawn as ``data.source``'s problems are, with ``data.synth_*``) the right answer
+``#### <truth>`` and one wrong one (``rlft.data.preferences.synthetic_preferences``: another number of the question
+or the truth moved by 1..9, half each) are put in the judge's default question (``rlft.rewards.judge.TEMPLATE``), and
+the reference response is the judge's default label for the rule's verdict (``eval.correct_fn`` >= 1: ``yes``,
+else ``no``). The labels come from the rule, not from how the answer was made, so a rule that accepts more than one
+form is followed. Half the rows say yes, half no.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rlft.data.preferences import synthetic_preferences
+from rlft.data.schema import Example
+from rlft.rewards import REWARDS
+from rlft.rewards.judge import TEMPLATE, Judge, fill, prompt_text
+
+PREFIX = "judge:"
+YES, NO = Judge.__dataclass_fields__["labels"].default  # the judge's default labels: right, wrong
+
+
+def judge_examples(problems: Sequence[Example], correct_fn: str, seed: int = 0) -> list[Example]:
+    """Two judge demonstrations per problem (its right answer and a wrong one), labelled by ``correct_fn``.
+
+    >>> rows = judge_examples([Example(prompt="max(1,7,3)=?", ground_truth="7")], "final_answer")
+    >>> [(r.prompt[0]["content"].split("Proposed answer: ")[1].split("\\n")[0], r.response) for r in rows]
+    [('#### 7', 'yes'), ('#### 12', 'no')]
+    """
+    rule = REWARDS.get(correct_fn)
+    pairs = synthetic_preferences(problems, seed=seed, distractor_share=0.5)
+    out = []
+    for i, (ex, ranking) in enumerate(zip(problems, pairs)):
+        for completion in ranking.responses:
+            verdict = rule(completion, ex.to_mapping())
+            question = fill(TEMPLATE, prompt=prompt_text(ex.prompt), completion=completion)
+            out.append(Example(prompt=({"role": "user", "content": question},), ground_truth="",
+                               data_source=f"{ex.data_source}/judge", response=YES if verdict and verdict >= 1 else NO,
+                               extra={"index": i}))
+    return out

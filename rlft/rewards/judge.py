@@ -1,0 +1,279 @@
+"""``judge``: a causal LM asked about a completion; its verdict read from the log-probs of a fixed set of labels.
+
+The judge reads a question built from ``template`` (``{prompt}`` and ``{completion}`` replaced by the sample's
+prompt and the completion; a chat prompt's message contents joined by newlines) and answers with one of
+``labels``. It never writes free text: for each label the log-probability of its tokens after the question is
+summed (a multi-token label is scored token by token, teacher-forced), the labels' probabilities are normalised
+over the allowed set (a softmax of those sums), and the value is the expected score::
+
+    value = sum_j p(label_j | question) * scores[j]          p normalised over the labels
+
+so ``labels: [yes, no], scores: [1, 0]`` gives the probability of "yes", and ``labels: ["1", "2", "3", "4", "5"],
+scores: [1, 2, 3, 4, 5]`` the expected grade on a 1..5 scale. With ``chat`` (and a tokenizer that has a chat
+template) the question is the user message and the label is the start of the assistant's reply (after the
+template's generation prompt); otherwise the question is plain text followed directly by the label. Labels are
+tokenized on their own, so a separating space belongs in the template or the label, consistently with how the
+judge was trained.
+
+Pairs: :meth:`Judge.compare` asks ``pair_template`` (``{prompt}``, ``{first}``, ``{second}``) with the two
+``pair_labels`` (first better, second better) and returns P(a better than b) **averaged over both orders**,
+``(p_first(a, b) + p_second(b, a)) / 2``: an LLM judge tends to favour one position, and asking both ways cancels
+that bias to first order (Lee et al. 2023, RLAIF, section 2.1, do the same). The ``label`` stage uses it.
+
+Cost and caching: questions are scored ``batch_size`` at a time (each question's labels share its forward through
+the KV cache where the model allows it), and each distinct question's label distribution is kept in a per-process
+cache of ``cache`` entries (least recently used dropped first), so a (prompt, completion) seen again, in the same
+batch or a later one, is not scored again. As for ``reward_model``, construction reads the model's config only;
+the weights load on the first call, once per process and (path, device, dtype, trust_remote_code).
+
+Failures follow every reward's accounting (``rlft.rewards.scoring``): a call that raises or runs past
+``timeout_s`` costs the samples of that call; a non-finite value (a model that gives NaN) costs its own sample;
+both are counted and logged.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import torch
+
+from rlft.models.forward import response_logprobs
+from rlft.models.loading import DTYPES, resolve_device
+from rlft.models.reward_head import pad_batch
+from rlft.rewards.base import REWARDS, batched, check_choices
+from rlft.rewards.model import read_checkpoint_config
+
+TEMPLATE = "{prompt}\nProposed answer: {completion}\nIs the proposed answer right? Say yes or no."
+PAIR_TEMPLATE = ("{prompt}\nAnswer 1: {first}\nAnswer 2: {second}\n"
+                 "Which answer is better? Say 1 or 2.")
+_FIELDS = re.compile(r"\{(prompt|completion|first|second)\}")
+_LOADED: dict[tuple, tuple] = {}  # (path, device, dtype, trust_remote_code) -> (model, tokenizer)
+_CACHES: dict[tuple, OrderedDict] = {}  # (judge, label set) -> question -> normalised label log-probs
+_LOCK = threading.Lock()
+
+
+@REWARDS.register("judge")
+@batched
+@dataclass(frozen=True)
+class Judge:
+    """A causal LM's verdict on prompt + completion: the expected score over its allowed labels (batched)."""
+
+    path: str
+    """Directory of a causal LM checkpoint (save_pretrained layout) that answers the template's question."""
+    template: str = TEMPLATE
+    """The question about one completion: {prompt} and {completion} are replaced (both must appear)."""
+    labels: tuple[str, ...] = ("yes", "no")
+    """The allowed answers; their probabilities are normalised over this set (at least 2, distinct)."""
+    scores: tuple[float, ...] = (1.0, 0.0)
+    """The score of each label, in order; the value is their expectation under the normalised probabilities."""
+    pair_template: str = PAIR_TEMPLATE
+    """The question about two completions (pairs, the label stage): {prompt}, {first} and {second} replaced."""
+    pair_labels: tuple[str, ...] = ("1", "2")
+    """The two answers of pair_template: the first completion is better, the second is."""
+    chat: bool = True
+    """Ask through the tokenizer's chat template (the question as the user message, the label as the reply's start); false, or no template: plain text."""
+    batch_size: int = 8
+    """Questions per forward pass (each with all its labels)."""
+    cache: int = 65536
+    """Distinct questions whose verdicts are kept per process (least recently used dropped first); 0: no cache."""
+    max_length: int = 2048
+    """Longest question in tokens; a longer one loses its start (the completion, at the end, is kept)."""
+    device: str = "auto"
+    """'auto' (cuda if available, else cpu), 'cpu', 'cuda' or 'cuda:N'."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Parameter dtype of the judge."""
+    trust_remote_code: bool = False
+    """Allow a checkpoint's own modelling code."""
+    timeout_s: float = 600.0
+    """Deadline of one call on the whole batch, loading the model included; past it the batch is unscorable."""
+
+    def __post_init__(self) -> None:
+        """Check the parameters and the checkpoint's config (not its weights)."""
+        check_choices(self)
+        if self.device != "auto" and self.device.split(":")[0] not in ("cpu", "cuda"):
+            raise ValueError(f"device: must be auto, cpu, cuda or cuda:N, got {self.device!r}")
+        _check_template(self.template, "template", ("prompt", "completion"))
+        _check_template(self.pair_template, "pair_template", ("prompt", "first", "second"))
+        _check_labels(self.labels, "labels")
+        _check_labels(self.pair_labels, "pair_labels")
+        if len(self.pair_labels) != 2:
+            raise ValueError(f"pair_labels: needs exactly 2 (first better, second better), got {len(self.pair_labels)}")
+        if len(self.scores) != len(self.labels):
+            raise ValueError(f"scores: needs one score per label ({len(self.labels)}), got {len(self.scores)}")
+        if not all(math.isfinite(s) for s in self.scores):
+            raise ValueError(f"scores: must be finite numbers, got {list(self.scores)}")
+        for key in ("batch_size", "max_length"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"{key}: must be >= 1, got {getattr(self, key)}")
+        if self.cache < 0:
+            raise ValueError(f"cache: must be >= 0 (0: no cache), got {self.cache}")
+        if not self.timeout_s > 0:
+            raise ValueError(f"timeout_s: must be > 0, got {self.timeout_s}")
+        config = read_checkpoint_config(self.path, "a causal LM saved with save_pretrained", self.trust_remote_code)
+        if not any(a.endswith("ForCausalLM") for a in (getattr(config, "architectures", None) or [])):
+            raise ValueError(f"path: the model in {self.path!r} is not a causal LM "
+                             f"(architectures {getattr(config, 'architectures', None)}); a judge answers in words")
+
+    @property
+    def deadline_s(self) -> float:
+        """What ``score_batch`` allows one call (instead of ``reward.timeout_s``)."""
+        return self.timeout_s
+
+    def __call__(self, completions: Sequence[str], samples: Sequence[Mapping]) -> list[float]:
+        """The expected label score of every (completion, sample)."""
+        questions = [fill(self.template, prompt=prompt_text(s.get("prompt", "")), completion=c)
+                     for c, s in zip(completions, samples)]
+        dists = self.distributions(questions, self.labels)  # (B, L) log-probs
+        return [float(sum(math.exp(lp) * s for lp, s in zip(d, self.scores))) for d in dists]
+
+    def compare(self, prompts: Sequence, firsts: Sequence[str], seconds: Sequence[str]) -> list[float]:
+        """P(first better than second) per triple, the mean of the two orders' verdicts (position bias cancels)."""
+        texts = [prompt_text(p) for p in prompts]
+        ab = [fill(self.pair_template, prompt=p, first=a, second=b) for p, a, b in zip(texts, firsts, seconds)]
+        ba = [fill(self.pair_template, prompt=p, first=b, second=a) for p, a, b in zip(texts, firsts, seconds)]
+        dists = self.distributions(ab + ba, self.pair_labels)
+        n = len(ab)
+        return [0.5 * (math.exp(dists[i][0]) + math.exp(dists[n + i][1])) for i in range(n)]
+
+    def distributions(self, questions: Sequence[str], labels: tuple[str, ...]) -> list[tuple[float, ...]]:
+        """Per question, the log-probs of ``labels`` normalised over them; cached per distinct question."""
+        cache = self._cache(labels)
+        todo = list(dict.fromkeys(q for q in questions if q not in cache))  # distinct, not seen before
+        if todo:
+            model, tok = self._load()
+            label_ids = encode_labels(tok, labels, "labels" if labels == self.labels else "pair_labels")
+            keep = max(self.max_length - max(map(len, label_ids)), 1)  # question + longest label fit max_length
+            ids = [self._encode(tok, q)[-keep:] for q in todo]
+            lp = sequence_logprobs(model, ids, label_ids, tok.pad_token_id, self.batch_size)  # (Q, L)
+            fresh = dict(zip(todo, map(tuple, torch.log_softmax(lp, dim=-1).tolist())))
+        else:
+            fresh = {}
+        out = [fresh[q] if q in fresh else cache[q] for q in questions]
+        with _LOCK:
+            for q in questions:  # most recently used last; the oldest leave first
+                if q in cache:
+                    cache.move_to_end(q)
+            if self.cache:
+                for q, d in fresh.items():
+                    if all(map(math.isfinite, d)):  # a NaN verdict is not kept: the next call asks again
+                        cache[q] = d
+                while len(cache) > self.cache:
+                    cache.popitem(last=False)
+        return out
+
+    def _encode(self, tok, question: str) -> list[int]:
+        if self.chat and getattr(tok, "chat_template", None):
+            text = tok.apply_chat_template([{"role": "user", "content": question}], tokenize=False,
+                                           add_generation_prompt=True)
+            return tok(text, add_special_tokens=False)["input_ids"]
+        return tok(question)["input_ids"]
+
+    def _cache(self, labels: tuple[str, ...]) -> OrderedDict:
+        with _LOCK:
+            return _CACHES.setdefault((self, labels), OrderedDict())
+
+    def _load(self):
+        """The model and tokenizer, loaded once per process."""
+        device = resolve_device(self.device)
+        key = (str(Path(self.path).resolve()), str(device), self.dtype, self.trust_remote_code)
+        with _LOCK:
+            if key not in _LOADED:
+                _LOADED[key] = load_judge(self.path, device, self.dtype, self.trust_remote_code)
+            return _LOADED[key]
+
+
+def forget_cache() -> None:
+    """Drop this process's cached verdicts (every judge's)."""
+    with _LOCK:
+        _CACHES.clear()
+
+
+def _check_template(template: str, key: str, fields: tuple[str, ...]) -> None:
+    missing = [f for f in fields if "{" + f + "}" not in template]
+    if missing:
+        raise ValueError(f"{key}: must contain {', '.join('{' + f + '}' for f in fields)}; "
+                         f"{', '.join('{' + f + '}' for f in missing)} missing")
+
+
+def _check_labels(labels: tuple[str, ...], key: str) -> None:
+    if len(labels) < 2:
+        raise ValueError(f"{key}: needs at least 2 allowed answers, got {list(labels)}")
+    if any(not x for x in labels):
+        raise ValueError(f"{key}: an empty label; every label must be some text")
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"{key}: labels must be distinct, got {list(labels)}")
+
+
+def fill(template: str, **values: str) -> str:
+    """``template`` with each ``{name}`` replaced by ``values[name]``, in one pass (a value holding ``{first}``
+    stays as written).
+
+    >>> fill("Q: {prompt} A: {completion}", prompt="{completion}?", completion="5")
+    'Q: {completion}? A: 5'
+    """
+    return _FIELDS.sub(lambda m: values.get(m.group(1), m.group(0)), template)
+
+
+def prompt_text(prompt) -> str:
+    """A sample's prompt as the judge reads it: text as is, chat messages' contents joined by newlines.
+
+    >>> prompt_text(({"role": "user", "content": "max(1,7,3)=?"},))
+    'max(1,7,3)=?'
+    """
+    if isinstance(prompt, (tuple, list)):
+        return "\n".join(str(m.get("content", "")) for m in prompt)
+    return str(prompt)
+
+
+def encode_labels(tok, labels: Sequence[str], key: str = "labels") -> list[list[int]]:
+    """The token ids of each label (no special tokens); a ValueError naming ``key`` when one has none or two
+    labels are the same tokens."""
+    ids = [tok(x, add_special_tokens=False)["input_ids"] for x in labels]
+    for x, i in zip(labels, ids):
+        if not i:
+            raise ValueError(f"{key}: {x!r} is no tokens for this judge's tokenizer")
+    seen: dict[tuple, str] = {}
+    for x, i in zip(labels, ids):
+        if tuple(i) in seen:
+            raise ValueError(f"{key}: {seen[tuple(i)]!r} and {x!r} are the same tokens for this judge's tokenizer")
+        seen[tuple(i)] = x
+    return ids
+
+
+def sequence_logprobs(model, question_ids: list[list[int]], label_ids: list[list[int]], pad_id: int,
+                      batch_size: int) -> torch.Tensor:
+    """log p(label_j | question_i) (Q, L), each label's tokens summed, ``batch_size`` questions per forward.
+
+    Questions are left-padded and labels right-padded (positions count from the first real token); rows of one
+    question are consecutive, so their prompt is computed once where the model takes a KV cache.
+    """
+    L = len(label_ids)
+    out = []
+    for start in range(0, len(question_ids), batch_size):
+        chunk = question_ids[start:start + batch_size]
+        p_ids, p_mask, _ = pad_batch([q for q in chunk for _ in range(L)], pad_id, "left")  # (N, Tp)
+        r_ids, r_mask, _ = pad_batch([lab for _ in chunk for lab in label_ids], pad_id, "right")  # (N, T)
+        with torch.inference_mode():
+            logp = response_logprobs(model, p_ids, p_mask, r_ids, r_mask)[0].float().cpu()  # (N, T)
+        out.append(torch.where(r_mask.bool(), logp, 0.0).sum(-1).view(len(chunk), L))  # (q, L)
+    return torch.cat(out) if out else torch.zeros(0, L)
+
+
+def load_judge(path: str, device: torch.device, dtype: str, trust_remote_code: bool = False):
+    """(causal LM in eval mode on ``device``, tokenizer with a pad token)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    if tok.pad_token_id is None:
+        if tok.eos_token_id is None:
+            raise ValueError(f"path: the tokenizer in {path!r} has neither a pad nor an eos token to pad with")
+        tok.pad_token = tok.eos_token
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], trust_remote_code=trust_remote_code)
+    return model.to(device).eval(), tok

@@ -1,0 +1,237 @@
+"""The ``judge`` reward: label log-probs read by hand on the tiny model, multi-token and clashing labels, the cache,
+batching against one question at a time, failures counted as every reward's, pairs in both orders, config errors."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from numerics import FORWARD_DEPTH, assert_rounding_close
+from rlft.config import ConfigError
+from rlft.recipe import load_config
+from rlft.rewards import REWARDS, score_batch
+from rlft.rewards import judge as judge_mod
+from rlft.rewards.judge import Judge, encode_labels, sequence_logprobs
+
+PROMPT = ({"role": "user", "content": "max(1,7,3)=? Answer after ####."},)
+
+
+@pytest.fixture
+def fresh_cache():
+    judge_mod.forget_cache()
+    yield
+    judge_mod.forget_cache()
+
+
+def _hand_logprobs(model, question_ids: list[int], label_ids: list[list[int]]) -> tuple[torch.Tensor, float]:
+    """log p(label | question) summed over each label's tokens, one unpadded forward per label; and the rounding
+    scale of those sums (label tokens x (1 + largest |logit|))."""
+    out, z_max, longest = [], 0.0, max(map(len, label_ids))
+    with torch.no_grad():
+        for lab in label_ids:
+            logits = model(input_ids=torch.tensor([question_ids + lab])).logits[0].float()  # (L, V)
+            rows = logits[len(question_ids) - 1:len(question_ids) - 1 + len(lab)]  # the positions predicting lab
+            z_max = max(z_max, rows.abs().max().item())
+            out.append(torch.log_softmax(rows, -1)[torch.arange(len(lab)), torch.tensor(lab)].sum().item())
+    return torch.tensor(out, dtype=torch.float64), longest * (1 + z_max)
+
+
+def _tol(model, n_tokens: int) -> int:
+    c = model.config
+    return max(c.vocab_size, c.intermediate_size, n_tokens)
+
+
+@pytest.mark.parametrize("labels, scores", [(("y", "n"), (1.0, 0.0)),  # one token each
+                                            (("yes", "no"), (1.0, 0.0)),  # the tiny tokenizer reads characters
+                                            (("1", "2", "3", "4", "5"), (1.0, 2.0, 3.0, 4.0, 5.0))])
+def test_the_value_is_the_expected_score_of_the_normalised_label_probabilities(tiny_model_dir, fresh_cache,
+                                                                                labels, scores):
+    j = Judge(path=str(tiny_model_dir), labels=labels, scores=scores)
+    model, tok = j._load()
+    question = judge_mod.fill(j.template, prompt=judge_mod.prompt_text(PROMPT), completion="#### 7")
+    q_ids = tok(tok.apply_chat_template([{"role": "user", "content": question}], tokenize=False,
+                                        add_generation_prompt=True), add_special_tokens=False)["input_ids"]
+    assert tok.decode(q_ids).endswith("\nA: ")  # asked through the chat template; the label starts the reply
+    label_ids = encode_labels(tok, labels)
+    lp, scale = _hand_logprobs(model, q_ids, label_ids)
+    want = torch.log_softmax(lp, 0)
+    got = torch.tensor(j.distributions([question], labels)[0], dtype=torch.float64)
+    # log-softmax over the labels: one more reduction, over terms of at most twice the label log-probs' scale
+    assert_rounding_close(got, want, n_terms=_tol(model, len(q_ids) + 5), scale=2 * scale, depth=FORWARD_DEPTH + 1,
+                          what="normalised label log-probs")
+    value = j(["#### 7"], [{"prompt": PROMPT}])[0]
+    expected = float((want.exp() * torch.tensor(scores, dtype=torch.float64)).sum())
+    assert value == pytest.approx(expected, abs=1e-5 * max(scores))
+    assert min(scores) <= value <= max(scores)
+
+
+def test_labels_that_are_the_same_tokens_or_none_are_refused(tiny_model_dir):
+    from rlft.models.tiny import build_tokenizer
+
+    tok = build_tokenizer()
+    with pytest.raises(ValueError, match=r"labels: 'é' and 'ü' are the same tokens"):  # both <unk>
+        encode_labels(tok, ("é", "ü"))
+    j = Judge(path=str(tiny_model_dir), labels=("é", "ü"))
+    out = score_batch(["#### 7"], [{"prompt": PROMPT}], [("judge", j)], [1.0])
+    assert out.total == [None] and out.errors == {"judge": 1}  # the first call fails, counted like any reward
+
+
+def test_plain_text_questions_without_the_chat_template(tiny_model_dir, fresh_cache):
+    j = Judge(path=str(tiny_model_dir), chat=False, labels=("y", "n"))
+    model, tok = j._load()
+    question = judge_mod.fill(j.template, prompt="2+3=", completion="5")
+    q_ids = tok(question)["input_ids"]
+    lp, scale = _hand_logprobs(model, q_ids, encode_labels(tok, ("y", "n")))
+    got = torch.tensor(j.distributions([question], ("y", "n"))[0], dtype=torch.float64)
+    assert_rounding_close(got, torch.log_softmax(lp, 0), n_terms=_tol(model, len(q_ids) + 1), scale=2 * scale,
+                          depth=FORWARD_DEPTH + 1, what="plain-text label log-probs")
+
+
+def _counting(monkeypatch) -> list[int]:
+    """Patch sequence_logprobs to record how many questions each call scores."""
+    calls: list[int] = []
+    real = judge_mod.sequence_logprobs
+
+    def counted(model, question_ids, *args, **kwargs):
+        calls.append(len(question_ids))
+        return real(model, question_ids, *args, **kwargs)
+
+    monkeypatch.setattr(judge_mod, "sequence_logprobs", counted)
+    return calls
+
+
+def test_the_same_prompt_and_completion_is_not_scored_twice(tiny_model_dir, fresh_cache, monkeypatch):
+    calls = _counting(monkeypatch)
+    j = Judge(path=str(tiny_model_dir), labels=("y", "n"))
+    samples = [{"prompt": PROMPT}] * 3
+    first = j(["#### 7", "#### 3", "#### 7"], samples)
+    assert calls == [2] and first[0] == first[2]  # the duplicate in the batch is asked once
+    again = j(["#### 3", "#### 7", "#### 5"], samples)
+    assert calls == [2, 1] and again[:2] == [first[1], first[0]]  # only the new completion is asked
+    other = Judge(path=str(tiny_model_dir), labels=("y", "n"), cache=0)
+    other(["#### 7"], samples[:1])
+    other(["#### 7"], samples[:1])
+    assert calls == [2, 1, 1, 1]  # cache=0 keeps nothing
+    small = Judge(path=str(tiny_model_dir), labels=("y", "n"), cache=1)
+    small(["#### 1"], samples[:1]), small(["#### 2"], samples[:1]), small(["#### 1"], samples[:1])
+    assert calls == [2, 1, 1, 1, 1, 1, 1]  # one entry kept: #### 2 pushed #### 1 out
+
+
+def test_batching_equals_one_question_at_a_time(tiny_model_dir, fresh_cache):
+    j = Judge(path=str(tiny_model_dir), labels=("yes", "no", "maybe"), scores=(1.0, 0.0, 0.5))
+    model, tok = j._load()
+    questions = [judge_mod.fill(j.template, prompt=p, completion=c)
+                 for p, c in [("max(1,7,3)=?", "#### 7"), ("a much longer question about 2+2?", "4"), ("q", "x")]]
+    ids = [j._encode(tok, q) for q in questions]
+    labels = encode_labels(tok, j.labels)
+    batched = sequence_logprobs(model, ids, labels, tok.pad_token_id, batch_size=3)  # (3, 3)
+    for i, q in enumerate(ids):
+        alone = sequence_logprobs(model, [q], labels, tok.pad_token_id, batch_size=1)[0]
+        hand, scale = _hand_logprobs(model, q, labels)
+        for what, got in (("one at a time", alone), ("padded batch", batched[i])):
+            assert_rounding_close(got, hand, n_terms=_tol(model, len(q) + 5), scale=scale, depth=FORWARD_DEPTH,
+                                  what=f"question {i}, {what}")
+
+
+def test_a_nan_verdict_costs_its_sample_and_a_failing_call_its_batch(tiny_model_dir, fresh_cache, monkeypatch,
+                                                                      caplog):
+    real = judge_mod.sequence_logprobs
+
+    def nan_for_bad(model, question_ids, label_ids, pad_id, batch_size):
+        out = real(model, question_ids, label_ids, pad_id, batch_size)
+        bad = [i for i, q in enumerate(question_ids) if "BAD" in tok.decode(q)]
+        out[bad] = float("nan")
+        return out
+
+    j = Judge(path=str(tiny_model_dir), labels=("y", "n"))
+    _, tok = j._load()
+    monkeypatch.setattr(judge_mod, "sequence_logprobs", nan_for_bad)
+    out = score_batch(["#### 7", "BAD", "#### 3"], [{"prompt": PROMPT}] * 3, [("judge", j)], [1.0])
+    assert out.per_fn["judge"][1] is None and out.errors == {"judge": 1}
+    assert all(isinstance(v, float) for v in (out.per_fn["judge"][0], out.per_fn["judge"][2]))
+    assert "non-finite" in caplog.text and "sample 1" in caplog.text
+    monkeypatch.setattr(judge_mod, "sequence_logprobs", real)
+    out = score_batch(["BAD"], [{"prompt": PROMPT}], [("judge", j)], [1.0])
+    assert isinstance(out.total[0], float)  # the NaN was not cached: asked again, scored
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("judge exploded")
+
+    monkeypatch.setattr(judge_mod, "sequence_logprobs", boom)
+    out = score_batch(["#### 1", "#### 2"], [{"prompt": PROMPT}] * 2, [("judge", j)], [1.0])
+    assert out.total == [None, None] and out.errors == {"judge": 2} and "judge exploded" in caplog.text
+
+
+def test_pairs_are_judged_in_both_orders_and_averaged(tiny_model_dir, monkeypatch):
+    asked: list[str] = []
+
+    def biased(self, questions, labels):
+        """A judge that says '1' with probability 0.9 whatever it reads, plus 0.05 towards an answer holding 7."""
+        asked.extend(questions)
+        out = []
+        for q in questions:
+            first, second = q.split("Answer 1: ")[1].split("\nAnswer 2: ")
+            p1 = 0.9 + (0.05 if "7" in first else 0.0) - (0.05 if "7" in second.split("\n")[0] else 0.0)
+            out.append((math.log(p1), math.log(1 - p1)))
+        return out
+
+    monkeypatch.setattr(Judge, "distributions", biased)
+    j = Judge(path=str(tiny_model_dir))
+    p = j.compare([PROMPT, PROMPT], ["#### 7", "#### 3"], ["#### 3", "#### 5"])
+    assert p[0] == pytest.approx(0.55) and p[1] == pytest.approx(0.5)  # the 0.9 position bias cancels
+    assert len(asked) == 4 and "Answer 1: #### 7\nAnswer 2: #### 3" in asked[0]
+    assert "Answer 1: #### 3\nAnswer 2: #### 7" in asked[2]  # the same pair, swapped
+
+
+def test_compare_on_the_real_model_is_symmetric(tiny_model_dir, fresh_cache):
+    j = Judge(path=str(tiny_model_dir))
+    ab, ba = j.compare([PROMPT, PROMPT], ["#### 7", "#### 3"], ["#### 3", "#### 7"])
+    assert ab + ba == pytest.approx(1.0, abs=1e-6)  # P(a > b) + P(b > a) = 1 by construction
+
+
+@pytest.mark.parametrize("params, message", [
+    ({"template": "{prompt} is it right?"}, r"template: must contain \{prompt\}, \{completion\}; \{completion\} miss"),
+    ({"pair_template": "{first} or {second}"}, r"pair_template: .*\{prompt\} missing"),
+    ({"labels": ("yes",), "scores": (1.0,)}, "labels: needs at least 2"),
+    ({"labels": ("a", "a"), "scores": (1.0, 0.0)}, "labels: labels must be distinct"),
+    ({"labels": ("a", ""), "scores": (1.0, 0.0)}, "labels: an empty label"),
+    ({"labels": ("a", "b", "c")}, r"scores: needs one score per label \(3\), got 2"),
+    ({"pair_labels": ("1", "2", "3")}, "pair_labels: needs exactly 2"),
+    ({"batch_size": 0}, "batch_size: must be >= 1"),
+    ({"cache": -1}, "cache: must be >= 0"),
+    ({"scores": (1.0, float("nan"))}, "scores: must be finite"),
+    ({"dtype": "int8"}, "dtype: must be one of"),
+    ({"device": "tpu"}, "device: must be auto"),
+])
+def test_bad_parameters_name_their_key(tiny_model_dir, params, message):
+    with pytest.raises(ValueError, match=message):
+        REWARDS.build("judge", {"path": str(tiny_model_dir), **params})
+
+
+def test_the_path_must_hold_a_causal_lm(tmp_path, tiny_model_dir):
+    with pytest.raises(ValueError, match="path: .* is not a directory"):
+        Judge(path=str(tmp_path / "missing"))
+    from rlft.models.reward_head import build_reward_model
+    from rlft.runs.checkpoint import save_model
+
+    rm, tok = build_reward_model(str(tiny_model_dir))
+    save_model(rm, tok, tmp_path / "rm")
+    with pytest.raises(ValueError, match="path: the model in .* is not a causal LM"):
+        Judge(path=str(tmp_path / "rm"))
+
+
+def test_recipe_errors_name_the_entry_and_key(tiny_model_dir):
+    with pytest.raises(ConfigError, match=r"reward.fns\[0\].labels: needs at least 2"):
+        load_config(None, [f"reward.fns=[{{name: judge, path: {tiny_model_dir}, labels: ['yes'], scores: [1]}}]",
+                           "reward.weights=[]"])
+    with pytest.raises(ConfigError, match=r"reward.fns\[0\].labels\[0\]: must be a string, got True \(YAML reads"):
+        load_config(None, [f"reward.fns=[{{name: judge, path: {tiny_model_dir}, labels: [yes, no]}}]",
+                           "reward.weights=[]"])
+    with pytest.raises(ConfigError, match=r"reward.fns\[0\].scores\[1\]: must be a number"):
+        load_config(None, [f"reward.fns=[{{name: judge, path: {tiny_model_dir}, scores: [1, x]}}]",
+                           "reward.weights=[]"])
+    cfg = load_config(None, [f"reward.fns=[{{name: judge, path: {tiny_model_dir}, labels: [A, B, C], "
+                             "scores: [1, 0.5, 0]}]", "reward.weights=[]"])
+    assert dict(cfg.reward.fns[0].params)["scores"] == (1.0, 0.5, 0.0)
