@@ -287,7 +287,7 @@ def test_draw_samples_the_distribution_and_never_a_zero_probability_token(monkey
     # unnormalised rows are drawn in proportion, as torch.multinomial draws them
     assert decode.draw(torch.tensor([[0.0, 0.0, 3.0]])).item() == 2
     # a uniform draw that rounds up to the row's total picks the last token with probability > 0, never V
-    monkeypatch.setattr(torch, "rand", lambda shape, **kw: torch.full(shape, 1 - 2 ** -24, **kw))
+    monkeypatch.setattr(torch, "rand", lambda shape, generator=None, **kw: torch.full(shape, 1 - 2 ** -24, **kw))
     assert decode.draw(torch.tensor([[0.3, 0.7, 0.0], [1e-8, 1.0, 0.0]])).tolist() == [1, 1]
-    monkeypatch.setattr(torch, "rand", lambda shape, **kw: torch.zeros(shape, **kw))
+    monkeypatch.setattr(torch, "rand", lambda shape, generator=None, **kw: torch.zeros(shape, **kw))
     assert decode.draw(torch.tensor([[0.0, 0.7, 0.3]])).tolist() == [1]

@@ -215,7 +215,9 @@ def test_timeout_restores_previous_handler_and_timer():
         signal.signal(signal.SIGALRM, old)
 
 
-def test_outside_the_main_thread_there_is_no_timeout():
+def test_outside_the_main_thread_the_timeout_holds_too():
+    """No SIGALRM off the main thread (train.async scores in its rollout thread): the call runs in a thread of its
+    own, a fast one is scored, a slow one is given up at the timeout and counted."""
     def slow(completion, sample):
         time.sleep(0.3)
         return 1.0
@@ -223,12 +225,14 @@ def test_outside_the_main_thread_there_is_no_timeout():
     out = {}
 
     def work():
-        out["r"] = score_batch(["x"], [{}], ["slow"], [1.0], timeout_s=0.05, registry=registry_of(slow))
+        out["fast"] = score_batch(["x"], [{}], ["slow"], [1.0], timeout_s=5.0, registry=registry_of(slow))
+        out["slow"] = score_batch(["x"], [{}], ["slow"], [1.0], timeout_s=0.05, registry=registry_of(slow))
 
     thread = threading.Thread(target=work)
     thread.start()
     thread.join()
-    assert out["r"].per_fn["slow"] == [1.0] and out["r"].errors == {"slow": 0}
+    assert out["fast"].per_fn["slow"] == [1.0] and out["fast"].errors == {"slow": 0}
+    assert out["slow"].per_fn["slow"] == [None] and out["slow"].errors == {"slow": 1}
 
 
 @pytest.mark.parametrize(

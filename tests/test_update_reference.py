@@ -1,7 +1,7 @@
 """The whole RL update (``rlft.trainers.update.update``) against a naive reference written from the formulas.
 
 Every term is on at once: the clipped policy loss with clip-higher and dual-clip, KL(pi || ref) in the loss (k3,
-DeepSeekMath eq. 3-4), the entropy bonus, each of the four loss aggregations, and PPO's critic with its clipped
+DeepSeekMath eq. 3-4), the entropy bonus, each of the five loss aggregations, and PPO's critic with its clipped
 value loss; several passes (two mini-batches) so that the old log-probs differ from the current ones and the clip
 bites. The reference is computed one sequence at a time from an unpadded forward, one token at a time, in plain
 Python, from the documented objective of one mini-batch M (rows i, valid tokens t of ``loss_mask``):
@@ -13,7 +13,7 @@ Python, from the documented objective of one mini-batch M (rows i, valid tokens 
              H = entropy of softmax(logits / temperature), the distribution the tokens were sampled from
              agg_M (rlft.core.losses): token-mean sum / #tokens of M; seq-mean-token-mean mean over the non-empty
              rows of M of per-row token means; seq-mean-token-sum the same of per-row sums;
-             seq-mean-token-sum-norm sum / (|M| * rollout.max_new_tokens)
+             seq-mean-token-sum-norm sum / (|M| * rollout.max_new_tokens); token-sum the plain sum
     critic:  L_V = (1 / #tokens of M) sum_it 0.5 max((V - R)^2, (V_old + clip(V - V_old, -vf_clip, vf_clip) - R)^2)
              (rlft.core.value; the critic is a separate model with its own optimizer, so its loss has no
              coefficient relative to the policy's: its weight is critic.lr)
@@ -49,7 +49,7 @@ from test_rl_loop import RecordingSGD, varied_batch
 T = 8  # generation budget of the hand-made batch (test_rl_loop.T), the max_len of seq-mean-token-sum-norm
 CLIP_LOW, CLIP_HIGH, CLIP_C = 0.2, 0.28, 3.0
 KL_COEF, ENT_COEF, VF_CLIP, TEMPERATURE = 0.1, 0.01, 0.2, 0.7
-AGGS = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+AGGS = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm", "token-sum"]
 # 6 rows in 2 mini-batches of 3: micro-batches of the whole mini-batch, of 1 row, of 2 + 1 rows, and of a token
 # budget (groups packed by length, rows reordered, each micro-batch trimmed to its own widths)
 SPLITS = {"whole": ["train.micro_batch_size=3", "train.micro_batch_tokens=0"],
@@ -285,7 +285,8 @@ class Reference:
         weight = {"token-mean": lambda k: 1 / n,  # DAPO eq. 12
                   "seq-mean-token-mean": lambda k: 1 / (nonempty * per_row[k.row]),  # DeepSeekMath eq. 3
                   "seq-mean-token-sum": lambda k: 1 / nonempty,
-                  "seq-mean-token-sum-norm": lambda k: 1 / (len(rows) * T)}[agg]  # Dr. GRPO §3.1: B * max_len
+                  "seq-mean-token-sum-norm": lambda k: 1 / (len(rows) * T),  # Dr. GRPO §3.1: B * max_len
+                  "token-sum": lambda k: 1.0}[agg]  # the plain sum over valid tokens
         self.grad = sum(weight(k) * (k.g_pg + KL_COEF * k.g_kl - ENT_COEF * k.g_ent) for k in toks)
         self.grad_scale = sum(weight(k) * (k.g_pg.abs() + KL_COEF * k.g_kl.abs() + ENT_COEF * k.g_ent.abs())
                               for k in toks)
