@@ -8,6 +8,8 @@ log-prob equals an unpadded single-sequence forward of that row's whole context,
 
 from __future__ import annotations
 
+import functools
+
 import random
 
 import pytest
@@ -184,6 +186,7 @@ def prefilled_tokens(m, monkeypatch) -> list[int]:
     seen: list[int] = []
     forward = type(m).forward
 
+    @functools.wraps(forward)  # the forward's signature: the sampler reads its keywords (cache, position_ids)
     def counting(self, *a, **kw):
         width = kw["input_ids"].shape[1]
         seen.append(int(kw["attention_mask"][:, -width:].sum()))
