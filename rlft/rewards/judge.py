@@ -45,7 +45,7 @@ from typing import Literal
 import torch
 
 from rlft.models.forward import response_logprobs
-from rlft.models.loading import DTYPES, resolve_device
+from rlft.models.loading import load_model, load_tokenizer, resolve_device
 from rlft.models.reward_head import pad_batch
 from rlft.rewards.base import REWARDS, batched, check_choices
 from rlft.rewards.model import read_checkpoint_config
@@ -267,13 +267,7 @@ def sequence_logprobs(model, question_ids: list[list[int]], label_ids: list[list
 
 
 def load_judge(path: str, device: torch.device, dtype: str, trust_remote_code: bool = False):
-    """(causal LM in eval mode on ``device``, tokenizer with a pad token)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
-    if tok.pad_token_id is None:
-        if tok.eos_token_id is None:
-            raise ValueError(f"path: the tokenizer in {path!r} has neither a pad nor an eos token to pad with")
-        tok.pad_token = tok.eos_token
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], trust_remote_code=trust_remote_code)
-    return model.to(device).eval(), tok
+    """(causal LM in eval mode on ``device``, tokenizer with a pad token): the policy's loaders."""
+    tok = load_tokenizer(path, trust_remote_code)
+    model = load_model(path, dtype=dtype, device=device, trust_remote_code=trust_remote_code)
+    return model.eval(), tok
