@@ -6,6 +6,12 @@ process per run with ``--threads`` torch threads (``--jobs`` runs side by side).
 
     python benchmarks/preset_table.py --seeds 0 1 2 --budget 300 --jobs 2 --out runs/preset_table
     python benchmarks/preset_table.py --presets grpo dapo ppo rloo vapo --budget 0 --steps 300 --jobs 2
+    python benchmarks/preset_table.py --presets cispo --row sapo default algo.policy_loss=sapo \
+        --common algo.minibatches=4 --budget 300 --jobs 2 --out runs/frontier_table
+
+A ``--row NAME RECIPE KEY=VALUE...`` is a row named NAME that runs ``recipes/<RECIPE>_demo.yaml``
+(``default``: no recipe, the demo defaults of ``rlft config``) with the given overrides; ``--common``
+overrides go to every preset and row (not to the SFT warm-up).
 
 Prints a Markdown table (median over seeds) and writes ``table.json`` under ``--out``.
 """
@@ -40,13 +46,17 @@ def sft_run(out: Path, seed: int, threads: int) -> Path:
     return out / name
 
 
-def preset_run(out: Path, preset: str, seed: int, budget: float, threads: int, steps: int) -> dict:
+def preset_run(out: Path, row: tuple[str, str, list[str]], seed: int, budget: float, threads: int,
+               steps: int) -> dict:
+    """One RL run of ``row`` = (name, recipe, overrides) from seed ``seed``'s post-SFT policy."""
+    preset, recipe, overrides = row
     name = f"{preset}_s{seed}"
     if not (out / name / "eval.json").exists() or "after_rl" not in json.loads((out / name / "eval.json").read_text()):
-        recipe = Path(__file__).resolve().parents[1] / "recipes" / f"{preset}_demo.yaml"
-        rlft([str(recipe), f"model.path={out / f'sft_s{seed}' / 'policy'}", "sft.steps=0", "eval.before_rl=false",
+        first = [] if recipe == "default" else [
+            str(Path(__file__).resolve().parents[1] / "recipes" / f"{recipe}_demo.yaml")]
+        rlft([*first, f"model.path={out / f'sft_s{seed}' / 'policy'}", "sft.steps=0", "eval.before_rl=false",
               "eval.ks=[]", f"train.seed={seed}", f"train.steps={steps or 100000}", f"train.time_budget_s={budget}",
-              f"log.run_dir={out}", f"log.name={name}"], threads)
+              f"log.run_dir={out}", f"log.name={name}", *overrides], threads)
     ev = json.loads((out / name / "eval.json").read_text())["after_rl"]
     metrics = out / name / "metrics.jsonl"
     steps = sum(1 for _ in metrics.open()) if metrics.exists() else 0
@@ -63,24 +73,32 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", type=Path, default=Path("runs/preset_table"))
+    ap.add_argument("--row", nargs="+", action="append", default=[], metavar="NAME RECIPE KEY=VALUE",
+                    help="an extra row: its name, a preset whose recipes/<preset>_demo.yaml it runs (or 'default'), "
+                         "and overrides")
+    ap.add_argument("--common", nargs="*", default=[], help="overrides for every preset and row (not the SFT)")
     a = ap.parse_args()
     if not a.budget and not a.steps:
         ap.error("give --budget or --steps")
+    if any(len(r) < 2 for r in a.row):
+        ap.error("--row needs a name and a recipe (a preset or 'default'), then overrides")
+    table = [(p, p, list(a.common)) for p in a.presets] + [(r[0], r[1], [*a.common, *r[2:]]) for r in a.row]
     a.out.mkdir(parents=True, exist_ok=True)
     with ThreadPoolExecutor(a.jobs) as pool:
         list(pool.map(lambda s: sft_run(a.out, s, a.threads), a.seeds))
         base = {s: json.loads((a.out / f"sft_s{s}" / "eval.json").read_text())["after_rl"]["exact_match"]
                 for s in a.seeds}
-        jobs = [(p, s) for p in a.presets for s in a.seeds]
-        rows = list(pool.map(lambda ps: preset_run(a.out, ps[0], ps[1], a.budget, a.threads, a.steps), jobs))
-    (a.out / "table.json").write_text(json.dumps({"post_sft": base, "runs": rows, "budget_s": a.budget,
-                                                  "steps": a.steps}, indent=2))
+        jobs = [(row, s) for row in table for s in a.seeds]
+        rows = list(pool.map(lambda rs: preset_run(a.out, rs[0], rs[1], a.budget, a.threads, a.steps), jobs))
+    (a.out / "table.json").write_text(json.dumps({
+        "post_sft": base, "runs": rows, "budget_s": a.budget, "steps": a.steps,
+        "rows": {name: {"recipe": recipe, "overrides": ov} for name, recipe, ov in table}}, indent=2))
     med = statistics.median
     print("| preset | greedy EM after RL (median) | change vs post-SFT (median) | per seed | change per seed | "
           "RL steps per seed |")
     print("|---|---:|---:|---|---|---|")
     print(f"| post-SFT | {med(base.values()):.3f} | | {' / '.join(f'{base[s]:.3f}' for s in a.seeds)} | | |")
-    for p in a.presets:
+    for p, _, _ in table:
         rs = sorted((r for r in rows if r["preset"] == p), key=lambda r: r["seed"])
         em = [r["exact_match"] for r in rs]
         delta = [(r["exact_match"] - base[r["seed"]]) * 100 for r in rs]

@@ -564,6 +564,72 @@ def test_gdpo_vs_naive_loop_weights_and_nan():
                                SimpleNamespace(adv_eps=1e-6))
 
 
+def _verl_gdpo(parts, mask, group_size, eps=1e-6):
+    """verl-GDPO's advantage (NVlabs/GDPO, verl-GDPO's ray_trainer ``adv_estimator == 'gdpo'``), re-derived in
+    float64: each component through verl's GRPO outcome advantage (group mean, unbiased std, ``/ (std + eps)``,
+    broadcast over the response tokens), the components summed unweighted, then verl's ``masked_whiten`` over
+    the batch's response *tokens* (token-weighted mean, variance with Bessel's correction over the token count,
+    ``* rsqrt(var + 1e-8)``).  Returns (advantage (B, T), the summed components before the whitening (B,))."""
+    B, K = parts.shape
+    total = [0.0] * B
+    for k in range(K):
+        for p0 in range(0, B, group_size):
+            vals = [parts[i, k].item() for i in range(p0, p0 + group_size)]
+            mean = sum(vals) / group_size
+            std = math.sqrt(sum((v - mean) ** 2 for v in vals) / (group_size - 1))
+            for j, v in enumerate(vals):
+                total[p0 + j] += (v - mean) / (std + eps)
+    tok = [(i, t) for i in range(B) for t in range(mask.shape[1]) if mask[i, t]]
+    n = len(tok)
+    mean = sum(total[i] for i, _ in tok) / n
+    var = sum((total[i] - mean) ** 2 for i, _ in tok) / n * n / (n - 1)
+    adv = torch.zeros(mask.shape, dtype=torch.float64)
+    for i, t in tok:
+        adv[i, t] = (total[i] - mean) / math.sqrt(var + 1e-8)
+    return adv, total
+
+
+def test_gdpo_parity_with_verl_gdpo_same_centred_sum_sequence_not_token_statistics():
+    """verl parity: with unit weights rlft's GDPO and verl-GDPO's sum the same group-normalised components and
+    centre them at the same mean when every response has the same length; they differ only in the batch
+    scale: rlft divides by the unbiased std over *sequences* plus eps (the paper's batch-wise normalisation over
+    samples), verl-GDPO by sqrt(unbiased variance over *tokens* + 1e-8).  With unequal lengths verl-GDPO's token
+    weighting also moves the batch mean towards the longer responses; rlft's does not."""
+    from rlft.core.advantages import ADVANTAGES, AdvantageInputs
+
+    g = torch.Generator().manual_seed(11)
+    B, G, K, T = 16, 4, 2, 5
+    parts = torch.randint(0, 2, (B, K), generator=g).double()
+    parts[0:4, 0] = torch.tensor([1.0, 0.0, 0.0, 1.0])  # no degenerate-group luck: group 0 varies in both parts
+    parts[0:4, 1] = torch.tensor([0.0, 1.0, 1.0, 1.0])
+    # an all-equal group has std 0 in both: verl's (v - mean) / eps is 0, rlft's degenerate group gives 0
+    mask = torch.ones(B, T)
+    cfg = SimpleNamespace(adv_eps=1e-6)
+    ours = ADVANTAGES.get("gdpo")(AdvantageInputs(parts.sum(-1), mask, G, reward_parts=parts,
+                                                  reward_weights=(1.0,) * K), cfg)[0]
+    theirs, total = _verl_gdpo(parts, mask, G)
+    mean = sum(total) / B
+    seq_std = math.sqrt(sum((x - mean) ** 2 for x in total) / (B - 1))
+    n = B * T
+    tok_scale = math.sqrt(seq_std ** 2 * (B - 1) / B * n / (n - 1) + 1e-8)
+    for i in range(B):
+        centred = total[i] - mean
+        assert ours[i, 0].item() * (seq_std + 1e-6) == pytest.approx(centred, abs=1e-12)
+        assert theirs[i, 0].item() * tok_scale == pytest.approx(centred, abs=1e-12)
+    # the two differ by one batch-wide factor, here (B = 16, T = 5) within 3.2% of 1
+    ratio = (seq_std + 1e-6) / tok_scale
+    nz = ours[:, 0].abs() > 1e-9
+    torch.testing.assert_close(theirs[nz, 0], ours[nz, 0] * ratio, rtol=1e-12, atol=0.0)
+    assert 1.0 < ratio < 1.032
+    # unequal lengths: verl-GDPO's token-weighted mean is not rlft's sequence mean
+    mask[B // 2:, 2:] = 0
+    theirs_ragged, _ = _verl_gdpo(parts, mask, G)
+    ours_ragged = ADVANTAGES.get("gdpo")(AdvantageInputs(parts.sum(-1), mask, G, reward_parts=parts,
+                                                         reward_weights=(1.0,) * K), cfg)[0]
+    assert torch.equal(ours_ragged[:, 0], ours[:, 0])  # rlft's sequence statistics ignore the lengths
+    assert (theirs_ragged[:, 0] - theirs[:, 0]).abs().max() > 1e-3
+
+
 def test_gdpo_values_under_mask_change_nothing():
     from rlft.core.advantages import ADVANTAGES, AdvantageInputs
 
