@@ -215,6 +215,28 @@ def test_the_metrics_report_the_planted_gap():
     assert m["rollout_corr/masked_frac"] == pytest.approx((3 * 3 + 1) / 17, abs=1e-12)
 
 
+def test_the_update_keeps_the_largest_maximum_over_its_optimizer_steps(monkeypatch):
+    """A mini-batch's ``_max`` metrics are maxima; over the update's optimizer steps they stay maxima (the largest),
+    while every other metric is averaged."""
+    from types import SimpleNamespace
+
+    import rlft.trainers.update as up
+
+    steps = iter([{"rollout_corr/logp_gap_max": 0.1, "rollout_corr/ratio_max": 3.0, "actor/pg_loss": 1.0},
+                  {"rollout_corr/logp_gap_max": 0.5, "rollout_corr/ratio_max": 1.5, "actor/pg_loss": 3.0}])
+    monkeypatch.setattr(up, "_policy_step", lambda state, mb, cfg: next(steps))
+
+    class Rows:  # four sequences; a mini-batch of them is the same stand-in
+        def __len__(self):
+            return 4
+
+        def index(self, idx):
+            return self
+
+    m = up.update(SimpleNamespace(critic=None, step=0), Rows(), load_config(None, ["algo.minibatches=2"]))
+    assert m == {"rollout_corr/logp_gap_max": 0.5, "rollout_corr/ratio_max": 3.0, "actor/pg_loss": 2.0}
+
+
 # --------------------------------------------------------------------------- configuration
 
 

@@ -142,9 +142,11 @@ def corrected(pg_mat: Tensor, old_logp: Tensor, micro: Batch, mask: Tensor, mode
 
 
 def update(state: "RLState", batch: Batch, cfg: Config, *, train_policy: bool = True) -> dict[str, float]:
-    """Run the optimizer steps over ``batch``; returns metrics averaged over them."""
+    """Run the optimizer steps over ``batch``; returns metrics averaged over them, except a maximum (a key ending
+    in ``_max``), which is the largest over them."""
     a = cfg.algo
     sums: dict[str, float] = {}
+    peaks: dict[str, float] = {}
     n_opt = 0
     gen = torch.Generator().manual_seed(cfg.train.seed * 100003 + state.step)
     for _ in range(a.epochs):
@@ -155,9 +157,12 @@ def update(state: "RLState", batch: Batch, cfg: Config, *, train_policy: bool = 
             if state.critic is not None:
                 metrics.update(_critic_step(state, mb, cfg))
             for k, v in metrics.items():
-                sums[k] = sums.get(k, 0.0) + v
+                if k.endswith("_max"):
+                    peaks[k] = max(peaks.get(k, v), v)
+                else:
+                    sums[k] = sums.get(k, 0.0) + v
             n_opt += 1
-    return {k: v / n_opt for k, v in sums.items()}
+    return {**{k: v / n_opt for k, v in sums.items()}, **peaks}
 
 
 def _loss_mask(mb: Batch) -> torch.Tensor:
