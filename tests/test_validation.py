@@ -39,6 +39,40 @@ def test_maj_and_pass_at_k_of_known_samples(monkeypatch):
     assert out["maj@3"] == 0.5
 
 
+def test_best_of_n_with_a_verifier_and_the_length_fields(monkeypatch):
+    """best_of@2 from the first 2 of the 3 pass@k samples, correctness by gsm8k_strict (the last #### number): the
+    verifier (format_final: a response that ends with its only #### n) prefers problem 0's second sample "#### 3"
+    (wrong) over "#### 5 #### 7" (right, two ####); problem 1's two samples are both formatted, so the first
+    drawn, "#### 9" (right), is picked. With best_of=4 > 3 samples, 4 are drawn on their own. Prompt and
+    response lengths: means and maxima in tokens."""
+    sampled = ["#### 5 #### 7", "#### 3", "#### 7", "#### 9", "#### 5", "#### 5"]
+    calls = []
+
+    def responses(m, t, prompts, examples, n, c, greedy, lengths=None, episodes=None):
+        calls.append(n)
+        if lengths is not None:
+            lengths.extend([3, 6])
+        if greedy:
+            return ["#### 7", "#### 4"]
+        return sampled if n == 3 else ["#### 1", "#### 7", "#### 2", "#### 2"] + ["#### 9"] * 4
+
+    monkeypatch.setattr(ev, "_responses", responses)
+    cfg = load_config(None, ["eval.ks=[1,3]", "eval.best_of=2", "eval.verifier=format_final",
+                             "eval.correct_fn=gsm8k_strict"])
+    examples = [Example(prompt="a", ground_truth="7"), Example(prompt="b", ground_truth="9")]
+    out = ev.evaluate(None, None, [[1, 2], [3, 4, 5, 6]], examples, cfg)
+    assert out["best_of@2"] == 0.5 and out["best_of_unscored"] == 0.0 and calls == [1, 3]
+    assert out["prompt_length"] == 3.0 and out["prompt_length_max"] == 4
+    assert out["response_length"] == 4.5 and out["response_length_max"] == 6
+    calls.clear()
+    oracle = ev.evaluate(None, None, [[1, 2], [3, 4, 5, 6]], examples,
+                         load_config(None, ["eval.ks=[1,3]", "eval.best_of=4", "eval.verifier=gsm8k_strict",
+                                            "eval.correct_fn=gsm8k_strict"]))
+    assert calls == [1, 3, 4] and oracle["best_of@4"] == 1.0  # a right sample in each problem's 4
+    with pytest.raises(Exception, match="eval.best_of"):
+        load_config(None, ["eval.best_of=-1"])
+
+
 @pytest.mark.parametrize("source, name", [("synthetic:max", "max"), ("/data/gsm8k/", "gsm8k"),
                                           ("/data/math500.jsonl", "math500"), ("hf:openai/gsm8k", "openai/gsm8k")])
 def test_eval_set_name_from_the_source(source, name):

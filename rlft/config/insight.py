@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Literal
 
 from rlft.config.checks import _check, template_problem
+from rlft.config.reward import RewardTerm
 
 
 def source_name(source: str) -> str:
@@ -93,6 +94,10 @@ class EvalConfig:
     """Name of the held-out set in the val/ metrics; empty: from data.source (synthetic:max -> max, a file or directory -> its name without suffix)."""
     vote_extractor: Literal["strict", "final", "flexible", "math"] = "final"
     """How maj@k reads each sample's answer: strict (the number after the last ####), final (a response that ends with its only #### n), flexible (the last number), math (the last \\boxed{}, <answer> tag or "answer is")."""
+    best_of: int = 0
+    """Best-of-N with a verifier: N samples per problem (at eval.temperature; the first N of the pass@k samples when max(eval.ks) >= N), the one eval.verifier scores highest judged by eval.correct_fn, reported as best_of@N; 0: off."""
+    verifier: RewardTerm = RewardTerm("final_answer")
+    """The verifier of best-of-N, a reward entry: a rule ({name: format_final}), a reward model ({name: reward_model, path: ...}) or a judge ({name: judge, path: ...}); the correctness rule itself gives the oracle (best_of@N = the share of problems with a right sample among N)."""
     sets: tuple[EvalSet, ...] = ()
     """Extra held-out sets evaluated with the primary one (data.source, named eval.name), each logged as val/<name>/<metric> with its own correctness reward: mappings {name, source, split, limit, prompt_key, answer_key, template, correct_fn, format_fn, vote_extractor}, or bare sources. See rlft.config.sections.EvalSet."""
 
@@ -101,6 +106,7 @@ class EvalConfig:
         _check(self.temperature > 0, "eval.temperature", "must be > 0")
         _check(self.batch_size >= 1, "eval.batch_size", "must be >= 1")
         _check(self.every >= 0, "eval.every", "must be >= 0 (0: only before and after RL)")
+        _check(self.best_of >= 0, "eval.best_of", "must be >= 0 (0: no best-of-N)")
         self.check_set_names(self.name)
 
     def check_set_names(self, primary: str) -> None:

@@ -1,4 +1,4 @@
-"""Sampling metrics: unbiased pass@k and majority-vote maj@k.
+"""Sampling metrics: unbiased pass@k, majority-vote maj@k and verifier-picked best-of-N.
 
 pass@k: Chen et al. 2021 ("Evaluating Large Language Models Trained on Code"),
 eq. 1: with n samples of which c are correct,
@@ -54,3 +54,19 @@ def maj_at_k(answers: Sequence[str | None], correct: Sequence[bool]) -> float:
         return 0.0
     winner = max(votes, key=votes.__getitem__)  # max keeps the first of equal counts
     return 1.0 if correct[answers.index(winner)] else 0.0
+
+
+def best_of_n(scores: Sequence[float | None], correct: Sequence[bool]) -> float:
+    """1.0 if the sample a verifier scores highest is correct, else 0.0 (best-of-N with a verifier).
+
+    ``scores[i]`` is the verifier's value of sample ``i`` (None or NaN: no verdict, never picked while another
+    sample has one); ties go to the sample drawn first; no verdict at all picks the first sample.
+    ``correct[i]`` says whether sample ``i`` is right by the task's rule.
+    """
+    if len(scores) != len(correct):
+        raise ValueError(f"scores and correct differ in length: {len(scores)} vs {len(correct)}")
+    if not scores:
+        raise ValueError("best_of_n needs at least one sample")
+    judged = [(s, -i) for i, s in enumerate(scores) if s is not None and s == s]  # NaN != NaN
+    pick = -max(judged)[1] if judged else 0
+    return 1.0 if correct[pick] else 0.0

@@ -14,7 +14,7 @@ from typing import Any, Callable, Sequence
 
 from rlft.config import Config, ConfigError
 from rlft.config.insight import EvalSet, primary_name
-from rlft.core.passk import maj_at_k, mean_pass_at_k
+from rlft.core.passk import best_of_n, maj_at_k, mean_pass_at_k
 from rlft.data.loaders import load_examples
 from rlft.data.schema import DataError, Example
 from rlft.data.synthetic import configured_task
@@ -23,6 +23,7 @@ from rlft.envs.build import factory
 from rlft.envs.tool_env import shown_tools
 from rlft.rewards import score_batch
 from rlft.rewards.group import EXTRACTORS, answer_key
+from rlft.rewards.terms import build
 from rlft.rollout.hf import generate, sampling_args
 from rlft.rollout.multiturn import rollout_env, row_params
 
@@ -72,8 +73,12 @@ def evaluate(model, tokenizer, prompts: list[list[int]], examples: Sequence[Exam
     formatted = _hits(greedy, with_env, rules.format_fn, timeout)
     n = len(examples)
     out = {"n": n, "exact_match": sum(correct) / n, "format_rate": sum(formatted) / n,
-           "response_length": sum(lengths) / n, **_tool_use(episodes), **_role_verdicts(episodes)}
+           "response_length": sum(lengths) / n, "response_length_max": max(lengths, default=0),
+           "prompt_length": sum(map(len, prompts)) / n, "prompt_length_max": max(map(len, prompts), default=0),
+           **_tool_use(episodes), **_role_verdicts(episodes)}
     k_max = cfg.eval.num_samples
+    sampled: list[str] = []
+    hits: list[bool] = []
     if k_max:
         episodes = []
         sampled = _responses(model, tokenizer, prompts, examples, k_max, cfg, greedy=False, episodes=episodes)
@@ -86,9 +91,33 @@ def evaluate(model, tokenizer, prompts: list[list[int]], examples: Sequence[Exam
         keys = [answer_key(extract(t)) for t in sampled]
         out[f"maj@{k_max}"] = sum(maj_at_k(keys[i * k_max:(i + 1) * k_max], hits[i * k_max:(i + 1) * k_max])
                                   for i in range(n)) / n
+    if cfg.eval.best_of:
+        out.update(_best_of(model, tokenizer, prompts, examples, samples, cfg, rules, (sampled, hits, k_max)))
     out["examples"] = [{"prompt_index": i, "response": greedy[i], "ground_truth": examples[i].ground_truth,
                         "correct": correct[i]} for i in range(min(n, 5))]
     return out
+
+
+def _best_of(model, tokenizer, prompts: list[list[int]], examples: Sequence[Example], samples: list[dict],
+             cfg: Config, rules, drawn: tuple[list[str], list[bool], int]) -> dict[str, float]:
+    """``best_of@N``: per problem, of N samples the one ``eval.verifier`` scores highest, judged by the rules'
+    ``correct_fn`` (the first N of the pass@k samples ``drawn`` = (texts, hits, per problem) when there are that
+    many); ``best_of_unscored``: samples the verifier gave no verdict (they are never picked over a scored one)."""
+    big_n, n = cfg.eval.best_of, len(examples)
+    texts, hits, per = drawn
+    if per >= big_n:
+        keep = [i * per + j for i in range(n) for j in range(big_n)]
+        texts, hits = [texts[i] for i in keep], [hits[i] for i in keep]
+    else:
+        episodes: list[dict] = []
+        texts = _responses(model, tokenizer, prompts, examples, big_n, cfg, greedy=False, episodes=episodes)
+        hits = _hits(texts, _with_env([s for s in samples for _ in range(big_n)], episodes), rules.correct_fn,
+                     cfg.reward.timeout_s)
+    rows = [s for s in samples for _ in range(big_n)]
+    term = cfg.eval.verifier
+    values = score_batch(texts, rows, [(term.key, build(term))], [1.0], timeout_s=cfg.reward.timeout_s).total
+    picked = [best_of_n(values[i * big_n:(i + 1) * big_n], hits[i * big_n:(i + 1) * big_n]) for i in range(n)]
+    return {f"best_of@{big_n}": sum(picked) / n, "best_of_unscored": float(sum(v is None for v in values))}
 
 
 def _with_env(samples: list[dict], episodes: list[dict]) -> list[dict]:
