@@ -15,14 +15,14 @@ from rlft.core.advantages import ADVANTAGES, AdvantageInputs, process_advantages
 NAN = float("nan")
 
 
-def cfg(eps=0.0):
-    return SimpleNamespace(adv_eps=eps)
+def cfg(eps=0.0, gamma=1.0):
+    return SimpleNamespace(adv_eps=eps, gamma=gamma)
 
 
-def run(step_rewards, step_mask, mask, G, scores=None, eps=0.0):
+def run(step_rewards, step_mask, mask, G, scores=None, eps=0.0, gamma=1.0):
     scores = torch.zeros(mask.shape[0], dtype=torch.float64) if scores is None else scores
     inp = AdvantageInputs(scores, mask, G, step_rewards=step_rewards, step_mask=step_mask)
-    return ADVANTAGES.get("process")(inp, cfg(eps))
+    return ADVANTAGES.get("process")(inp, cfg(eps, gamma))
 
 
 def test_hand_made_three_step_example():
@@ -64,6 +64,65 @@ def naive(step_rewards, step_mask, mask, scores, G, eps):
                 if mask[b, t]:
                     out[b][t] += (v - mean) / (std + eps)
     return torch.tensor(out, dtype=torch.float64)
+
+
+def test_discounted_hand_made_three_step_example():
+    """The three-step example with gamma = 0.5: a step whose last token lies l valid tokens after t counts 0.5^l.
+    With a, b, c the normalised rewards of the steps ending at tokens 1, 3, 5: A_5 = c, A_4 = 0.5 c,
+    A_3 = b + 0.25 c, A_2 = 0.5 A_3, A_1 = a + 0.25 A_3, A_0 = 0.5 A_1."""
+    mask = torch.ones(2, 6, dtype=torch.long)
+    step_mask = torch.tensor([[0, 1, 0, 1, 0, 1]] * 2)
+    r = torch.tensor([[0, 1, 0, 1, 0, 1], [0, 1, 0, 0, 0, 0]], dtype=torch.float64)
+    adv, _ = run(r, step_mask, mask, 2, gamma=0.5)
+    right, wrong = math.sqrt(15) / 6, -math.sqrt(15) / 3
+
+    def row(a, b, c):  # the normalised rewards of the steps ending at tokens 1, 3 and 5
+        a5 = c
+        a3 = b + 0.25 * a5
+        a1 = a + 0.25 * a3
+        return [0.5 * a1, a1, 0.5 * a3, a3, 0.5 * a5, a5]
+
+    want = torch.tensor([row(right, right, right), row(right, wrong, wrong)], dtype=torch.float64)
+    torch.testing.assert_close(adv, want)
+    assert adv[0, 0].item() == pytest.approx(0.5 * (right + 0.25 * (right + 0.25 * right)), abs=1e-12)
+    # gamma = 0: only a step ending at t itself counts
+    adv0, _ = run(r, step_mask, mask, 2, gamma=0.0)
+    torch.testing.assert_close(adv0, torch.tensor([[0, right, 0, right, 0, right], [0, right, 0, wrong, 0, wrong]],
+                                                  dtype=torch.float64))
+
+
+def naive_discounted(step_rewards, step_mask, mask, scores, G, eps, gamma):
+    """Python loops: each counted step's normalised reward reaches back to every valid t <= its token, discounted by
+    gamma per valid token between (t excluded, the step's token included)."""
+    B, T = mask.shape
+    out = [[0.0] * T for _ in range(B)]
+    for p in range(B // G):
+        rows = range(p * G, (p + 1) * G)
+        steps = [(b, t, float(step_rewards[b, t])) for b in rows for t in range(T)
+                 if step_mask[b, t] and mask[b, t] and not math.isnan(float(step_rewards[b, t]))
+                 and not math.isnan(float(scores[b]))]
+        vals = [v for _, _, v in steps]
+        if len(vals) < 2 or len(set(vals)) == 1:
+            continue
+        mean, std = statistics.mean(vals), statistics.stdev(vals)
+        for b, t_end, v in steps:
+            for t in range(t_end + 1):
+                if mask[b, t]:
+                    dist = sum(1 for u in range(t + 1, t_end + 1) if mask[b, u])
+                    out[b][t] += gamma ** dist * (v - mean) / (std + eps)
+    return torch.tensor(out, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("gamma", [0.0, 0.3, 0.9])
+def test_discounted_vs_naive_loop_and_masked_values_change_nothing(seed, gamma):
+    r, step_mask, mask, scores = random_inputs(seed=seed)
+    adv, _ = run(r, step_mask, mask, 3, scores, eps=1e-6, gamma=gamma)
+    torch.testing.assert_close(adv, naive_discounted(r, step_mask, mask, scores, 3, 1e-6, gamma))
+    junk = r.clone()
+    off = (step_mask == 0) | (mask == 0)
+    junk[off] = torch.tensor([1e30, -7.0, float("inf"), NAN]).double().repeat(int(off.sum()))[: int(off.sum())]
+    torch.testing.assert_close(run(junk, step_mask, mask, 3, scores, eps=1e-6, gamma=gamma)[0], adv)
 
 
 def random_inputs(B=6, T=9, seed=0):

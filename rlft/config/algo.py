@@ -83,7 +83,7 @@ class AlgoConfig:
     adv_eps: float = 1e-6
     """Epsilon added to the group std."""
     gamma: float = 1.0
-    """Discount of per-token returns (gae, reinforce, reinforce_pp)."""
+    """Discount of per-token returns (gae, reinforce, reinforce_pp; process: a later step counts gamma^l, l its distance in valid tokens)."""
     lam: float = 0.95
     """GAE lambda of the actor's advantages."""
     lam_critic: float = 1.0

@@ -356,13 +356,16 @@ def gae(inp: AdvantageInputs, cfg: Any) -> tuple[Tensor, Tensor]:
 
 
 def process_advantages(step_rewards: Tensor, step_mask: Tensor, mask: Tensor, group_size: int,
-                       eps: float = 1e-6) -> Tensor:
+                       eps: float = 1e-6, gamma: float = 1.0) -> Tensor:
     """GRPO with process supervision: group-normalised step rewards summed over the steps at or after t; (B, T).
 
     A step is counted at a valid token (``mask``) with ``step_mask`` set and a
     non-NaN reward; its normalised reward is ``(r - mean) / (std + eps)`` over
     every counted step of the group's G outputs (unbiased std; a group with
-    fewer than 2 counted steps or all-equal rewards gives 0).
+    fewer than 2 counted steps or all-equal rewards gives 0). ``gamma`` < 1
+    discounts a later step by gamma per valid token between t and the step's
+    last token: A_t = sum_{index(j) >= t} gamma^(valid tokens in (t, index(j)]) r~_j
+    (DeepSeekMath's undiscounted sum at gamma = 1).
     """
     B, T = mask.shape
     if B % group_size != 0:
@@ -374,7 +377,10 @@ def process_advantages(step_rewards: Tensor, step_mask: Tensor, mask: Tensor, gr
     n, mean, std, zero_std = _stats(rg, step.reshape(-1, group_size * T))  # (P,) each, over the group's steps
     norm = (rg - mean[:, None]) / (std[:, None] + eps)  # DeepSeekMath §4.1.3: r~ = (r - mean(R)) / std(R)
     norm = torch.where(step.reshape(rg.shape) & ~zero_std[:, None], norm, zero).reshape(B, T)  # (B, T)
-    adv = norm.flip(-1).cumsum(-1).flip(-1)  # (B, T) DeepSeekMath §4.1.3: A_t = sum_{index(j) >= t} r~_j
+    if gamma == 1.0:
+        adv = norm.flip(-1).cumsum(-1).flip(-1)  # (B, T) DeepSeekMath §4.1.3: A_t = sum_{index(j) >= t} r~_j
+    else:
+        adv = discounted_returns(norm, mask, gamma)  # (B, T) the same sum, gamma^l per valid token l ahead
     return torch.where(mask != 0, adv, zero)
 
 
@@ -386,7 +392,8 @@ def process(inp: AdvantageInputs, cfg: Any) -> tuple[Tensor, Tensor]:
                          "a step-level reward in reward.fns (e.g. chain_steps)")
     scorable = ~torch.isnan(inp.scores)  # (B,) an unscorable sequence has no counted step
     mask = (inp.mask != 0) & scorable[:, None]  # (B, T)
-    adv = process_advantages(inp.step_rewards, inp.step_mask, mask, inp.group_size, cfg.adv_eps)  # (B, T)
+    adv = process_advantages(inp.step_rewards, inp.step_mask, mask, inp.group_size, cfg.adv_eps,
+                             cfg.gamma)  # (B, T)
     return adv, adv.clone()
 
 
