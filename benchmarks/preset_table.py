@@ -54,9 +54,14 @@ def preset_run(out: Path, row: tuple[str, str, list[str]], seed: int, budget: fl
     if not (out / name / "eval.json").exists() or "after_rl" not in json.loads((out / name / "eval.json").read_text()):
         first = [] if recipe == "default" else [
             str(Path(__file__).resolve().parents[1] / "recipes" / f"{recipe}_demo.yaml")]
-        rlft([*first, f"model.path={out / f'sft_s{seed}' / 'policy'}", "sft.steps=0", "eval.before_rl=false",
-              "eval.ks=[]", f"train.seed={seed}", f"train.steps={steps or 100000}", f"train.time_budget_s={budget}",
-              f"log.run_dir={out}", f"log.name={name}", *overrides], threads)
+        if (out / name).exists():  # an earlier attempt that did not finish: kept aside, not overwritten
+            (out / name).rename(out / f"{name}.failed-{sum(1 for _ in out.glob(f'{name}.failed-*'))}")
+        try:
+            rlft([*first, f"model.path={out / f'sft_s{seed}' / 'policy'}", "sft.steps=0", "eval.before_rl=false",
+                  "eval.ks=[]", f"train.seed={seed}", f"train.steps={steps or 100000}",
+                  f"train.time_budget_s={budget}", f"log.run_dir={out}", f"log.name={name}", *overrides], threads)
+        except RuntimeError as e:  # one failed run does not stop the others; the table says it failed
+            return {"preset": preset, "seed": seed, "error": str(e)[-2000:]}
     ev = json.loads((out / name / "eval.json").read_text())["after_rl"]
     metrics = out / name / "metrics.jsonl"
     steps = sum(1 for _ in metrics.open()) if metrics.exists() else 0
@@ -100,6 +105,10 @@ def main() -> None:
     print(f"| post-SFT | {med(base.values()):.3f} | | {' / '.join(f'{base[s]:.3f}' for s in a.seeds)} | | |")
     for p, _, _ in table:
         rs = sorted((r for r in rows if r["preset"] == p), key=lambda r: r["seed"])
+        if any("error" in r for r in rs):
+            failed = [r["seed"] for r in rs if "error" in r]
+            print(f"| {p} | failed on seed {', '.join(map(str, failed))} (table.json has the error) | | | | |")
+            continue
         em = [r["exact_match"] for r in rs]
         delta = [(r["exact_match"] - base[r["seed"]]) * 100 for r in rs]
         print(f"| {p} | {med(em):.3f} | {med(delta):+.1f} pts | {' / '.join(f'{x:.3f}' for x in em)} | "
