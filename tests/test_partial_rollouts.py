@@ -168,10 +168,34 @@ def test_finished_batch_layout():
     assert b.texts[0] == str(token(0, 0)) and b.texts[3].split()[-1] == str(token(1, 7))  # stop hidden, cut kept
 
 
-def test_a_run_with_a_budget_trains_and_logs(run):
-    run_dir, records, cfg = run("rollout.partial_tokens=3", "rollout.max_new_tokens=8", "train.steps=4",
-                                name="partial")
-    assert cfg.rollout.partial_tokens == 3
+@pytest.fixture
+def ragged(monkeypatch):
+    """rlft's sampler with each response ended (its stop token written over the sampled one) where its context
+    plus response first reaches a multiple of 5 tokens: the tiny model's responses otherwise all run to the budget
+    together, and groups that finish together leave nothing in flight."""
+    from rlft.rollout import hf
+
+    real = hf.SAMPLERS.get("rlft")
+
+    def cut(model, prompts, **kw):
+        s = real(model, prompts, **kw)
+        ids, mask, lp, trunc = s.response_ids.clone(), s.response_mask.clone(), s.logprobs.clone(), s.truncated.clone()
+        for r in range(ids.shape[0]):
+            ctx = len(prompts[r // kw["group_size"]])
+            for k in range(int(mask[r].sum())):
+                if (ctx + k + 1) % 5 == 0:
+                    ids[r, k], trunc[r] = kw["stops"][0], False
+                    ids[r, k + 1:], mask[r, k + 1:], lp[r, k + 1:] = kw["pad_id"], 0, 0.0
+                    break
+        return Sampled(s.prompt_ids, s.prompt_mask, ids, mask, trunc, lp)
+
+    monkeypatch.setitem(hf.SAMPLERS._items, "rlft", cut)
+
+
+def test_a_run_with_a_budget_trains_and_logs(run, ragged):
+    run_dir, records, cfg = run("rollout.partial_tokens=2", "rollout.max_new_tokens=12", "train.steps=4",
+                                "train.prompts_per_step=4", name="partial")
+    assert cfg.rollout.partial_tokens == 2
     for r in records:
         assert 1 <= r["partial/finished_groups"] and 0 <= r["partial/carried_token_frac"] <= 1
         assert all(math.isfinite(v) for v in r.values() if isinstance(v, float))
@@ -188,19 +212,20 @@ def test_a_budget_of_the_whole_response_is_the_plain_run(run):
     assert all(r["partial/pending_groups"] == 0 and r["partial/carried_token_frac"] == 0 for r in part)
 
 
-def test_resume_with_groups_in_flight_repeats_the_run(tmp_path, tiny_overrides, digit_reward):
+def test_resume_with_groups_in_flight_repeats_the_run(tmp_path, tiny_overrides, digit_reward, ragged):
     from rlft.runs import checkpoint
 
     def cfg(name: str, *extra: str):
-        return load_config(None, tiny_overrides(tmp_path, f"log.name={name}", "train.steps=4", "train.save_every=2",
+        return load_config(None, tiny_overrides(tmp_path, f"log.name={name}", "train.steps=4", "train.save_every=3",
                                                 "sft.steps=0", "eval.before_rl=false", "eval.ks=[]",
-                                                "rollout.max_new_tokens=8", "rollout.partial_tokens=2",
-                                                "optim.lr=1e-2", *digit_reward, *extra))
+                                                "rollout.max_new_tokens=12", "rollout.partial_tokens=2",
+                                                "train.prompts_per_step=4", "optim.lr=1e-2", *digit_reward,
+                                                *extra))
 
     run_dir = run_pipeline(cfg("whole"), echo=quiet).run_dir
     whole_run = read_jsonl(run_dir / "metrics.jsonl")
-    saved = checkpoint.load_state(run_dir / "checkpoints" / "step_000002")["trainer"]["partial"]
-    assert saved["group_size"] > 0 and isinstance(saved["pending"], list)
+    saved = checkpoint.load_state(run_dir / "checkpoints" / "step_000003")["trainer"]["partial"]
+    assert saved["group_size"] == 2 and len(saved["pending"]) > 0  # groups in flight at the checkpoint
     with pytest.raises(ValueError, match="rollout.partial_tokens"):
         run_pipeline(cfg("whole", "train.resume=true", "rollout.partial_tokens=0"), echo=quiet)
     run_pipeline(cfg("whole", "train.resume=true"), echo=quiet)
