@@ -147,6 +147,8 @@ class RolloutConfig:
     """0 disables top-k."""
     sampler: Literal["rlft", "generate", "vllm"] = "rlft"
     """rlft: rlft.rollout.decode (each prompt prefilled once per group, finished rows dropped; the same sampling distribution); generate: transformers' model.generate (also the fallback for a model the rlft sampler cannot drive); vllm (experimental, the vllm extra; one process, or several with recipes/accelerate/ddp.yaml, each with an engine of its own): a vLLM engine beside the policy, its weights pushed whenever the policy's change (rlft.rollout.vllm_engine)."""
+    partial_tokens: int = 0
+    """Partial rollouts (Kimi k1.5 §2.6.2): each RL step samples at most this many new tokens per unfinished response; groups whose responses all ended (a stop token or rollout.max_new_tokens) are trained on, the others keep their tokens and log-probs and continue in the next step (rlft.rollout.partial); 0: off, every response sampled whole in its step."""
     vllm_gpu_memory_utilization: float = 0.3
     """rollout.sampler=vllm: the share of the GPU's memory vLLM may take (weights and KV cache); the rest is the trainer's."""
     vllm_max_model_len: int = 0
@@ -159,6 +161,7 @@ class RolloutConfig:
         _check(self.temperature > 0, "rollout.temperature", "must be > 0")
         _check(0 < self.top_p <= 1, "rollout.top_p", "must be in (0, 1]")
         _check(self.top_k >= 0, "rollout.top_k", "must be >= 0")
+        _check(self.partial_tokens >= 0, "rollout.partial_tokens", "must be >= 0 (0: off)")
         _check(0 < self.vllm_gpu_memory_utilization <= 1, "rollout.vllm_gpu_memory_utilization", "must be in (0, 1]")
         _check(self.vllm_max_model_len >= 0, "rollout.vllm_max_model_len", "must be >= 0 (0: the model's limit)")
 
@@ -292,6 +295,8 @@ class Config:
                f"retrains the reward_model reward, so reward.fns needs exactly one reward_model entry, found {n_rm}")
         if self.train.overlapped:
             self._check_async()
+        if self.rollout.partial_tokens:
+            self._check_partial()
 
     def _check_roles(self) -> None:
         """What several roles on one base need from the other sections."""
@@ -318,6 +323,14 @@ class Config:
                "train.async_rollout=false")
         _check(not self.roles.multi_agent, "train.async_rollout", "does not take several roles yet (roles); set "
                "train.async_rollout=false")
+
+    def _check_partial(self) -> None:
+        """What partial rollouts (rollout.partial_tokens) cannot run with."""
+        for off, what in ((not self.env.multi_turn, "environments (env.name): a turn's tokens are not a response's"),
+                          (not self.algo.dynamic_sampling, "algo.dynamic_sampling: it draws rounds of whole groups"),
+                          (not self.train.async_rollout, "train.async_rollout: the rollout runs beside the update"),
+                          (not self.roles.multi_agent, "several roles (roles)")):
+            _check(off, "rollout.partial_tokens", f"does not take {what}; set rollout.partial_tokens=0")
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)

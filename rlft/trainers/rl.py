@@ -31,9 +31,10 @@ from rlft.rewards.scoring import ScoreResult
 from rlft.rewards.steps import step_metrics, step_tensors
 from rlft.rewards.terms import built
 from rlft.rollout.batch import Batch, cat_batches
-from rlft.rollout.hf import generate, samples_exactly, sampling_args
+from rlft.rollout.hf import generate, samples_exactly, sampling_args, turn_sampler
 from rlft.rollout.episodes import episode_metrics
 from rlft.rollout.multiturn import rollout_env
+from rlft.rollout.partial import finished_batch, partial_metrics
 from rlft.trainers import hacking
 from rlft.trainers.distill import distill_advantages, distill_logprobs
 from rlft.trainers.roles import role_advantages, role_metrics, score_roles
@@ -174,9 +175,13 @@ def collect(state: RLState, cfg: Config, t: dict[str, float]) -> tuple[Batch, di
     kept: list[Batch] = []
     kept_parts: list[dict[str, list]] = []  # each reward's values for the kept rows, in order
     n_kept = 0
+    partial: dict[str, float] = {}
     for _ in range(1 + (a.max_sample_rounds if a.dynamic_sampling else 0)):
-        idx = state.sampler.take(P)  # the same P prompts in every process
-        batch, scored = _rollout_share(state, cfg, idx[state.dist.share(P)], t)
+        if state.partial is not None:  # rollout.partial_tokens: the groups that finished this step (one process)
+            idx, batch, scored, partial = _partial_share(state, cfg, t)
+        else:
+            idx = state.sampler.take(P)  # the same P prompts in every process
+            batch, scored = _rollout_share(state, cfg, idx[state.dist.share(P)], t)
         if state.dist.active:  # every process gets the whole round, in prompt order
             parts = state.dist.gather((batch.to(torch.device("cpu")), scored))
             batch, scored = cat_batches([b for b, _ in parts]), merge_scores([s for _, s in parts])
@@ -194,6 +199,7 @@ def collect(state: RLState, cfg: Config, t: dict[str, float]) -> tuple[Batch, di
         if n_kept >= P:
             break
     metrics = reward_metrics(drawn, cfg)
+    metrics.update(partial)
     metrics.update(step_metrics([(b.step_rewards, b.step_mask) for b, _ in drawn if b.step_mask is not None]))
     metrics.update(hacking.batch_metrics([b.scores for b, _ in drawn], [b.correct for b, _ in drawn], G))
     metrics.update(episode_metrics([e for b, _ in drawn for e in b.episodes]))
@@ -218,12 +224,38 @@ def _rollout_share(state: RLState, cfg: Config, idx: list[int], t: dict[str, flo
         else:
             batch = generate(state.policy, state.tokenizer, prompts, group_size=cfg.algo.group_size,
                              **sampling_args(cfg.rollout))
+    return batch, _scored(state, cfg, batch, examples, t)
+
+
+def _partial_share(state: RLState, cfg: Config, t: dict[str, float]) -> tuple[list[int], Batch, ScoreResult,
+                                                                                dict[str, float]]:
+    """rollout.partial_tokens: one budget of tokens for every group in flight (``rlft.rollout.partial``); the
+    finished groups' prompt indices, their batch and scores, and the partial/ metrics."""
+    args = sampling_args(cfg.rollout)
+    args.pop("max_new_tokens")
+    run = turn_sampler(state.policy, state.tokenizer, **args)
+    was_training = state.policy.training
+    with _timed(t, "rollout"), autocast(state.policy, cfg.model.autocast), torch.no_grad():
+        state.policy.eval()
+        try:
+            done = state.partial.collect(run, state.prompts, state.sampler.take, cfg.train.prompts_per_step,
+                                         state.step)
+        finally:
+            state.policy.train(was_training)
+        batch = finished_batch(done, state.prompts, state.tokenizer, state.step)
+    idx = [g.index for g in done]
+    scored = _scored(state, cfg, batch, [state.examples[i] for i in idx], t)
+    return idx, batch, scored, partial_metrics(done, len(state.partial.pending), state.step)
+
+
+def _scored(state: RLState, cfg: Config, batch: Batch, examples: Sequence[Example], t: dict[str, float]) -> ScoreResult:
+    """Score the groups of ``batch`` (one example per group) and record the rule's verdicts in ``batch.correct``."""
     with _timed(t, "reward"):
         scored = score(batch, examples, cfg)
         attach_steps(batch, scored, state.tokenizer, cfg)
     with _timed(t, "rule_check"):  # the evaluation's rule on each rollout: reward-hacking metrics, RM refresh
         batch.correct = hacking.rule_correct(batch.texts, examples, cfg.algo.group_size, cfg, scored)
-    return batch, scored
+    return scored
 
 
 def merge_scores(parts: Sequence[ScoreResult]) -> ScoreResult:

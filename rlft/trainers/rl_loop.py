@@ -8,7 +8,7 @@ import threading
 import time
 from pathlib import Path
 
-from rlft.config import Config
+from rlft.config import Config, ConfigError
 from rlft.errors import TrainingHalted
 from rlft.insight.eval import HeldOut, evaluate_sets, val_metrics
 from rlft.parallel.dist import current
@@ -16,6 +16,7 @@ from rlft.parallel.launch import strategy
 from rlft.runs import checkpoint
 from rlft.runs.start import append_jsonl, seed_everything, write_json
 from rlft.runs.tracking import MetricsLog
+from rlft.rollout.partial import PartialRollouts
 from rlft.trainers.async_rollout import AsyncRollouts
 from rlft.trainers.state import RLState
 from rlft.trainers.rl import rl_step, sample_records
@@ -32,6 +33,11 @@ def run_rl(policy, tokenizer, train_ex, train_prompts, cfg: Config, run_dir: Pat
     state.dist = dist
     if cfg.train.overlapped:  # one-step-off rollouts: the sampler copy, before a checkpoint fills the one in flight
         state.rollouts = AsyncRollouts(state, cfg)
+    if cfg.rollout.partial_tokens:  # the groups in flight between steps, before a checkpoint fills them
+        if dist.active:
+            raise ConfigError(f"rollout.partial_tokens: partial rollouts run in one process; run without accelerate "
+                              f"launch / torchrun ({dist.world} processes) or set rollout.partial_tokens=0")
+        state.partial = PartialRollouts(cfg.rollout.partial_tokens, cfg.rollout.max_new_tokens, cfg.algo.group_size)
     if ckpt is not None:
         restore(state, ckpt, run_dir, echo)
     else:

@@ -72,6 +72,7 @@ class RLState:
     reward_parts: dict[str, list] = field(default_factory=dict)  # each reward's value per row of the last batch
     last_batch: Batch | None = None  # the last step's batch, as it was trained on (for the sample log)
     rollouts: object | None = None  # rlft.trainers.async_rollout.AsyncRollouts (train.async_rollout), else None
+    partial: object | None = None  # rlft.rollout.partial.PartialRollouts (rollout.partial_tokens), else None
     skipped_steps: int = 0  # RL steps whose every policy update was skipped (a non-finite gradient), in all
     consecutive_skips: int = 0  # ... and in a row, up to the last step
     step: int = 0
@@ -91,7 +92,8 @@ class RLState:
                "skips": [self.skipped_steps, self.consecutive_skips],
                "health": self.health.state_dict() if self.health is not None else None,
                "rm_refresh": self.rm_refresh.state_dict() if self.rm_refresh is not None else None,
-               "async": self.rollouts.state_dict() if self.rollouts is not None else None}
+               "async": self.rollouts.state_dict() if self.rollouts is not None else None,
+               "partial": self.partial.state_dict() if self.partial is not None else None}
         if self.critic is not None:
             model, optim = critic_states or (self.critic.state_dict(), self.critic_optimizer.state_dict())
             out["critic"] = {"model": model, "optimizer": optim, "scheduler": self.critic_scheduler.state_dict()}
@@ -106,6 +108,11 @@ class RLState:
                 raise ValueError("the checkpoint holds the next step's rollout, sampled ahead with "
                                  "train.async_rollout=true; resume with train.async_rollout=true")
             self.rollouts.load_state_dict(saved["async"])
+        if saved.get("partial") is not None:  # the groups in flight, with their tokens so far
+            if self.partial is None:
+                raise ValueError("the checkpoint holds partial rollouts in flight (rollout.partial_tokens > 0); "
+                                 "resume with the same rollout.partial_tokens")
+            self.partial.load_state_dict(saved["partial"])
         if self.ref is not None and saved.get("ref") is not None:
             strategy().load_state(self.ref, saved["ref"])  # sharded or not
         for name in ("kl_ctl", "penalty_ctl", "ptx", "hacking", "rm_refresh", "health"):  # rl_setup.build_rl_state
