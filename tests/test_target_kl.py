@@ -208,3 +208,21 @@ def test_rl_steps_refresh_the_reference_every_n(model, tok, make_cfg, digit_rewa
     assert ref_is(after_two) and not ref_is(model.state_dict())
     saved = state.trainer_state()["ref"]  # a checkpoint keeps the refreshed reference
     assert all(torch.equal(saved[k], after_two[k]) for k in after_two)
+
+
+def test_rlft_train_logs_both(tmp_path, tiny_overrides, digit_reward):
+    """A whole tiny run with both switches: every step logs the refresh flag and the early-stop counts."""
+    import json
+
+    from rlft.cli.main import main
+
+    ov = tiny_overrides(tmp_path, "log.name=both", "sft.steps=0", "eval.before_rl=false", "algo.kl_coef=0.1",
+                        "algo.ref_refresh_every=2", "algo.epochs=2", "algo.target_kl=1e-9", *digit_reward)
+    assert main(["train", *ov]) == 0
+    rows = [json.loads(line) for line in (tmp_path / "both" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "actor/ref_refreshed" in r]
+    assert [r["actor/ref_refreshed"] for r in steps] == [0.0, 1.0, 0.0]
+    for r in steps:  # 2 planned steps; a stop after the first is the only one possible (its KL is 0 before it)
+        assert r["actor/minibatch_updates"] in (1.0, 2.0)
+        assert r["actor/early_stopped"] == float(r["actor/minibatch_updates"] == 1.0)
+        assert r["actor/approx_kl"] >= 0
