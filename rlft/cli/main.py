@@ -1,4 +1,4 @@
-"""Command line: ``rlft train``, ``rlft eval``, ``rlft sft``, ``rlft rm``, ``rlft prm``, ``rlft dpo``, ``rlft rft``, ``rlft label``, ``rlft distill``, ``rlft prepare gsm8k|humaneval|mbpp``, ``rlft config``.
+"""Command line: ``rlft train``, ``rlft eval``, ``rlft sft``, ``rlft rm``, ``rlft prm``, ``rlft dpo``, ``rlft rft``, ``rlft label``, ``rlft distill``, ``rlft prepare gsm8k|humaneval|mbpp``, ``rlft merge``, ``rlft config``.
 
     rlft train                                    # the embedded demo (tiny model, synthetic arithmetic)
     rlft train recipes/grpo_gsm8k.yaml model.path=/models/qwen algo.group_size=4
@@ -13,6 +13,7 @@
     rlft distill model.path=runs/<name>/policy distill.teachers=[runs/<big>/policy]   # on-policy distillation
     rlft prepare gsm8k --input path/to/gsm8k --output data/gsm8k
     rlft prepare mbpp --input path/to/mbpp.jsonl --output data/mbpp    # also: humaneval (HumanEval.jsonl)
+    rlft merge runs/long/policy runs/short/policy --alpha 0.5 --out runs/merged   # (1 - alpha) A + alpha B
     rlft config                                   # every key, its default and meaning
 """
 
@@ -79,6 +80,14 @@ def cmd_prepare(ns: argparse.Namespace) -> int:
     written = preparers[ns.dataset](ns.input, ns.output)
     for split, path in written.items():
         print(f"{split}: {path}")
+    return 0
+
+
+def cmd_merge(ns: argparse.Namespace) -> int:
+    from rlft.models.merge import merge_models
+
+    out = merge_models(ns.a, ns.b, ns.alpha, ns.out)
+    print(f"rlft: {out}: (1 - {ns.alpha:g}) x {ns.a} + {ns.alpha:g} x {ns.b}, tokenizer of {ns.a}")
     return 0
 
 
@@ -161,7 +170,8 @@ def build_parser() -> argparse.ArgumentParser:
                        ("rft", "rejection-sampling fine-tuning (rft.* keys): sample, keep what the reward accepts, "
                                "fine-tune; offline or online"),
                        ("label", "preference rows for rm / dpo (label.* keys): model.path's samples ranked by a "
-                                 "judge model (RLAIF)"),
+                                 "judge model (RLAIF), or with label.mode=shortest its shortest correct sample over each "
+                                 "longer correct one (long-to-short DPO data)"),
                        ("distill", "on-policy distillation (distill.* keys): model.path samples, distill.teachers "
                                    "score its tokens, the per-token reverse KL is the signal")):
         st = sub.add_parser(name, help=text)
@@ -199,6 +209,13 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--seeds", type=int, nargs="+", default=[0], help="train.seed of each point (default: 0)")
     sw.add_argument("--name", default="", help="the sweep's directory under log.run_dir (default: sweep-<time>)")
     sw.set_defaults(fn=cmd_sweep)
+    mg = sub.add_parser("merge", help="linear interpolation (1 - alpha) A + alpha B of two model directories of one "
+                                      "architecture (e.g. a long- and a short-reasoning model), written atomically")
+    mg.add_argument("a", help="model directory A (config.json and weights; its tokenizer is the output's)")
+    mg.add_argument("b", help="model directory B: the same config.json, tensors and tokenizer as A")
+    mg.add_argument("--alpha", type=float, required=True, help="weight of B, in [0, 1] (0: A, 1: B)")
+    mg.add_argument("--out", required=True, help="a new directory for the merged model")
+    mg.set_defaults(fn=cmd_merge)
     c = sub.add_parser("config", help="list every configuration key with its default and meaning")
     c.set_defaults(fn=cmd_config)
     return p

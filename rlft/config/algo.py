@@ -48,9 +48,21 @@ class AlgoConfig:
     kl_in: Literal["loss", "reward"] = "loss"
     """Where the KL term goes: a loss term (GRPO) or a per-token reward penalty -kl_coef * kl_t (PPO-RLHF)."""
     kl_target: float = 0.0
-    """Adaptive KL: target KL per sequence of the proportional controller (0: fixed kl_coef)."""
+    """Adaptive KL coefficient: the KL to the reference per sequence that the proportional controller steers
+    algo.kl_coef towards (0: fixed kl_coef). Not algo.target_kl, which stops an update early on KL(pi_old || pi)."""
     kl_horizon: int = 10000
     """Adaptive KL: horizon (in samples) of the proportional controller (Ziegler et al. 2019)."""
+    ref_refresh_every: int = 0
+    """Every N RL steps the reference model is set to the current policy's weights, so that the KL term (algo.kl_coef
+    > 0) pulls towards a recent policy instead of the starting one; 0: never (the reference stays the policy as it
+    entered RL). Full fine-tuning only: under LoRA the reference is the base with the adapters switched off (no
+    second copy), so there is nothing to refresh, and lora.rank > 0 is refused."""
+    target_kl: float = 0.0
+    """Early stop of one RL step's update (not the KL-to-reference target, algo.kl_target): before each policy
+    optimizer step, the mini-batch's mean over its loss tokens of k3 = (r - 1) - log r, r = pi / pi_old (an estimate of
+    KL(pi_old || pi), pi the policy after the step's earlier mini-batches), is compared with 1.5 * target_kl (the rule
+    of Stable-Baselines3's PPO); above it, that mini-batch's step and every remaining mini-batch and epoch of the step
+    are skipped (actor/early_stopped, actor/minibatch_updates). 0: off. Needs algo.epochs * algo.minibatches > 1."""
     penalty_coef: float = 1.0
     """policy_loss=ppo_penalty: initial beta of the KL(pi_old || pi) penalty (PPO eq. 8); adapted when
     penalty_target > 0."""
@@ -145,6 +157,11 @@ class AlgoConfig:
         _check(self.kl_target >= 0, "algo.kl_target", "must be >= 0 (0: fixed coefficient)")
         _check(self.kl_horizon >= 1, "algo.kl_horizon", "must be >= 1")
         _check(self.kl_target == 0 or self.kl_coef > 0, "algo.kl_target", "needs an initial algo.kl_coef > 0")
+        _check(self.ref_refresh_every >= 0, "algo.ref_refresh_every", "must be >= 0 (0: never)")
+        _check(self.ref_refresh_every == 0 or self.kl_coef > 0, "algo.ref_refresh_every",
+               "refreshes the reference model, which only a KL term loads; needs algo.kl_coef > 0")
+        _check(math.isfinite(self.target_kl) and self.target_kl >= 0, "algo.target_kl",
+               f"must be a finite number >= 0 (0: off), got {self.target_kl}")
         _check(self.penalty_coef >= 0, "algo.penalty_coef", "must be >= 0")
         _check(self.penalty_target >= 0, "algo.penalty_target", "must be >= 0 (0: fixed coefficient)")
         _check(self.penalty_target == 0 or self.penalty_coef > 0, "algo.penalty_target",
@@ -202,6 +219,9 @@ class AlgoConfig:
         _check(self.policy_loss != "ppo_penalty" or self.epochs * self.minibatches > 1, "algo.policy_loss",
                "'ppo_penalty' penalises KL(pi_old || pi), which is 0 (and so is its gradient) at the first optimizer "
                "step of a batch; needs algo.epochs * algo.minibatches > 1")
+        _check(self.target_kl == 0 or self.epochs * self.minibatches > 1, "algo.target_kl",
+               "stops the remaining optimizer steps of an update, and an update of algo.epochs=1 x algo.minibatches=1 "
+               "has one, taken at pi = pi_old (KL 0); raise algo.epochs or algo.minibatches, or set algo.target_kl=0")
         _check(self.advantage != "gdpo" or self.kl_in != "reward", "algo.kl_in",
                "advantage 'gdpo' normalises the reward components one by one and has no place for a per-token KL "
                "reward; set algo.kl_in=loss")

@@ -293,6 +293,9 @@ class Config:
         n_rm = sum(t.name == "reward_model" for t in self.reward.fns)
         _check(not self.rm.refresh_every or n_rm == 1, "rm.refresh_every",
                f"retrains the reward_model reward, so reward.fns needs exactly one reward_model entry, found {n_rm}")
+        _check(not self.algo.ref_refresh_every or self.lora.rank == 0, "algo.ref_refresh_every",
+               "with LoRA (lora.rank > 0) the reference is the base model with the adapters switched off, not a copy "
+               "that could be set to the policy; use full fine-tuning (lora.rank=0) or algo.ref_refresh_every=0")
         if self.train.overlapped:
             self._check_async()
         if self.rollout.partial_tokens:

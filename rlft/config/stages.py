@@ -202,10 +202,10 @@ class SFTConfig:
 class LabelConfig:
     judge: RewardTerm = RewardTerm("judge")
     """The judge, a reward entry: {name: judge, path: <causal LM dir>, template, labels, scores, ...} (rlft.rewards.judge); with label.mode=pointwise any reward scores (e.g. reward_model)."""
-    mode: Literal["pointwise", "pairwise"] = "pointwise"
-    """pointwise: each completion scored alone, pairs ordered by score; pairwise: the judge compares every two completions of a prompt (both orders averaged, judge's pair_template)."""
+    mode: Literal["pointwise", "pairwise", "shortest"] = "pointwise"
+    """pointwise: each completion scored alone, pairs ordered by score; pairwise: the judge compares every two completions of a prompt (both orders averaged, judge's pair_template); shortest: long-to-short DPO pairs without a judge model, eval.correct_fn (>= 1) tells the correct completions and the shortest correct one (in sampled tokens, the earliest of equal lengths) is chosen over every correct one longer by more than label.min_margin tokens (prompts with fewer than two correct completions of different lengths give none)."""
     write: Literal["pairs", "ranking"] = "pairs"
-    """Rows written: (chosen, rejected) pairs, or one K-way ranking per prompt (pointwise only: pairwise verdicts need not be transitive)."""
+    """Rows written: (chosen, rejected) pairs, or one K-way ranking per prompt (pointwise only: pairwise verdicts need not be transitive, shortest pairs are not a ranking)."""
     samples: int = 4
     """Completions sampled per prompt from the stage's policy (rollout.temperature, top_p, top_k, max_new_tokens); duplicates and empty ones are dropped."""
     prompts: int = 0
@@ -213,7 +213,7 @@ class LabelConfig:
     num_eval: int = 100
     """Held-out prompts labelled for the test split (the first N of data.source's held-out problems; 0: all)."""
     min_margin: float = 0.0
-    """A pair is written only when the judge separates it by more than this: the score difference (pointwise) or |2 P(a better) - 1| (pairwise); ties are never written."""
+    """A pair is written only when the judge separates it by more than this: the score difference (pointwise), |2 P(a better) - 1| (pairwise) or the length difference in tokens (shortest); ties are never written."""
 
     def __post_init__(self) -> None:
         _check(self.samples >= 2, "label.samples", f"must be >= 2 (a pair needs two completions), got {self.samples}")
@@ -221,9 +221,11 @@ class LabelConfig:
         _check(self.num_eval >= 0, "label.num_eval", "must be >= 0 (0: all)")
         _check(math.isfinite(self.min_margin) and self.min_margin >= 0, "label.min_margin",
                f"must be a finite number >= 0, got {self.min_margin}")
+        why = ("pairwise verdicts need not be transitive" if self.mode == "pairwise" else
+               "shortest pairs put one completion over each longer one, which is no ranking")
         _check(self.mode == "pointwise" or self.write == "pairs", "label.write",
-               "ranking needs label.mode=pointwise (pairwise verdicts need not be transitive); use label.write=pairs")
-        _check(self.mode == "pointwise" or self.judge.name == "judge", "label.judge.name",
+               f"ranking needs label.mode=pointwise ({why}); use label.write=pairs")
+        _check(self.mode != "pairwise" or self.judge.name == "judge", "label.judge.name",
                f"label.mode=pairwise compares two completions, which only the judge reward does; got {self.judge.name!r}")
 
 

@@ -8,7 +8,7 @@ Trainers, stages and samplers ask the run's strategy (``rlft.parallel.launch.str
 - ``runner(model)`` is what the update's passes call; ``lockstep(model, n)`` how many idle passes this process adds
   so that every process runs as many as the busiest; ``agreed(model)`` the count every process agrees on;
 - ``backward(model, loss)``, ``step(model, optimizer, grad_clip)``: gradients summed over the processes, clipped,
-  applied (a non-finite norm skips the step);
+  applied (a non-finite norm skips the step); ``discard(model, optimizer)`` drops them without a step;
 - ``whole_state(model, optimizer)``, ``load_state(model, state, optimizer, optim_state)``: checkpoints hold whole
   state dicts, so a run resumes under any number of processes and any strategy.
 
@@ -94,6 +94,11 @@ class Strategy:
         self.dist.sum_grads_(model.parameters())
         return clip_and_step(model, optimizer, grad_clip)
 
+    def discard(self, model, optimizer: torch.optim.Optimizer) -> None:
+        """Drop the gradients accumulated since the last step without stepping (``algo.target_kl``'s early stop);
+        every process calls it, or none does."""
+        optimizer.zero_grad(set_to_none=True)
+
     def whole_state(self, model, optimizer: torch.optim.Optimizer | None = None, *,
                     tied_once: bool = True) -> tuple[dict | None, dict | None]:
         """(model state, optimizer state) gathered whole into the main process, for a model whose weights are
@@ -176,7 +181,10 @@ def refuse_unsharded_parts(cfg, launch: str) -> None:
     from rlft.config import ConfigError
 
     refused = [(cfg.rollout.sampler == "vllm", "rollout.sampler",
-                "each process pushes its whole policy to its own vLLM engine; launch with recipes/accelerate/ddp.yaml")]
+                "each process pushes its whole policy to its own vLLM engine; launch with recipes/accelerate/ddp.yaml"),
+               (cfg.algo.ref_refresh_every > 0, "algo.ref_refresh_every",
+                "the reference's split weights are not copied from the policy's; launch with recipes/accelerate/ddp.yaml "
+                "or set algo.ref_refresh_every=0")]
     for bad, key, why in refused:
         if bad:
             raise ConfigError(f"{key}: not supported with {launch}: {why}")

@@ -146,6 +146,10 @@ def check_supported(cfg, plan: ZeroPlan) -> None:
     if cfg.model.dtype != "float32":
         raise ConfigError(f"model.dtype: {cfg.model.dtype} under DeepSpeed: the engine keeps float32 weights; "
                           "use model.dtype=float32 with model.autocast=bfloat16")
+    if cfg.algo.target_kl > 0:
+        raise ConfigError("algo.target_kl: not supported under DeepSpeed: an early stop drops the gradients a "
+                          "mini-batch accumulated, and the engine offers no way to drop them without its step; launch "
+                          "with recipes/accelerate/ddp.yaml or fsdp.yaml, or set algo.target_kl=0")
     refuse_unsharded_parts(cfg, "a DeepSpeed launch (ACCELERATE_USE_DEEPSPEED)")
 
 

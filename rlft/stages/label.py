@@ -6,7 +6,10 @@ reward: a causal LM asked through a template, its verdict read from the log-prob
 (``rlft.trainers.label``). Training prompts give the train split, held-out prompts the test split, so the rm and
 dpo stages evaluate on preferences about prompts they did not train on. In a pipeline, ``rm.source: '@label'`` or
 ``dpo.source: '@label'`` reads what this stage wrote: ``[sft, label, rm, ppo]`` or ``[sft, label, dpo]`` run RLHF
-on AI feedback. The stage trains nothing; the next stage continues from the policy it started from. Writes::
+on AI feedback. ``label.mode=shortest`` needs no judge: the long-to-short pairs of the policy's own samples, the
+shortest correct completion over every longer correct one (``rlft.trainers.label.shortest_pairs``); ``[sft, label,
+dpo]`` with it is long-to-short DPO. The stage trains nothing; the next stage continues from the policy it started
+from. Writes::
 
     preferences/train.jsonl, test.jsonl   the rows ({prompt, chosen, rejected} or {prompt, ranking}), written
                                           whole or not at all, read back through the rm/dpo loader first
@@ -26,13 +29,16 @@ from rlft.rewards.terms import build
 from rlft.runs.checkpoint import save_whole
 from rlft.runs.start import write_json
 from rlft.stages.base import StageInput, StageResult, stage
-from rlft.trainers.label import by_prompt, label_groups, rule_agreement, sample_groups
+from rlft.trainers.label import by_prompt, label_groups, label_shortest, rule_agreement, sample_lengths
 
 SPLITS = ("train", "test")  # the rm and dpo stages' default train_split / eval_split
 
 
 def judge_of(cfg):
-    """The built ``label.judge``; a bad entry is a ConfigError naming ``label.judge.<key>``."""
+    """The built ``label.judge``; a bad entry is a ConfigError naming ``label.judge.<key>``; None with
+    label.mode=shortest, which judges by the rule (eval.correct_fn) and lengths, not a judge model."""
+    if cfg.label.mode == "shortest":
+        return None
     try:
         judge = build(cfg.label.judge)
     except ConfigError as e:
@@ -51,31 +57,47 @@ def label_stage(inp: StageInput) -> StageResult:
     task = inp.problems
     train, held_out = task.train[: lab.prompts or None], task.held_out[: lab.num_eval or None]
     policy, tok = load_policy(str(inp.model_dir), cfg.model)
-    groups = {"train": sample_groups(policy, tok, train, cfg, cfg.train.seed),
-              "test": sample_groups(policy, tok, held_out, cfg, cfg.train.seed + 1)}
+    groups = {"train": sample_lengths(policy, tok, train, cfg, cfg.train.seed),
+              "test": sample_lengths(policy, tok, held_out, cfg, cfg.train.seed + 1)}
     del policy
     metrics: dict[str, float] = {}
     rows, rankings = {}, {}
     for split, gs in groups.items():
-        rankings[split], rows[split], counts = label_groups(gs, judge, cfg)
+        if lab.mode == "shortest":  # long-to-short: the shortest correct completion over the longer correct ones
+            rankings[split], rows[split], counts = label_shortest(gs, cfg)
+        else:
+            rankings[split], rows[split], counts = label_groups([(ex, ts) for ex, ts, _ in gs], judge, cfg)
         metrics[f"label/{split}/prompts"] = float(len(gs))
-        metrics[f"label/{split}/completions"] = float(sum(len(ts) for _, ts in gs))
+        metrics[f"label/{split}/completions"] = float(sum(len(ts) for _, ts, _ in gs))
         metrics[f"label/{split}/rows"] = float(len(rows[split]))
         metrics[f"label/{split}/pairs"] = float(sum(len(r.pairs()) for r in rankings[split]))
-        metrics[f"label/{split}/judge_errors"] = counts["label/judge_errors"]
+        for key, value in counts.items():  # label/judge_errors (and label/correct, label/length_gap: shortest)
+            metrics[key.replace("label/", f"label/{split}/", 1)] = value
         if not rows[split]:
-            raise ConfigError(f"label: the judge ordered no two completions of the {split} prompts "
-                              f"({len(gs)} prompts, {metrics[f'label/{split}/completions']:.0f} distinct completions, "
-                              f"{counts['label/judge_errors']:.0f} judge errors); raise label.samples or "
-                              "rollout.temperature, or lower label.min_margin")
-    metrics.update(rule_agreement(rankings["train"], by_prompt(train), cfg))
+            raise ConfigError(_no_pairs(split, lab.mode, len(gs), metrics, cfg.eval.correct_fn))
+    if lab.mode != "shortest":  # shortest pairs are all correct over correct: the rule tells none apart
+        metrics.update(rule_agreement(rankings["train"], by_prompt(train), cfg))
     save_to = save_whole(out_dir / "preferences", lambda tmp: _write(tmp, rows))
     write_json(out_dir / "label_stats.json", metrics)
     agree = (f", agreeing with {cfg.eval.correct_fn} on {metrics['label/rule_agreement']:.3f} of the pairs it "
              "tells apart" if "label/rule_agreement" in metrics else "")
+    how = (f"shortest correct over longer correct by {cfg.eval.correct_fn}, {metrics['label/train/length_gap']:.1f} "
+           "tokens shorter on average" if lab.mode == "shortest" else f"{lab.mode} judge{agree}")
     line = (f"label: {metrics['label/train/pairs']:.0f} training pairs from {len(train)} prompts, "
-            f"{metrics['label/test/pairs']:.0f} held-out ({lab.mode} judge{agree}); preferences in {save_to}")
+            f"{metrics['label/test/pairs']:.0f} held-out ({how}); preferences in {save_to}")
     return StageResult(model_dir=save_to, metrics=metrics, summary=line)
+
+
+def _no_pairs(split: str, mode: str, n_prompts: int, metrics: dict[str, float], correct_fn: str) -> str:
+    """The error of a split that gave no pair."""
+    seen = (f"{n_prompts} prompts, {metrics[f'label/{split}/completions']:.0f} distinct completions, "
+            f"{metrics[f'label/{split}/judge_errors']:.0f} judge errors")
+    if mode == "shortest":
+        return (f"label: no {split} prompt had two correct completions of different lengths ({seen}, "
+                f"{metrics[f'label/{split}/correct']:.0f} correct by eval.correct_fn={correct_fn}); raise label.samples "
+                "or rollout.temperature, lower label.min_margin, or start from a policy that solves more prompts")
+    return (f"label: the judge ordered no two completions of the {split} prompts ({seen}); raise label.samples or "
+            "rollout.temperature, or lower label.min_margin")
 
 
 def _write(tmp: Path, rows: dict[str, list[dict]]) -> None:

@@ -9,7 +9,13 @@ empty ones are dropped. Then:
   ``label.min_margin`` make a pair, better first (``label.write=ranking``: one K-way ranking per prompt of the
   completions that each score more than ``min_margin`` below the one before);
 - ``label.mode=pairwise``: the judge compares every two completions of a prompt in both orders and averages
-  (``Judge.compare``); a pair is written when ``|2 P(a better) - 1| > min_margin``, the preferred one first.
+  (``Judge.compare``); a pair is written when ``|2 P(a better) - 1| > min_margin``, the preferred one first;
+- ``label.mode=shortest`` (long-to-short, Kimi k1.5 §2.4): no judge model; ``eval.correct_fn`` (value >= 1) tells
+  the correct completions, and ``shortest_pairs`` writes the shortest correct one (in sampled tokens, the earliest of
+  equal lengths) over *every* correct one longer than it by more than ``label.min_margin`` tokens, as DPO pairs;
+  prompts with fewer than two correct completions of different lengths give none. The rows carry the two lengths
+  under ``"lengths"``; ``label/<split>/correct`` counts the correct distinct completions, ``label/<split>/length_gap``
+  is the mean rejected minus chosen length of the pairs.
 
 Rows are ``{"prompt", "chosen", "rejected"}`` or ``{"prompt", "ranking"}`` (``rlft.data.preferences``), with the
 judge's numbers under ``"judge"`` for inspection. ``label/rule_agreement`` is, over the written training pairs
@@ -37,18 +43,64 @@ CHUNK = 64  # prompts per generate call
 Group = tuple[Example, list[str]]  # a prompt's example and its distinct non-empty completions
 
 
-def sample_groups(policy, tokenizer, examples: Sequence[Example], cfg: Config, seed: int) -> list[Group]:
-    """``label.samples`` completions per example from ``policy``, each example's distinct non-empty ones in order."""
+def sample_lengths(policy, tokenizer, examples: Sequence[Example], cfg: Config,
+                   seed: int) -> list[tuple[Example, list[str], list[int]]]:
+    """``label.samples`` completions per example from ``policy``: (example, its distinct non-empty completions in
+    sample order, the length in sampled tokens of each, ``Batch.response_lengths``)."""
     k = cfg.label.samples
     prompts = encode_prompts(examples, cfg.data.template, tokenizer, cfg.data.max_prompt_tokens, "label data")
     torch.manual_seed(seed)
     out = []
     for start in range(0, len(prompts), CHUNK):
         batch = generate(policy, tokenizer, prompts[start:start + CHUNK], group_size=k, **sampling_args(cfg.rollout))
+        lengths = batch.response_lengths.tolist()
         for i, ex in enumerate(examples[start:start + CHUNK]):
-            texts = batch.texts[i * k:(i + 1) * k]
-            out.append((ex, list(dict.fromkeys(t for t in texts if t.strip()))))
+            kept: dict[str, int] = {}  # distinct non-empty texts, the first sample of each
+            for j in range(i * k, (i + 1) * k):
+                if batch.texts[j].strip():
+                    kept.setdefault(batch.texts[j], int(lengths[j]))
+            out.append((ex, list(kept), list(kept.values())))
     return out
+
+
+def shortest_pairs(correct: Sequence[bool], lengths: Sequence[int], margin: float = 0.0) -> list[tuple[int, int]]:
+    """(chosen, rejected) indices of one prompt's completions: the shortest correct one (the earliest of equal
+    lengths) over every correct one longer than it by more than ``margin``, in sample order; none with fewer than
+    two correct completions of different lengths (label.mode=shortest).
+
+    >>> shortest_pairs([True, False, True, True, True], [5, 1, 3, 9, 3])
+    [(2, 0), (2, 3)]
+    >>> shortest_pairs([True, True], [4, 4]), shortest_pairs([True, False], [9, 2])
+    ([], [])
+    """
+    ok = [i for i, c in enumerate(correct) if c]
+    if not ok:
+        return []
+    best = min(ok, key=lambda i: lengths[i])  # min keeps the first of equal keys
+    return [(best, i) for i in ok if lengths[i] - lengths[best] > margin]
+
+
+def label_shortest(groups: Sequence[tuple[Example, list[str], list[int]]], cfg: Config
+                   ) -> tuple[list[Ranking], list[dict], dict[str, float]]:
+    """(pairs, their rows, counts) of label.mode=shortest: ``eval.correct_fn`` judges each completion, then
+    ``shortest_pairs``; counts: ``label/judge_errors`` (completions the rule could not score), ``label/correct`` and
+    ``label/length_gap`` (mean rejected minus chosen length over the pairs; 0 without pairs)."""
+    texts = [t for _, ts, _ in groups for t in ts]
+    samples = [ex.to_mapping() for ex, ts, _ in groups for _ in ts]
+    name = cfg.eval.correct_fn
+    scored = score_batch(texts, samples, [name], [1.0], timeout_s=cfg.reward.timeout_s)
+    values = iter(scored.total)
+    rankings, rows, gaps, n_correct = [], [], [], 0
+    for ex, ts, lengths in groups:
+        correct = [v is not None and v >= 1.0 for v in (next(values) for _ in ts)]
+        n_correct += sum(correct)
+        for i, j in shortest_pairs(correct, lengths, cfg.label.min_margin):
+            rankings.append(Ranking(ex.prompt, (ts[i], ts[j])))
+            rows.append({"prompt": _plain(ex.prompt), "chosen": ts[i], "rejected": ts[j],
+                         "lengths": [lengths[i], lengths[j]]})
+            gaps.append(lengths[j] - lengths[i])
+    return rankings, rows, {"label/judge_errors": float(scored.errors[name]), "label/correct": float(n_correct),
+                            "label/length_gap": sum(gaps) / len(gaps) if gaps else 0.0}
 
 
 def label_groups(groups: Sequence[Group], judge: Callable, cfg: Config) -> tuple[list[Ranking], list[dict],

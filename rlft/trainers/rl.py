@@ -80,6 +80,11 @@ def rl_step(state: RLState, cfg: Config, *, train_policy: bool = True) -> dict[s
     metrics["perf/tokens_per_s"] = n_tokens / max(time.perf_counter() - t_start, 1e-9)
     if train_policy:
         state.step += 1
+        if cfg.algo.ref_refresh_every:  # the next step's KL term is to the policy as it is now
+            refresh = state.step % cfg.algo.ref_refresh_every == 0
+            if refresh:
+                state.refresh_ref()
+            metrics["actor/ref_refreshed"] = float(refresh)
         metrics.update(hacking.tracker_metrics(state.hacking, metrics))
         metrics.update(count_skips(state, metrics))
         if state.rm_refresh is not None and state.step % cfg.rm.refresh_every == 0:

@@ -77,6 +77,15 @@ class RLState:
     consecutive_skips: int = 0  # ... and in a row, up to the last step
     step: int = 0
 
+    def refresh_ref(self) -> None:
+        """Set the reference model's weights to the policy's (``algo.ref_refresh_every``): a copy, so the policy's
+        later steps leave it where it is. A whole reference (full fine-tuning, one process or data-parallel); the
+        configuration refuses the others (LoRA's reference is the base without adapters; sharded launches)."""
+        if self.ref is None:
+            raise RuntimeError("algo.ref_refresh_every: this run has no reference model (algo.kl_coef = 0)")
+        with torch.no_grad():
+            self.ref.load_state_dict(self.policy.state_dict())  # load_state_dict copies into the ref's own tensors
+
     def trainer_state(self, ref_state: dict | None = None, critic_states: tuple[dict, dict] | None = None) -> dict:
         """What a checkpoint needs besides the policy, its optimizer and scheduler; ``ref_state``: the reference's
         whole state when it is sharded (``Strategy.whole_state``); ``critic_states``: the critic's and its

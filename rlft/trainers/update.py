@@ -18,7 +18,7 @@ from torch import Tensor
 
 from rlft.config import Config
 from rlft.core.distill import reverse_kl_loss
-from rlft.core.kl import KL_ESTIMATORS
+from rlft.core.kl import KL_ESTIMATORS, k3
 from rlft.core.losses import POLICY_LOSSES, aggregate_parts, aggregation_weight, positive_lm_parts, top_entropy_mask
 from rlft.core.rollout_corr import correction_weights, gap_metrics, gap_stats, resolve
 from rlft.core.ops import masked_mean, masked_sum
@@ -143,26 +143,53 @@ def corrected(pg_mat: Tensor, old_logp: Tensor, micro: Batch, mask: Tensor, mode
 
 def update(state: "RLState", batch: Batch, cfg: Config, *, train_policy: bool = True) -> dict[str, float]:
     """Run the optimizer steps over ``batch``; returns metrics averaged over them, except a maximum (a key ending
-    in ``_max``), which is the largest over them."""
+    in ``_max``), which is the largest over them.
+
+    With ``algo.target_kl`` > 0, a mini-batch whose KL(pi_old || pi) exceeds 1.5 * target_kl (measured in its own
+    forward, before its step, ``_policy_step``) is not stepped, and the update ends there: no later mini-batch or
+    epoch trains the policy or the critic. Its measurements still count in the averages (Stable-Baselines3 logs them
+    too); the learning-rate schedules advance past the skipped steps, so they stay a function of the RL step.
+    ``actor/early_stopped`` (1.0 or 0.0) and ``actor/minibatch_updates`` (policy steps taken) say what happened."""
     a = cfg.algo
     sums: dict[str, float] = {}
+    counts: dict[str, int] = {}
     peaks: dict[str, float] = {}
-    n_opt = 0
     gen = torch.Generator().manual_seed(cfg.train.seed * 100003 + state.step)
+    n_chunks = len(torch.arange(len(batch)).chunk(a.minibatches))
+    done, stopped = 0, False
     for _ in range(a.epochs):
         order = torch.randperm(len(batch), generator=gen) if a.minibatches > 1 else torch.arange(len(batch))
         for mb_idx in order.chunk(a.minibatches):
             mb = batch.index(mb_idx)
             metrics = _policy_step(state, mb, cfg) if train_policy else {}
-            if state.critic is not None:
+            stopped = metrics.pop("actor/early_stopped", 0.0) > 0
+            if state.critic is not None and not stopped:
                 metrics.update(_critic_step(state, mb, cfg))
             for k, v in metrics.items():
                 if k.endswith("_max"):
                     peaks[k] = max(peaks.get(k, v), v)
                 else:
-                    sums[k] = sums.get(k, 0.0) + v
-            n_opt += 1
-    return {**{k: v / n_opt for k, v in sums.items()}, **peaks}
+                    sums[k], counts[k] = sums.get(k, 0.0) + v, counts.get(k, 0) + 1
+            if stopped:
+                break
+            done += 1
+        if stopped:
+            break
+    out = {**{k: v / counts[k] for k, v in sums.items()}, **peaks}
+    if a.target_kl > 0 and train_policy:
+        for _ in range(a.epochs * n_chunks - done):  # the steps not taken: the schedules move on as planned
+            state.scheduler.step()
+            if state.critic is not None:
+                state.critic_scheduler.step()
+        out.update({"actor/early_stopped": float(stopped), "actor/minibatch_updates": float(done)})
+    return out
+
+
+def early_stop(approx_kl: float, target_kl: float) -> bool:
+    """Whether an update stops before a mini-batch whose mean k3 estimate of KL(pi_old || pi) is ``approx_kl``:
+    above 1.5 * ``target_kl`` (Stable-Baselines3's PPO, ``ppo.py``: ``approx_kl_div > 1.5 * self.target_kl``,
+    checked per mini-batch before its optimizer step); never when ``target_kl`` is 0 (off)."""
+    return target_kl > 0 and approx_kl > 1.5 * target_kl
 
 
 def _loss_mask(mb: Batch) -> torch.Tensor:
@@ -234,6 +261,9 @@ def _policy_step(state: "RLState", mb: Batch, cfg: Config) -> dict[str, float]:
         s.backward(policy, loss)
         share = mask.sum().item() / max(n_tok, 1)  # token-weighted average of per-micro-batch metrics
         with torch.no_grad():
+            if a.target_kl > 0:  # k3 of KL(pi_old || pi), r = pi / pi_old on pi_old's samples: its mini-batch mean
+                approx = masked_sum(k3(old_logp, logp.detach()), mask).item() / max(n_tok, 1)
+                totals["actor/approx_kl"] = totals.get("actor/approx_kl", 0.0) + approx
             for name, mat in terms.items():
                 part = aggregate_parts(mat.detach(), mask, a.loss_agg, max_len)[0] / total_den
                 totals[name] = totals.get(name, 0.0) + part.item()
@@ -258,6 +288,10 @@ def _policy_step(state: "RLState", mb: Batch, cfg: Config) -> dict[str, float]:
     if state.penalty_ctl is not None:
         totals["actor/ppo_penalty_coef"] = loss_cfg.penalty_coef
     totals["actor/positive_frac"] = positive.float().mean().item()
+    if early_stop(totals.get("actor/approx_kl", 0.0), a.target_kl):  # the same sum in every process: all stop
+        s.discard(policy, state.optimizer)  # this mini-batch's gradients, never applied
+        totals["actor/early_stopped"] = 1.0
+        return totals
     totals.update(_optimizer_step(policy, state.optimizer, state.scheduler, cfg.optim.grad_clip, "actor"))
     return totals
 
