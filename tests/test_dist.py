@@ -659,6 +659,21 @@ def test_accelerate_launch_rlft_train_two_processes_writes_once_and_resumes(tmp_
     assert steps == [1, 2, 3]
 
 
+def test_two_processes_with_the_prioritised_sampler_record_each_rollout_once_and_resume(tmp_path, tiny_overrides):
+    """data.sampler=prioritised in two processes: every process draws the same prompts from the same statistics,
+    which hold each rollout of the gathered round once; the resumed run continues from them."""
+    base = tiny_overrides(tmp_path, "log.name=prio", "train.save_every=1", "train.prompts_per_step=2", "sft.steps=0",
+                          "eval.before_rl=false", "train.threads=1", "data.sampler=prioritised")
+    launch(2, ["rlft", "train", *base, "train.steps=2"], module=True)
+    saved = torch.load(tmp_path / "prio" / "checkpoints" / "step_000001" / "state.pt", weights_only=True)["trainer"]
+    assert saved["sampler"]["kind"] == "prioritised"
+    assert saved["prompt_stats"]["count"].sum().item() == 2 * 2  # P x G rollouts of step 1, not one share per process
+    again = launch(2, ["rlft", "train", *base, "train.steps=3", "train.resume=true"], module=True)
+    assert again.stdout.count("resumed from") == 1
+    steps = [json.loads(line)["step"] for line in (tmp_path / "prio" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3]
+
+
 def test_accelerate_launch_cpu_num_processes_two_trains_in_two_processes(tmp_path, tiny_overrides):
     """The issue's own command, `accelerate launch --cpu --num_processes 2 -m rlft train ...`: accelerate's CPU
     launcher starts one process, which relaunches itself as two through torch's launcher."""

@@ -133,8 +133,8 @@ def test_several_overrides_load_or_name_one_of_their_keys(pairs, preset):
 @FUZZ
 @given(key=st.sampled_from(KEYS), value=values)
 def test_a_recipe_loads_or_names_its_key_or_itself(workdir, key, value):
-    section, _, leaf = key.rpartition(".")
-    text = f"{section}:\n  {leaf}: {value}\n" if section else f"{key}: {value}\n"
+    *sections, leaf = key.split(".")  # a nested key (label.judge.name) nests in the recipe too
+    text = "".join(f"{'  ' * i}{s}:\n" for i, s in enumerate(sections)) + f"{'  ' * len(sections)}{leaf}: {value}\n"
     path = _fresh(workdir) / "recipe.yaml"
     path.write_bytes(text.encode("utf-8", "surrogateescape"))
     try:

@@ -1,4 +1,4 @@
-"""Command line: ``rlft train``, ``rlft eval``, ``rlft sft``, ``rlft rm``, ``rlft prm``, ``rlft dpo``, ``rlft rft``, ``rlft label``, ``rlft distill``, ``rlft prepare gsm8k|humaneval|mbpp``, ``rlft merge``, ``rlft config``.
+"""Command line: ``rlft train``, ``rlft eval``, ``rlft sft``, ``rlft rm``, ``rlft prm``, ``rlft dpo``, ``rlft rft``, ``rlft label``, ``rlft distill``, ``rlft difficulty``, ``rlft prepare gsm8k|humaneval|mbpp``, ``rlft merge``, ``rlft config``.
 
     rlft train                                    # the embedded demo (tiny model, synthetic arithmetic)
     rlft train recipes/grpo_gsm8k.yaml model.path=/models/qwen algo.group_size=4
@@ -11,6 +11,7 @@
     rlft rft model.path=runs/<name>/policy rft.mode=offline      # rejection-sampling fine-tuning (rft.keep=shortest)
     rlft label model.path=runs/<name>/policy label.judge.path=runs/judge/policy   # AI-labelled preference pairs
     rlft distill model.path=runs/<name>/policy distill.teachers=[runs/<big>/policy]   # on-policy distillation
+    rlft difficulty model.path=runs/<name>/policy difficulty.out=data/rl/train.jsonl   # pass rates, cut prompts
     rlft prepare gsm8k --input path/to/gsm8k --output data/gsm8k
     rlft prepare mbpp --input path/to/mbpp.jsonl --output data/mbpp    # also: humaneval (HumanEval.jsonl)
     rlft merge runs/long/policy runs/short/policy --alpha 0.5 --out runs/merged   # (1 - alpha) A + alpha B
@@ -71,6 +72,17 @@ def cmd_stage(ns: argparse.Namespace) -> int:
     """``rlft sft`` / ``rlft rm`` / ``rlft prm`` / ``rlft dpo`` / ``rlft rft`` / ``rlft label`` / ``rlft distill``: one stage on ``model.path`` (or the
     embedded tiny model), flat in its own run directory, through the same pipeline as ``rlft train``."""
     return _run(ns, only=ns.command)
+
+
+def cmd_difficulty(ns: argparse.Namespace) -> int:
+    """``rlft difficulty``: each training prompt's pass rate under ``model.path``; the kept rows with their
+    statistics written to ``difficulty.out`` (rlft.insight.difficulty)."""
+    from rlft.insight.difficulty import run_difficulty
+
+    recipe, overrides = _split_recipe(ns.args)
+    summary = run_difficulty(load_config(recipe, overrides), echo=lambda line: print(line, file=sys.stderr))
+    print(json.dumps(summary, indent=2))
+    return 0
 
 
 def cmd_prepare(ns: argparse.Namespace) -> int:
@@ -177,6 +189,11 @@ def build_parser() -> argparse.ArgumentParser:
         st = sub.add_parser(name, help=text)
         st.add_argument("args", nargs="*", help="[recipe.yaml] [section.key=value ...]")
         st.set_defaults(fn=cmd_stage)
+    df = sub.add_parser("difficulty", help="each training prompt's pass rate under model.path (difficulty.* keys); "
+                                           "drops the too easy, the impossible and the solvable without reasoning, "
+                                           "writes the rest with their statistics to difficulty.out")
+    df.add_argument("args", nargs="*", help="[recipe.yaml] [section.key=value ...]")
+    df.set_defaults(fn=cmd_difficulty)
     pr = sub.add_parser("prepare", help="convert a dataset to verl-style parquet rows")
     pr.add_argument("dataset", choices=["gsm8k", "humaneval", "mbpp"])
     pr.add_argument("--input", required=True, help="gsm8k: directory with train.jsonl/test.jsonl, or one .jsonl "

@@ -17,9 +17,10 @@ from rlft.config.insight import EvalConfig, LogConfig
 from rlft.config.reward import RewardConfig
 from rlft.config.sections import (Config, DataConfig, LoraConfig, ModelConfig, OptimConfig, RolloutConfig, TrainConfig,
                                   with_name)
-from rlft.config.stages import PIPELINE_LABELS, DistillConfig, DPOConfig, LabelConfig, RFTConfig, RMConfig, SFTConfig
+from rlft.config.stages import (PIPELINE_LABELS, DifficultyConfig, DistillConfig, DPOConfig, LabelConfig, RFTConfig,
+                                RMConfig, SFTConfig)
 
-__all__ = ["AlgoConfig", "Config", "ConfigError", "CriticConfig", "DataConfig", "DistillConfig", "DPOConfig", "EvalConfig",
-           "LabelConfig", "LogConfig", "PIPELINE_LABELS",
+__all__ = ["AlgoConfig", "Config", "ConfigError", "CriticConfig", "DataConfig", "DifficultyConfig", "DistillConfig",
+           "DPOConfig", "EvalConfig", "LabelConfig", "LogConfig", "PIPELINE_LABELS",
            "LoraConfig", "ModelConfig", "OptimConfig", "RewardConfig", "RFTConfig", "RMConfig", "RolloutConfig",
            "SFTConfig", "TrainConfig", "with_name"]

@@ -24,7 +24,8 @@ from rlft.config.roles import RolesConfig
 from rlft.config.checks import _check, plain, template_problem
 from rlft.config.insight import EvalConfig, HealthConfig, LogConfig
 from rlft.config.reward import RewardConfig
-from rlft.config.stages import DistillConfig, DPOConfig, LabelConfig, PRMConfig, RFTConfig, RMConfig, SFTConfig
+from rlft.config.stages import (DifficultyConfig, DistillConfig, DPOConfig, LabelConfig, PRMConfig, RFTConfig, RMConfig,
+                                SFTConfig)
 
 __all__ = ["Config", "DataConfig", "LoraConfig", "ModelConfig", "OptimConfig", "RolloutConfig", "TrainConfig", "with_name"]
 
@@ -121,6 +122,16 @@ class DataConfig:
     """Field holding the text in ptx rows."""
     ptx_max_tokens: int = 256
     """ptx texts are cut to this many tokens."""
+    sampler: str = "uniform"
+    """How each RL step picks its training prompts (rlft.data.samplers.PROMPT_SAMPLERS; Kimi k1.5's sampling strategies): uniform: a seeded permutation walked epoch after epoch, every prompt once per epoch; curriculum: easy to hard, each step draws (without replacement) from the easiest share of the prompts, data.curriculum_start at step 1 growing linearly to all of them at data.curriculum_steps, ranked by the data.difficulty_key column (rlft difficulty writes it) or, when the rows have none, by the run's running pass rates (prompts never drawn rank hardest); prioritised: prompt i with probability proportional to max(1 - s_i, data.priority_floor), s_i its running pass rate (eval.correct_fn's verdicts on its rollouts so far; never drawn: 0). The sampler's random state and the per-prompt statistics are checkpointed: a resumed run draws what the uninterrupted one draws."""
+    priority_floor: float = 0.1
+    """data.sampler=prioritised: the smallest weight a prompt gets, against 1 for a prompt never solved, so that a prompt every rollout solves (1 - s_i = 0) is still drawn now and then instead of never (in (0, 1]; 1: uniform draws)."""
+    curriculum_start: float = 0.25
+    """data.sampler=curriculum: the share of the training prompts, easiest first, that step 1 draws from (in (0, 1]; 1: no curriculum). A tie at the edge lets every prompt as easy in; the pool never holds fewer than train.prompts_per_step prompts."""
+    curriculum_steps: int = 0
+    """data.sampler=curriculum: the RL step from which every prompt can be drawn, the pool growing linearly from data.curriculum_start at step 1 (0: train.steps)."""
+    difficulty_key: str = "pass_rate"
+    """data.sampler=curriculum: the field of the training rows holding each prompt's estimated pass rate in [0, 1] (the column rlft difficulty writes); when no row has it, the curriculum ranks by the run's running pass rates; a row without it while others have it is an error naming the row."""
 
     def __post_init__(self) -> None:
         _check(bool(self.source), "data.source", "empty; name a file, a directory, 'synthetic:<task>' or 'hf:<name>'")
@@ -132,6 +143,11 @@ class DataConfig:
         _check(self.synth_train_size >= 1, "data.synth_train_size", "must be >= 1")
         _check(self.synth_seed >= -1, "data.synth_seed", "must be >= 0, or -1 (train.seed)")
         _check(self.ptx_max_tokens >= 2, "data.ptx_max_tokens", "must be >= 2")
+        _check(0.0 < self.priority_floor <= 1.0, "data.priority_floor", f"must be in (0, 1], got {self.priority_floor}")
+        _check(0.0 < self.curriculum_start <= 1.0, "data.curriculum_start",
+               f"must be in (0, 1], got {self.curriculum_start}")
+        _check(self.curriculum_steps >= 0, "data.curriculum_steps", f"must be >= 0 (0: train.steps), got "
+               f"{self.curriculum_steps}")
         _check(self.synth_max_operand >= 1, "data.synth_max_operand", "must be >= 1")
         _check(bool(self.synth_ops) and set(self.synth_ops) <= set("+-*"), "data.synth_ops",
                f"must be a non-empty string of '+', '-', '*', got {self.synth_ops!r}")
@@ -276,6 +292,7 @@ class Config:
     prm: PRMConfig = field(default_factory=PRMConfig)
     label: LabelConfig = field(default_factory=LabelConfig)
     distill: DistillConfig = field(default_factory=DistillConfig)
+    difficulty: DifficultyConfig = field(default_factory=DifficultyConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     health: HealthConfig = field(default_factory=HealthConfig)

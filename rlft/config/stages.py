@@ -1,4 +1,5 @@
-"""The sections of the stages around RL: ``sft``, ``rm``, ``dpo``, ``rft``, ``prm``, ``label`` and ``distill``."""
+"""The sections of the stages around RL: ``sft``, ``rm``, ``dpo``, ``rft``, ``prm``, ``label`` and ``distill``; and
+``difficulty``, the data curation before RL (``rlft difficulty``)."""
 
 from __future__ import annotations
 
@@ -259,3 +260,41 @@ class DistillConfig:
         """Each teacher's weight, normalised to sum 1."""
         raw = self.teacher_weights or (1.0,) * len(self.teachers)
         return tuple(w / sum(raw) for w in raw)
+
+
+@dataclass(frozen=True)
+class DifficultyConfig:
+    """``rlft difficulty``: each training prompt's pass rate under the starting model, and the cuts that drop the
+    prompts RL cannot learn from (Kimi k1.5's data curation: too easy, impossible, answerable without reasoning)."""
+
+    out: str = ""
+    """The .jsonl file to write: the kept training rows as read (data.source's train split; a synthetic task's rows in verl layout), each with the columns pass_rate, n_samples, direct_pass_rate and solvable_without_reasoning; the dropped rows go to <out without .jsonl>.dropped.jsonl with a column 'dropped' naming the cut. Both are written whole or not at all."""
+    samples: int = 8
+    """Responses sampled per prompt from model.path (the embedded tiny model when empty) with the RL sampling settings (rollout.temperature, top_p, top_k, max_new_tokens); pass_rate is the share eval.correct_fn judges right."""
+    min_pass_rate: float = 0.0
+    """A prompt whose pass_rate is <= this is dropped as too hard (dropped: too_hard; 0.0: the prompts no sample solved). -1 keeps them all."""
+    max_pass_rate: float = 1.0
+    """A prompt whose pass_rate is >= this is dropped as too easy (dropped: too_easy; 1.0: the prompts every sample solved). 2 keeps them all."""
+    direct_samples: int = 8
+    """Direct answers sampled per prompt for the without-reasoning check: the response starts with difficulty.direct_prefix and may add only difficulty.direct_max_new_tokens tokens, so no chain of thought fits (0: no check; direct_pass_rate is then empty and no prompt is flagged)."""
+    direct_prefix: str = "#### "
+    """What each direct answer is forced to start with (appended to the prompt; the response scored is this prefix plus what the model adds): the answer marker of the task's correct_fn ('#### ' for final_answer and gsm8k; e.g. '\\boxed{' for a boxed-answer math task; empty: only the short budget)."""
+    direct_max_new_tokens: int = 8
+    """Token budget of a direct answer: room for an answer, not for reasoning."""
+    max_direct_pass_rate: float = 0.0
+    """A prompt whose direct answers are right at a rate above this is flagged solvable_without_reasoning and dropped (dropped: no_reasoning); 0.0: any right direct answer among difficulty.direct_samples (the paper's rule: guessed within N tries); 1.0: flag none."""
+
+    def __post_init__(self) -> None:
+        _check(not self.out or self.out.endswith(".jsonl"), "difficulty.out",
+               f"must name a .jsonl file, got {self.out!r}")
+        _check(self.samples >= 1, "difficulty.samples", f"must be >= 1, got {self.samples}")
+        _check(self.direct_samples >= 0, "difficulty.direct_samples", f"must be >= 0 (0: no check), got "
+               f"{self.direct_samples}")
+        _check(self.direct_max_new_tokens >= 1, "difficulty.direct_max_new_tokens",
+               f"must be >= 1, got {self.direct_max_new_tokens}")
+        for key in ("min_pass_rate", "max_pass_rate", "max_direct_pass_rate"):
+            _check(math.isfinite(getattr(self, key)), f"difficulty.{key}", f"must be finite, got {getattr(self, key)}")
+        _check(self.min_pass_rate < self.max_pass_rate, "difficulty.min_pass_rate",
+               f"must be below difficulty.max_pass_rate ({self.max_pass_rate}), got {self.min_pass_rate}")
+        _check(0.0 <= self.max_direct_pass_rate <= 1.0, "difficulty.max_direct_pass_rate",
+               f"must be in [0, 1], got {self.max_direct_pass_rate}")

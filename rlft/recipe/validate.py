@@ -1,10 +1,10 @@
 """The one validation step that needs the registries: a :class:`Config` (plain data, its types and ranges checked
 by its sections) against what is registered above it.
 
-Checked here: the algorithm's estimator, loss, aggregation and KL names; synthetic task names; reward names and
-parameters (each entry's callable is built, once, by :mod:`rlft.rewards.terms`); the evaluation's and the PRM's
-rewards; step-level rewards for a step-level advantage; stage names and the order of ``@rm``/``@prm`` scorers.
-``load_config`` calls it on every tree it builds; call it on a Config built in Python before running it.
+Checked here: the algorithm's estimator, loss, aggregation and KL names; the prompt sampler; synthetic task names;
+reward names and parameters (each entry's callable is built, once, by :mod:`rlft.rewards.terms`); the evaluation's
+and the PRM's rewards; step-level rewards for a step-level advantage; stage names and the order of ``@rm``/``@prm``
+scorers. ``load_config`` calls it on every tree it builds; call it on a Config built in Python before running it.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from rlft.config.sections import Config
 from rlft.core.advantages import ADVANTAGES
 from rlft.core.kl import KL_ESTIMATORS
 from rlft.core.losses import AGGREGATIONS, POLICY_LOSSES
+from rlft.data.samplers import PROMPT_SAMPLERS
 from rlft.data.synthetic import SYNTHETIC_TASKS
 from rlft.recipe.presets import PRESETS
 from rlft.rewards import REWARDS, is_step_level
@@ -30,6 +31,8 @@ def validate(cfg: Config) -> Config:
                      ("kl_estimator", KL_ESTIMATORS)):
         value = getattr(cfg.algo, key)
         _check(value in reg, f"algo.{key}", f"unknown {value!r}; allowed: {', '.join(reg.names())}")
+    _check(cfg.data.sampler in PROMPT_SAMPLERS, "data.sampler",
+           f"unknown {cfg.data.sampler!r}; allowed: {', '.join(PROMPT_SAMPLERS.names())}")
     _check_task(cfg.data.source, "data.source")
     _check_task(cfg.sft.source.removeprefix("judge:"), "sft.source")
     _check(not cfg.sft.source.startswith("judge:") or cfg.sft.source.startswith("judge:synthetic:"), "sft.source",

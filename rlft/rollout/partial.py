@@ -70,9 +70,10 @@ class PartialRollouts:
         groups in flight after the fresh ones join; ``step`` is the RL step about to train."""
         for g in self.pending:
             g.carried = [len(t) for t in g.tokens]
+        k = n_groups - len(self.pending)
         fresh = [Pending(i, step, [[] for _ in range(self.group_size)], [[] for _ in range(self.group_size)],
                          [False] * self.group_size, [False] * self.group_size, [0] * self.group_size)
-                 for i in take(max(n_groups - len(self.pending), 0))]
+                 for i in (take(k) if k > 0 else [])]
         groups = self.pending + fresh
         while True:
             self._segment(run, prompts, groups)

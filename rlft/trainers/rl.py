@@ -167,14 +167,18 @@ def penalty_kl(state: RLState, batch: Batch, cfg: Config) -> float:
 # --------------------------------------------------------------------------- rollout and reward
 
 
-def collect(state: RLState, cfg: Config, t: dict[str, float]) -> tuple[Batch, dict[str, float]]:
-    """Generate and score a batch; with dynamic sampling, keep only informative groups (DAPO §3.2).
+def collect(state: RLState, cfg: Config, t: dict[str, float],
+            step: int | None = None) -> tuple[Batch, dict[str, float]]:
+    """Generate and score RL step ``step``'s batch (default: the next one, ``state.step + 1``); with dynamic
+    sampling, keep only informative groups (DAPO §3.2).
 
     Dynamic sampling draws rounds of P prompts until P groups with unequal rewards
     are kept or ``algo.max_sample_rounds`` extra rounds are spent; it then trains on
     what it kept (fewer groups), or, when nothing was kept, on the last round (whose
-    advantages are all 0). Reward metrics describe every sample drawn.
+    advantages are all 0). Reward metrics describe every sample drawn, and so do the
+    per-prompt statistics (``state.stats``, the rule's verdicts), which every round updates.
     """
+    step = state.step + 1 if step is None else step
     a, P, G = cfg.algo, cfg.train.prompts_per_step, cfg.algo.group_size
     drawn: list[tuple[Batch, ScoreResult]] = []
     kept: list[Batch] = []
@@ -183,15 +187,17 @@ def collect(state: RLState, cfg: Config, t: dict[str, float]) -> tuple[Batch, di
     partial: dict[str, float] = {}
     for _ in range(1 + (a.max_sample_rounds if a.dynamic_sampling else 0)):
         if state.partial is not None:  # rollout.partial_tokens: the groups that finished this step (one process)
-            idx, batch, scored, partial = _partial_share(state, cfg, t)
+            idx, batch, scored, partial = _partial_share(state, cfg, t, step)
         else:
-            idx = state.sampler.take(P)  # the same P prompts in every process
+            idx = state.sampler.take(P, step)  # the same P prompts in every process
             batch, scored = _rollout_share(state, cfg, idx[state.dist.share(P)], t)
         if state.dist.active:  # every process gets the whole round, in prompt order
             parts = state.dist.gather((batch.to(torch.device("cpu")), scored))
             batch, scored = cat_batches([b for b, _ in parts]), merge_scores([s for _, s in parts])
         if state.rm_refresh is not None:
             state.rm_refresh.record([state.examples[i] for i in idx], batch.texts, batch.correct)
+        if state.stats is not None and batch.correct is not None:  # every process: the whole round's verdicts
+            state.stats.record(idx, batch.correct, G, step)
         drawn.append((batch, scored))
         if not a.dynamic_sampling:
             break
@@ -209,6 +215,8 @@ def collect(state: RLState, cfg: Config, t: dict[str, float]) -> tuple[Batch, di
     metrics.update(hacking.batch_metrics([b.scores for b, _ in drawn], [b.correct for b, _ in drawn], G))
     metrics.update(episode_metrics([e for b, _ in drawn for e in b.episodes]))
     metrics.update(role_metrics([b for b, _ in drawn], cfg.roles.names))
+    if state.stats is not None:
+        metrics.update(state.stats.metrics())
     if a.dynamic_sampling:
         metrics.update({"dynamic_sampling/rounds": float(len(drawn)),
                         "dynamic_sampling/groups_drawn": float(len(drawn) * P),
@@ -232,10 +240,10 @@ def _rollout_share(state: RLState, cfg: Config, idx: list[int], t: dict[str, flo
     return batch, _scored(state, cfg, batch, examples, t)
 
 
-def _partial_share(state: RLState, cfg: Config, t: dict[str, float]) -> tuple[list[int], Batch, ScoreResult,
-                                                                                dict[str, float]]:
-    """rollout.partial_tokens: one budget of tokens for every group in flight (``rlft.rollout.partial``); the
-    finished groups' prompt indices, their batch and scores, and the partial/ metrics."""
+def _partial_share(state: RLState, cfg: Config, t: dict[str, float], step: int) -> tuple[list[int], Batch,
+                                                                                           ScoreResult, dict[str, float]]:
+    """rollout.partial_tokens: one budget of tokens for every group in flight (``rlft.rollout.partial``) before RL
+    step ``step``; the finished groups' prompt indices, their batch and scores, and the partial/ metrics."""
     args = sampling_args(cfg.rollout)
     args.pop("max_new_tokens")
     run = turn_sampler(state.policy, state.tokenizer, **args)
@@ -243,8 +251,8 @@ def _partial_share(state: RLState, cfg: Config, t: dict[str, float]) -> tuple[li
     with _timed(t, "rollout"), autocast(state.policy, cfg.model.autocast), torch.no_grad():
         state.policy.eval()
         try:
-            done = state.partial.collect(run, state.prompts, state.sampler.take, cfg.train.prompts_per_step,
-                                         state.step)
+            done = state.partial.collect(run, state.prompts, lambda k: state.sampler.take(k, step),
+                                         cfg.train.prompts_per_step, state.step)
         finally:
             state.policy.train(was_training)
         batch = finished_batch(done, state.prompts, state.tokenizer, state.step)

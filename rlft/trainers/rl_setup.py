@@ -10,6 +10,7 @@ import torch
 
 from rlft.config import Config, ConfigError
 from rlft.core.kl import make_kl_controller
+from rlft.data.samplers import PromptStats, make_sampler
 from rlft.insight.health import HealthMonitor
 from rlft.models.lora import AdaptersOff, is_peft
 from rlft.parallel.launch import strategy
@@ -17,7 +18,7 @@ from rlft.runs import checkpoint
 from rlft.runs.start import seed_everything
 from rlft.runs.tracking import truncate_jsonl
 from rlft.trainers.optim import make_optimizer, make_scheduler
-from rlft.trainers.state import PromptSampler, RLState
+from rlft.trainers.state import RLState
 from rlft.trainers.rl import penalty_controller
 from rlft.trainers.rm_refresh import RMRefresh
 
@@ -56,8 +57,9 @@ def build_rl_state(policy, tokenizer, train_ex, train_prompts, cfg: Config, teac
     if critic is not None:
         made["critic_optimizer"] = s.prepare(critic, critic_optimizer, grad_clip=cfg.critic.grad_clip)
     scheduler = made["scheduler"]
+    stats = PromptStats(len(train_ex))  # read by data.sampler=prioritised (and curriculum without estimates)
     state = RLState(policy=policy, tokenizer=tokenizer, optimizer=optimizer, scheduler=scheduler,
-                    sampler=PromptSampler(len(train_ex), cfg.train.seed), examples=train_ex, prompts=train_prompts)
+                    sampler=make_sampler(train_ex, cfg, stats), examples=train_ex, prompts=train_prompts, stats=stats)
     state.teachers = list(teachers)
     state.penalty_ctl = penalty_controller(state, cfg)  # PPO-penalty's adaptive beta, when the loss reads one
     state.health = HealthMonitor(cfg.health)

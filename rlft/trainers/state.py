@@ -10,41 +10,11 @@ import torch
 
 from rlft.core.kl import KLController, PenaltyCoefController
 from rlft.core.reward_hacking import HackingTracker
+from rlft.data.samplers import PromptSampler, PromptStats
 from rlft.data.schema import Example
 from rlft.parallel.dist import Dist
 from rlft.parallel.launch import strategy
 from rlft.rollout.batch import Batch
-
-
-class PromptSampler:
-    """Walks a seeded permutation of the training prompts, epoch after epoch; its position is checkpointed."""
-
-    def __init__(self, n: int, seed: int):
-        self.n, self.seed = n, seed
-        self.epoch, self.pos = 0, 0
-
-    def _perm(self) -> list[int]:
-        return torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed + self.epoch)).tolist()
-
-    def take(self, k: int) -> list[int]:
-        out: list[int] = []
-        while len(out) < k:
-            perm = self._perm()
-            grab = perm[self.pos:self.pos + k - len(out)]
-            out += grab
-            self.pos += len(grab)
-            if self.pos >= self.n:
-                self.epoch, self.pos = self.epoch + 1, 0
-        return out
-
-    def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "pos": self.pos, "n": self.n, "seed": self.seed}
-
-    def load_state_dict(self, state: dict) -> None:
-        if (state["n"], state["seed"]) != (self.n, self.seed):
-            raise ValueError(f"checkpoint data position is for {state['n']} prompts with seed {state['seed']}, "
-                             f"this run has {self.n} prompts with seed {self.seed}")
-        self.epoch, self.pos = state["epoch"], state["pos"]
 
 
 @dataclass
@@ -53,7 +23,7 @@ class RLState:
     tokenizer: object
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
-    sampler: PromptSampler
+    sampler: PromptSampler  # data.sampler's (rlft.data.samplers): a PromptSampler, or a WeightedSampler
     examples: Sequence[Example]
     prompts: list[list[int]]  # token ids, one per example
     ref: torch.nn.Module | None = None
@@ -75,6 +45,7 @@ class RLState:
     partial: object | None = None  # rlft.rollout.partial.PartialRollouts (rollout.partial_tokens), else None
     skipped_steps: int = 0  # RL steps whose every policy update was skipped (a non-finite gradient), in all
     consecutive_skips: int = 0  # ... and in a row, up to the last step
+    stats: PromptStats | None = None  # per training prompt: rollouts drawn, judged right, last step (checkpointed)
     step: int = 0
 
     def refresh_ref(self) -> None:
@@ -92,6 +63,8 @@ class RLState:
         optimizer's when it is sharded."""
         if ref_state is None and self.ref is not None:
             ref_state = self.ref.state_dict()
+        # the rollout in flight is joined first, so the sampler and the statistics below hold the prompts it drew
+        in_flight = self.rollouts.state_dict() if self.rollouts is not None else None
         out = {"step": self.step, "sampler": self.sampler.state_dict(), "baseline": self.baseline,
                "ref": ref_state,
                "kl_ctl": self.kl_ctl.state_dict() if self.kl_ctl is not None else None,
@@ -101,7 +74,7 @@ class RLState:
                "skips": [self.skipped_steps, self.consecutive_skips],
                "health": self.health.state_dict() if self.health is not None else None,
                "rm_refresh": self.rm_refresh.state_dict() if self.rm_refresh is not None else None,
-               "async": self.rollouts.state_dict() if self.rollouts is not None else None,
+               "prompt_stats": self.stats.state_dict() if self.stats is not None else None, "async": in_flight,
                "partial": self.partial.state_dict() if self.partial is not None else None}
         if self.critic is not None:
             model, optim = critic_states or (self.critic.state_dict(), self.critic_optimizer.state_dict())
@@ -112,6 +85,8 @@ class RLState:
         self.step, self.baseline = saved["step"], saved.get("baseline")
         self.skipped_steps, self.consecutive_skips = saved.get("skips", [0, 0])
         self.sampler.load_state_dict(saved["sampler"])
+        if self.stats is not None and saved.get("prompt_stats") is not None:
+            self.stats.load_state_dict(saved["prompt_stats"])
         if saved.get("async") is not None:  # the rollout that was in flight, finished: the prompts are past it
             if self.rollouts is None:
                 raise ValueError("the checkpoint holds the next step's rollout, sampled ahead with "
