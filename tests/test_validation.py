@@ -116,3 +116,20 @@ def test_sample_log_every_n_steps(tmp_path, tiny_overrides):
     if len(set(rewards)) > 1:  # group-normalised: the best sample gets the largest advantage
         best = max(range(G), key=lambda i: rewards[i])
         assert step2[best]["advantage"] == max(r["advantage"] for r in step2)
+
+
+def test_the_rl_log_counts_epochs_and_tokens(tmp_path, tiny_overrides):
+    """``epoch``: the prompt groups scored so far over the training prompts (uniform sampler, no dynamic sampling:
+    k steps x P prompts / N after step k); ``num_tokens``: prompt + response tokens trained on, growing each step by
+    at least the step's response tokens plus one prompt token per sequence."""
+    cfg = load_config(None, tiny_overrides(tmp_path, "log.name=e", "train.steps=3", "data.synth_train_size=20",
+                                           "eval.before_rl=false", "eval.ks=[]"))
+    run_dir = run_pipeline(cfg, echo=quiet).run_dir
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    P, G = cfg.train.prompts_per_step, cfg.algo.group_size
+    assert [r["epoch"] for r in records] == pytest.approx([k * P / 20 for k in (1, 2, 3)])
+    before = 0.0
+    for r in records:
+        grown = r["num_tokens"] - before
+        assert grown >= P * G * (r["response_length/mean"] + 1) and grown == int(grown)
+        before = r["num_tokens"]

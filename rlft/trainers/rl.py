@@ -80,6 +80,10 @@ def rl_step(state: RLState, cfg: Config, *, train_policy: bool = True) -> dict[s
     metrics["perf/tokens_per_s"] = n_tokens / max(time.perf_counter() - t_start, 1e-9)
     if train_policy:
         state.step += 1
+        state.num_tokens += int(n_tokens)
+        metrics["num_tokens"] = float(state.num_tokens)  # TRL's name: prompt + response tokens trained on so far
+        if state.stats is not None:  # the training prompts' groups scored so far, in passes over the data
+            metrics["epoch"] = float(state.stats.count.sum()) / (cfg.algo.group_size * max(state.stats.n, 1))
         if cfg.algo.ref_refresh_every:  # the next step's KL term is to the policy as it is now
             refresh = state.step % cfg.algo.ref_refresh_every == 0
             if refresh:

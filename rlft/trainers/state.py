@@ -46,6 +46,7 @@ class RLState:
     skipped_steps: int = 0  # RL steps whose every policy update was skipped (a non-finite gradient), in all
     consecutive_skips: int = 0  # ... and in a row, up to the last step
     stats: PromptStats | None = None  # per training prompt: rollouts drawn, judged right, last step (checkpointed)
+    num_tokens: int = 0  # prompt + response tokens of every batch trained on so far (the log's num_tokens)
     step: int = 0
 
     def refresh_ref(self) -> None:
@@ -65,7 +66,8 @@ class RLState:
             ref_state = self.ref.state_dict()
         # the rollout in flight is joined first, so the sampler and the statistics below hold the prompts it drew
         in_flight = self.rollouts.state_dict() if self.rollouts is not None else None
-        out = {"step": self.step, "sampler": self.sampler.state_dict(), "baseline": self.baseline,
+        out = {"step": self.step, "num_tokens": self.num_tokens, "sampler": self.sampler.state_dict(),
+               "baseline": self.baseline,
                "ref": ref_state,
                "kl_ctl": self.kl_ctl.state_dict() if self.kl_ctl is not None else None,
                "penalty_ctl": self.penalty_ctl.state_dict() if self.penalty_ctl is not None else None,
@@ -83,6 +85,7 @@ class RLState:
 
     def load_trainer_state(self, saved: dict) -> None:
         self.step, self.baseline = saved["step"], saved.get("baseline")
+        self.num_tokens = saved.get("num_tokens", 0)
         self.skipped_steps, self.consecutive_skips = saved.get("skips", [0, 0])
         self.sampler.load_state_dict(saved["sampler"])
         if self.stats is not None and saved.get("prompt_stats") is not None:
