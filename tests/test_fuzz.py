@@ -144,7 +144,7 @@ def test_a_recipe_loads_or_names_its_key_or_itself(workdir, key, value):
 
 
 REWARD_PARAMS = [(name, param) for name in REWARDS.names() if name != "custom"  # custom imports what it names
-                 for param in ["weight", "label", *REWARDS.parameters(name)]]
+                 for param in ["weight", "label", "schedule", *REWARDS.parameters(name)]]
 EVAL_SET_FIELDS = [f.name for f in dataclasses.fields(EvalSet)]
 
 
