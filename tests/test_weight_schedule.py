@@ -242,3 +242,24 @@ def test_an_unquoted_off_gets_a_yaml_hint():
         load_config(None, ["reward.fns=[{name: format_final, schedule: {kind: off, at: 2}}]", "reward.weights=[1.0]"])
     assert "reward.fns[0].schedule.kind: must be one of constant, linear, step, until, got False" in str(e.value)
     assert "quote it" in str(e.value)
+
+
+def test_a_one_step_off_run_scores_each_batch_with_the_weights_of_the_step_it_trains(tmp_path, tiny_overrides,
+                                                                                     digit_reward):
+    """train.async: step s's batch is sampled and scored during step s - 1's update, with step s's weights."""
+    from rlft.stages.pipeline import run_pipeline
+
+    cfg = load_config(None, tiny_overrides(
+        tmp_path, "log.name=a", "train.async=true", "train.steps=4", "sft.steps=0", "eval.before_rl=false",
+        "eval.ks=[]", "reward.weights=[]",
+        "reward.fns=[final_answer, {name: test_digit_share, schedule: {kind: linear, at: 1, steps: 2}}]"))
+    assert cfg.train.async_rollout
+    run_pipeline(cfg, echo=lambda *a, **k: None)
+    records = [json.loads(x) for x in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
+    by_step = {r["step"]: r for r in records if "reward/mean" in r}
+    assert [by_step[s]["reward/test_digit_share/weight"] for s in (1, 2, 3, 4)] == [0.0, 0.5, 1.0, 1.0]
+    assert any(r.get("async/staleness") == 1.0 for r in by_step.values())
+    for s, m in by_step.items():
+        weighted = sum(m[f"reward/{k}/weight"] * m[f"reward/{k}/mean"] for k in ("final_answer", "test_digit_share"))
+        if m["reward/unscorable_frac"] == 0:
+            assert m["reward/mean"] == pytest.approx(weighted, abs=1e-6), s
