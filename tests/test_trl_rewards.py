@@ -191,3 +191,26 @@ def test_the_userfn_doctests_pass():
 
     result = doctest.testmod(rlft.userfn, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
     assert result.failed == 0 and result.attempted >= 4
+
+
+def test_an_rl_run_with_a_trl_function_kimi_length_and_a_system_prompt(tmp_path, tiny_overrides, trl_file):
+    """The three together in a tiny RL run: the TRL function and kimi_length score every sample (no errors),
+    kimi_length's weight follows its warm-up, and the prompts the policy saw carry data.system_prompt."""
+    from rlft.stages.pipeline import run_pipeline
+
+    cfg = load_config(None, tiny_overrides(
+        tmp_path, "log.name=t", "train.steps=2", "sft.steps=2", "eval.before_rl=false", "eval.ks=[]",
+        "log.samples_every=1", "data.system_prompt='You are a careful solver.'", "reward.weights=[]",
+        f"reward.fns=[final_answer, {{name: custom, fn: '{trl_file}:format_reward', label: trl_format}}, "
+        "{name: kimi_length, weight: 0.5, schedule: {kind: linear, at: 1}}]"))
+    run_pipeline(cfg, echo=lambda *a, **k: None)
+    records = [json.loads(x) for x in (tmp_path / "t" / "metrics.jsonl").read_text().splitlines()]
+    by_step = {r["step"]: r for r in records if "reward/mean" in r}
+    assert sorted(by_step) == [1, 2]
+    for m in by_step.values():
+        assert m["reward/trl_format/errors"] == 0.0 and m["reward/kimi_length/errors"] == 0.0
+        assert 0.0 <= m["reward/trl_format/mean"] <= 1.0 and -0.5 <= m["reward/kimi_length/mean"] <= 0.5
+    assert [by_step[s]["reward/kimi_length/weight"] for s in (1, 2)] == [0.0, 0.5]
+    samples = [json.loads(x) for x in (tmp_path / "t" / "samples.jsonl").read_text().splitlines()]
+    assert samples and all(s["prompt"].startswith("You are a careful solver.") for s in samples)
+    assert all(set(s["rewards"]) == {"final_answer", "trl_format", "kimi_length"} for s in samples)
