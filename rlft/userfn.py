@@ -31,6 +31,7 @@ import functools
 import hashlib
 import importlib
 import importlib.util
+import inspect
 import json
 import multiprocessing
 import numbers
@@ -38,7 +39,7 @@ import sys
 import threading
 import types
 from pathlib import Path
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 BLOCKED_MODULES = frozenset({
     "builtins", "__builtin__", "os", "posix", "nt", "subprocess", "sys", "importlib", "runpy", "code", "codeop",
@@ -180,8 +181,72 @@ MARKERS = ("group_level", "batched", "runs_in_pool")
 
 
 def markers(fn: Callable) -> dict[str, bool]:
-    """Which of :data:`MARKERS` ``fn`` carries."""
-    return {name: bool(getattr(fn, name, False)) for name in MARKERS}
+    """Which of :data:`MARKERS` ``fn`` carries, and ``trl``: whether its signature is TRL's (:func:`trl_style`)."""
+    return {**{name: bool(getattr(fn, name, False)) for name in MARKERS}, "trl": trl_style(fn)}
+
+
+def trl_style(fn: Callable) -> bool:
+    """Whether ``fn`` is written as a TRL reward function, ``fn(prompts, completions, **kwargs) -> list[float]``,
+    called with keyword arguments: it has a ``prompts`` parameter, or it takes ``**kwargs`` and has no parameter
+    named ``sample`` or ``samples`` (rlft's shapes are called with two positional arguments and take no
+    ``**kwargs``). A signature that cannot be read is not TRL's.
+
+    >>> def accuracy(completions, answer, **kwargs): ...
+    >>> def rlft_group(completions, samples): ...
+    >>> trl_style(accuracy), trl_style(lambda prompts, completions: 0), trl_style(rlft_group)
+    (True, True, False)
+    """
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # a callable whose signature Python cannot read
+        return False
+    var_keyword = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    return "prompts" in params or (var_keyword and not {"sample", "samples"} & set(params))
+
+
+TRL_RESERVED = ("prompt", "completion", "prompts", "completions", "completion_ids", "extra")
+"""Sample keys never passed as TRL columns: the prompt and completion go as ``prompts`` and ``completions``, and
+``extra`` (the row's other fields) is passed field by field."""
+
+
+def trl_arguments(completions: Sequence[str], samples: Sequence[dict]) -> dict[str, list]:
+    """The keyword arguments of a TRL-style call on ``completions`` and their ``samples``: ``prompts`` (each row's
+    prompt: its text, or its chat messages as a list of dicts), ``completions`` (the texts) and one list per
+    column: each key of the samples and of their ``extra`` (the dataset's other fields, including the answer
+    column under its own name), None where a row lacks it; a dataset field wins over rlft's key of the same name.
+
+    >>> got = trl_arguments(["#### 4"], [{"prompt": "2+2?", "ground_truth": "4", "extra": {"answer": "#### 4"}}])
+    >>> got["prompts"], got["completions"], got["answer"], got["ground_truth"]
+    (['2+2?'], ['#### 4'], ['#### 4'], ['4'])
+    """
+    rows = [{**{k: v for k, v in s.items() if k not in TRL_RESERVED},
+             **{k: v for k, v in _fields(s.get("extra")).items() if k not in TRL_RESERVED}} for s in samples]
+    columns = list(dict.fromkeys(k for row in rows for k in row))  # in order of first appearance
+    prompts = [p if isinstance(p, str) else [dict(m) for m in p] for p in (s.get("prompt", "") for s in samples)]
+    return {"prompts": prompts, "completions": list(completions),
+            **{k: [row.get(k) for row in rows] for k in columns}}
+
+
+def trl_call(fn: Callable, completions: Sequence[str], samples: Sequence[dict]) -> list:
+    """``fn`` called as TRL calls a reward function, ``fn(**trl_arguments(completions, samples))`` (a function
+    without ``**kwargs`` gets only the arguments it names); what it returns as a list (a tuple or an array's
+    ``tolist()``), checked value by value by the caller."""
+    arguments = trl_arguments(completions, samples)
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # unreadable: everything, as TRL passes it
+        params = None
+    if params is not None and not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        arguments = {k: v for k, v in arguments.items() if k in params}
+    out = fn(**arguments)
+    if hasattr(out, "tolist") and not isinstance(out, (str, bytes)):  # a numpy array or a tensor
+        out = out.tolist()
+    return list(out) if isinstance(out, tuple) else out
+
+
+def _fields(extra: object) -> Mapping:
+    """A row's other fields (``sample["extra"]``): a mapping, else none."""
+    return extra if isinstance(extra, Mapping) else {}
 
 
 def markers_in_child(target: str, spec: str, timeout_s: float) -> dict[str, bool]:
@@ -198,10 +263,11 @@ def markers_in_child(target: str, spec: str, timeout_s: float) -> dict[str, bool
     return found
 
 
-def call_in_child(target: str, spec: str, args: Sequence, timeout_s: float):
+def call_in_child(target: str, spec: str, args: Sequence, timeout_s: float, *, trl: bool = False):
     """``resolve(target, spec)(*args)`` in a child process of its own, killed after ``timeout_s`` seconds (its
-    start included); what the function returns, or a RuntimeError / TimeoutError saying why there is nothing."""
-    return _in_child(_call, (target, spec, tuple(args)), f"sandboxed {spec!r}", timeout_s)
+    start included); what the function returns, or a RuntimeError / TimeoutError saying why there is nothing.
+    ``trl``: called as TRL calls a reward function (:func:`trl_call` on ``args``, ``(completions, samples)``)."""
+    return _in_child(_call_trl if trl else _call, (target, spec, tuple(args)), f"sandboxed {spec!r}", timeout_s)
 
 
 def _in_child(work: Callable, args: tuple, what: str, timeout_s: float):
@@ -237,6 +303,11 @@ def _in_child(work: Callable, args: tuple, what: str, timeout_s: float):
 def _call(target: str, spec: str, args: tuple):
     """In the child: the user's function on ``args``."""
     return resolve(target, spec)(*args)
+
+
+def _call_trl(target: str, spec: str, args: tuple):
+    """In the child: the user's TRL-style function on ``args`` (completions, samples)."""
+    return trl_call(resolve(target, spec), *args)
 
 
 def _markers(target: str, spec: str) -> dict[str, bool] | str:

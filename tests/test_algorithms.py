@@ -161,7 +161,7 @@ class _ScriptedScores:
     def __init__(self, rounds: list[list[list[float]]]):
         self.rounds, self.calls = rounds, 0
 
-    def __call__(self, batch: Batch, examples, cfg):
+    def __call__(self, batch: Batch, examples, cfg, step: int = 1):
         from rlft.rewards.scoring import ScoreResult
 
         flat = [s for group in self.rounds[self.calls] for s in group]

@@ -117,7 +117,7 @@ def test_hf_source_calls_load_dataset(monkeypatch):
     assert load_rows("hf:some/name") == [{"prompt": "p", "answer": "1"}]
     assert calls == [("openai/gsm8k", "main", "test"), ("some/name", None, "train")]
     examples = load_examples("hf:x", "test", answer_key="answer")
-    assert examples == [Example(prompt="p", ground_truth="1")]
+    assert examples == [Example(prompt="p", ground_truth="1", extra={"answer": "1"})]  # the column kept by its name
 
 
 def test_hf_source_without_datasets_is_a_clear_error(monkeypatch):
@@ -160,8 +160,8 @@ def test_verl_row_with_explicit_response_key():
 def test_plain_rows():
     examples = rows_to_examples(PLAIN_ROWS, source="f", prompt_key="q", answer_key="a", response_key="sol")
     assert examples == [
-        Example(prompt="2 + 2?", ground_truth="4", response="#### 4"),
-        Example(prompt="3 + 3?", ground_truth="6", response=None),
+        Example(prompt="2 + 2?", ground_truth="4", response="#### 4", extra={"a": "4", "sol": "#### 4"}),
+        Example(prompt="3 + 3?", ground_truth="6", response=None, extra={"a": 6, "sol": None}),  # as the row has them
     ]
 
 

@@ -133,8 +133,9 @@ def test_several_overrides_load_or_name_one_of_their_keys(pairs, preset):
 @FUZZ
 @given(key=st.sampled_from(KEYS), value=values)
 def test_a_recipe_loads_or_names_its_key_or_itself(workdir, key, value):
-    *sections, leaf = key.split(".")  # a nested key (label.judge.name) nests in the recipe too
-    text = "".join(f"{'  ' * i}{s}:\n" for i, s in enumerate(sections)) + f"{'  ' * len(sections)}{leaf}: {value}\n"
+    parts = key.split(".")  # nested as a recipe nests it, at any depth (label.judge.schedule.kind)
+    indent = "  " * (len(parts) - 1)
+    text = "".join(f"{'  ' * i}{p}:\n" for i, p in enumerate(parts[:-1])) + f"{indent}{parts[-1]}: {value}\n"
     path = _fresh(workdir) / "recipe.yaml"
     path.write_bytes(text.encode("utf-8", "surrogateescape"))
     try:
@@ -144,7 +145,7 @@ def test_a_recipe_loads_or_names_its_key_or_itself(workdir, key, value):
 
 
 REWARD_PARAMS = [(name, param) for name in REWARDS.names() if name != "custom"  # custom imports what it names
-                 for param in ["weight", "label", *REWARDS.parameters(name)]]
+                 for param in ["weight", "label", "schedule", *REWARDS.parameters(name)]]
 EVAL_SET_FIELDS = [f.name for f in dataclasses.fields(EvalSet)]
 
 

@@ -100,6 +100,8 @@ class DataConfig:
     """Field holding a reference response (used by SFT); empty for none or verl's extra_info.answer."""
     template: str = "chat"
     """'chat' (tokenizer chat template), 'raw' (prompt as is), or a format string containing '{prompt}'."""
+    system_prompt: str = ""
+    """A system message put in front of every prompt of data.source (training and held-out) and of eval.sets, shown through data.template as sft.system_prompt is to SFT's prompts (empty: none); the SFT stage uses it too where sft.system_prompt is empty."""
     max_prompt_tokens: int = 512
     """Prompts longer than this are an error at load time, never truncated silently."""
     num_train: int = 0
@@ -137,6 +139,8 @@ class DataConfig:
         _check(bool(self.source), "data.source", "empty; name a file, a directory, 'synthetic:<task>' or 'hf:<name>'")
         why = template_problem(self.template)
         _check(why is None, "data.template", why)
+        _check(bool(self.system_prompt.strip()) or not self.system_prompt, "data.system_prompt",
+               "is only whitespace; give the message's text, or leave it empty for none")
         _check(self.max_prompt_tokens >= 1, "data.max_prompt_tokens", "must be >= 1")
         _check(self.num_train >= 0, "data.num_train", "must be >= 0")
         _check(self.num_eval >= 0, "data.num_eval", "must be >= 0")

@@ -186,7 +186,7 @@ class SFTConfig:
     train_split: str = "train"
     """Split of sft.source to train on."""
     system_prompt: str = ""
-    """A system message put in front of every SFT prompt (empty: none)."""
+    """A system message put in front of every SFT prompt (empty: data.system_prompt, the one RL shows; a different one replaces it on SFT's copy of the RL rows)."""
     max_tokens: int = 0
     """Token budget of one forward pass: each mini-batch runs as micro-batches of similar length, at most this many padded positions each, gradients accumulated (the loss is unchanged); 0: the whole mini-batch padded to its longest row."""
 
@@ -228,6 +228,8 @@ class LabelConfig:
                f"ranking needs label.mode=pointwise ({why}); use label.write=pairs")
         _check(self.mode != "pairwise" or self.judge.name == "judge", "label.judge.name",
                f"label.mode=pairwise compares two completions, which only the judge reward does; got {self.judge.name!r}")
+        _check(self.judge.schedule.constant, "label.judge.schedule",
+               "the label stage's judge has no RL step to follow (a weight schedule is for reward.fns); remove it")
 
 
 @dataclass(frozen=True)

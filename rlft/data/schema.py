@@ -117,7 +117,10 @@ def rows_to_examples(
     ``reward_model.ground_truth``); otherwise ``row[answer_key]`` is the ground
     truth. ``response_key=None`` takes the response from
     ``extra_info.answer`` when it exists. Fields not consumed are kept in
-    ``Example.extra``. Ground truths given as numbers are turned into strings.
+    ``Example.extra``, and so are the ``answer_key`` and ``response_key`` columns,
+    under their own names and as the row holds them (a TRL-style reward gets
+    each column as a keyword argument). Ground truths given as numbers are
+    turned into strings.
     """
     return convert_rows(rows, lambda row: _row_to_example(row, prompt_key, answer_key, response_key), source=source)
 
@@ -129,12 +132,10 @@ def _row_to_example(row: Mapping, prompt_key: str, answer_key: str | None, respo
         used.add("reward_model")
     else:
         ground_truth = _ground_truth(_require(row, answer_key), answer_key)
-        used.add(answer_key)
     if response_key is None:
         response = _verl_response(row)
     else:
         response = _optional_str(row.get(response_key), response_key)
-        used.add(response_key)
     data_source = _optional_str(row.get("data_source"), "data_source") or ""
     return Example(
         prompt=_prompt(_require(row, prompt_key), prompt_key),

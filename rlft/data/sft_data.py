@@ -7,7 +7,9 @@ file or directory of rows, each either
 - ``{"messages": [...]}``: a chat whose last message is the assistant's; the
   messages before it are the prompt.
 
-``sft.system_prompt`` is put in front of every prompt as a system message.
+``sft.system_prompt`` (empty: ``data.system_prompt``, the one the RL prompts carry) is put in
+front of every prompt as a system message (``sft_system_prompt``); on the RL rows, which carry
+``data.system_prompt`` already, a different one takes its place.
 
 Loss masking (``sft.loss_on``), the three schemes the tutorials compare:
 ``all`` (prompt and completion), ``response`` (the completion and its eos) and
@@ -119,12 +121,38 @@ def _row(row: Mapping) -> Example:
     return Example(prompt=prompt, ground_truth="", response=completion)
 
 
-def with_system_prompt(examples: list[Example], system_prompt: str) -> list[Example]:
-    """The examples with ``system_prompt`` as a first system message (unchanged when it is empty)."""
+def with_system_prompt(examples: list[Example], system_prompt: str, *, instead_of: str = "") -> list[Example]:
+    """The examples with ``system_prompt`` as a first system message (unchanged when it is empty). ``instead_of``:
+    a first system message with exactly this text is replaced rather than kept (rows that carry
+    ``data.system_prompt`` already), so a row never gets two.
+
+    >>> row = Example(prompt="2+2?", ground_truth="4")
+    >>> [m["content"] for m in with_system_prompt([row], "Be brief.")[0].prompt]
+    ['Be brief.', '2+2?']
+    >>> once = with_system_prompt([row], "Be brief.")
+    >>> [m["content"] for m in with_system_prompt(once, "Show work.", instead_of="Be brief.")[0].prompt]
+    ['Show work.', '2+2?']
+    """
     if not system_prompt:
         return examples
     system = {"role": "system", "content": system_prompt}
-    return [Example(prompt=(system, *(ex.prompt if isinstance(ex.prompt, tuple) else
-                                      ({"role": "user", "content": ex.prompt},))),
-                    ground_truth=ex.ground_truth, data_source=ex.data_source, response=ex.response, extra=ex.extra)
-            for ex in examples]
+    out = []
+    for ex in examples:
+        messages = ex.prompt if isinstance(ex.prompt, tuple) else ({"role": "user", "content": ex.prompt},)
+        if instead_of and messages and messages[0].get("role") == "system" and messages[0].get("content") == instead_of:
+            messages = messages[1:]
+        out.append(Example(prompt=(system, *messages), ground_truth=ex.ground_truth, data_source=ex.data_source,
+                           response=ex.response, extra=ex.extra))
+    return out
+
+
+def sft_system_prompt(cfg) -> str:
+    """The system prompt SFT puts in front of its prompts: ``sft.system_prompt``, else ``data.system_prompt`` (the
+    one RL's prompts carry), so one setting serves both stages."""
+    return cfg.sft.system_prompt or cfg.data.system_prompt
+
+
+def sft_rows(examples: list[Example], cfg) -> list[Example]:
+    """The task's rows (which carry ``data.system_prompt`` already, ``rlft.data.task.load_task``) with SFT's
+    system prompt: unchanged when it is the same, else it takes the place of ``data.system_prompt``."""
+    return with_system_prompt(examples, sft_system_prompt(cfg), instead_of=cfg.data.system_prompt)

@@ -17,6 +17,7 @@ from rlft.config.insight import EvalSet, primary_name
 from rlft.core.passk import best_of_n, maj_at_k, mean_pass_at_k
 from rlft.data.loaders import load_examples
 from rlft.data.schema import DataError, Example
+from rlft.data.sft_data import with_system_prompt
 from rlft.data.synthetic import configured_task
 from rlft.data.templates import encode_prompts
 from rlft.envs.build import factory
@@ -230,11 +231,13 @@ def load_sets(cfg: Config) -> list[HeldOut]:
 
 
 def _set_examples(s: EvalSet, cfg: Config) -> list[Example]:
+    """The set's problems, each prompt led by ``data.system_prompt`` when it is set (as the training prompts)."""
     d = cfg.data
     if s.source.startswith("synthetic:"):  # the held-out part, past data.synth_train_size training problems
-        return configured_task(s.source, d, cfg.train.seed, s.limit or d.num_eval or 500)[1]
-    rows = load_examples(s.source, s.split, prompt_key=s.prompt_key, answer_key=s.answer_key or None)
-    return rows[: s.limit or None]
+        rows = configured_task(s.source, d, cfg.train.seed, s.limit or d.num_eval or 500)[1]
+    else:
+        rows = load_examples(s.source, s.split, prompt_key=s.prompt_key, answer_key=s.answer_key or None)
+    return with_system_prompt(rows[: s.limit or None], d.system_prompt)
 
 
 def evaluate_sets(model, tokenizer, sets: Sequence[HeldOut], cfg: Config) -> dict:

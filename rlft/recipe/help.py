@@ -45,7 +45,8 @@ def help_text() -> str:
 
 def _reward_lines() -> list[str]:
     """Every registered reward, its shape and its parameters (``{name: <reward>, <param>: value}``)."""
-    lines = ["  reward.fns entries: a name, or {name: <reward>, weight: w, label: l, <parameter>: value}:"]
+    lines = ["  reward.fns entries: a name, or {name: <reward>, weight: w, label: l, schedule: {kind, at, steps, value}, "
+             "<parameter>: value} (schedule: rlft.config.reward.WeightSchedule):"]
     for name in REWARDS.names():
         factory = REWARDS.factory(name)
         doc = (factory.__doc__ or "").strip().splitlines()

@@ -24,7 +24,7 @@ from rlft.config.env import FIELDS as ENV_FIELDS
 from rlft.config.env import EnvConfig
 from rlft.config.sections import Config
 from rlft.config.insight import EvalSet
-from rlft.config.reward import RewardTerm
+from rlft.config.reward import RewardTerm, WeightSchedule
 from rlft.envs.build import check_params
 from rlft.errors import utf8_text
 from rlft.recipe.presets import PRESETS, conflict
@@ -46,7 +46,9 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         return None if value is None else _coerce(value, inner, key)
     if origin is Literal:
         allowed = typing.get_args(tp)
-        _check(value in allowed, key, f"must be one of {', '.join(map(str, allowed))}, got {value!r}")
+        yaml_bool = isinstance(value, bool) and not any(isinstance(a, bool) for a in allowed)
+        _check(value in allowed and not yaml_bool, key, f"must be one of {', '.join(map(str, allowed))}, got {value!r}"
+               + (" (YAML reads yes/no/on/off as true/false: quote it, 'off')" if yaml_bool else ""))
         return value
     if origin is tuple:
         (elem, _ellipsis) = typing.get_args(tp)
@@ -92,7 +94,8 @@ def _shown(value: Any, limit: int = 80) -> str:
 
 
 def _reward_term(value: Any, key: str) -> RewardTerm:
-    """``math`` or ``{name: partial_credit, weight: 1, tolerance: 1}`` -> a RewardTerm with type-checked parameters."""
+    """``math`` or ``{name: partial_credit, weight: 1, tolerance: 1}`` -> a RewardTerm with type-checked parameters;
+    ``schedule`` (a mapping of :class:`WeightSchedule`'s fields) makes its weight follow the RL step."""
     if isinstance(value, RewardTerm):
         return value
     if isinstance(value, str):
@@ -104,18 +107,26 @@ def _reward_term(value: Any, key: str) -> RewardTerm:
     allowed = REWARDS.parameters(name)
     params = []
     for k, v in value.items():
-        if k in ("name", "weight", "label"):
+        if k in TERM_KEYS:
             continue
         _check(k in allowed, f"{key}.{k}", f"unknown parameter of reward {name!r}; allowed: "
-               f"{', '.join(['weight', 'label', *allowed])}")
+               f"{', '.join([*TERM_KEYS[1:3], *allowed, *TERM_KEYS[3:]])}")
         params.append((k, _coerce(v, allowed[k][0], f"{key}.{k}")))
     weight = value.get("weight")
     label = value.get("label", "")
+    schedule = value.get("schedule")
+    if schedule is not None and not isinstance(schedule, WeightSchedule):
+        schedule = _build(WeightSchedule, schedule, f"{key}.schedule.", entry=True)
     try:
         return RewardTerm(name=name, weight=None if weight is None else _coerce(weight, float, f"{key}.weight"),
-                          label=_coerce(label, str, f"{key}.label"), params=tuple(params))
+                          label=_coerce(label, str, f"{key}.label"), params=tuple(params),
+                          schedule=schedule or WeightSchedule())
     except ConfigError as e:
         raise ConfigError(f"{key}.{e}") from None
+
+
+TERM_KEYS = ("name", "weight", "label", "schedule")
+"""The keys of a reward.fns entry that are not the reward's own parameters."""
 
 
 KEY_ALIASES: dict[str, dict[str, str]] = {"train": {"async": "async_rollout"}}

@@ -21,6 +21,20 @@ function, so a decorated function needs nothing more; ``sample``, ``group`` or
 ``slow: true`` (or a ``runs_in_pool`` marker) runs a per-sample function in the
 run's worker processes with a deadline per sample.
 
+A reward function written for TRL, ``fn(prompts, completions, **kwargs) ->
+list[float]``, needs no wrapper: ``signature: trl`` calls it as TRL does, with
+keyword arguments (``rlft.userfn.trl_arguments``): ``prompts`` (each row's
+prompt, its text or its chat messages as a list of dicts), ``completions`` (the
+texts, plain strings also for chat prompts) and one list per column of the
+rows (``ground_truth``, ``data_source``, ``response``, ``num_tokens`` and the
+dataset's own columns, the answer column under its own name, e.g. ``answer``;
+None where a row lacks it). ``signature: auto`` (the default) reads it from the
+function: a ``prompts`` parameter, or ``**kwargs`` and no ``sample`` /
+``samples`` parameter (one without ``**kwargs`` gets only the arguments it
+names). Such a function is batched (the whole batch in one call)
+or, with ``kind: group``, group-level; TRL's ``completion_ids`` and
+``trainer_state`` are not passed, and a None in its list is unscorable.
+
 ``sandboxed: true`` runs every call (one sample, or one group or batch) in a
 short-lived child process of its own, killed after ``timeout_s`` seconds (its
 start included); a crash, an exception or a hang there costs only that call's
@@ -55,7 +69,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from rlft.rewards.base import REWARDS, check_choices
-from rlft.userfn import call_in_child, markers, markers_in_child, resolve
+from rlft.userfn import call_in_child, markers, markers_in_child, resolve, trl_call
 from rlft.userfn import target as userfn_target
 
 
@@ -78,16 +92,19 @@ class Custom:
     fn: str
     """Where the function lives: 'package.module:function' or 'path/to/file.py:function'."""
     kind: Literal["auto", "sample", "group", "batch"] = "auto"
-    """Its shape: per-sample, group-level or batched; auto reads rlft's markers on the function."""
+    """Its shape: per-sample, group-level or batched; auto reads rlft's markers on the function (a TRL-style function: batch)."""
     slow: bool = False
     """Run it in the worker pool with a deadline per sample (per-sample functions only)."""
     sandboxed: bool = False
     """Run each call in a short-lived child process with a deadline: protects the trainer, not the host."""
     timeout_s: float = 10.0
     """With sandboxed: each call's deadline in seconds, the child process's start included."""
+    signature: Literal["auto", "rlft", "trl"] = "auto"
+    """How it is called: rlft (fn(completion, sample), or fn(completions, samples) for a group or batch), trl (TRL's fn(prompts, completions, **columns) -> list[float], keyword arguments, the dataset's columns among them); auto: trl when it has a prompts parameter, or **kwargs and no sample/samples parameter."""
 
     def __post_init__(self) -> None:
-        """Import the function now (errors at parse time) and record its shape and whether it is slow."""
+        """Import the function now (errors at parse time) and record its shape, its signature and whether it is
+        slow."""
         check_choices(self)
         if not self.timeout_s > 0:
             raise ValueError(f"timeout_s: must be > 0, got {self.timeout_s}")
@@ -97,16 +114,21 @@ class Custom:
         target = userfn_target(self.fn)
         marks = markers_in_child(target, self.fn, self.timeout_s) if self.sandboxed else \
             markers(resolve(target, self.fn))  # sandboxed: the module is never imported by the trainer
+        trl = self.signature == "trl" or (self.signature == "auto" and marks["trl"])
         marked = "group" if marks["group_level"] else "batch" if marks["batched"] else None
         if self.kind != "auto" and marked is not None and marked != self.kind:
             raise ValueError(f"kind: {self.fn!r} is marked as a {marked}-level reward, not kind={self.kind}")
-        shape = marked or ("sample" if self.kind == "auto" else self.kind)
+        if trl and self.kind == "sample":
+            raise ValueError(f"kind: {self.fn!r} is called TRL's way (signature: {self.signature}), on a list of "
+                             "completions: kind must be batch (the default for it) or group, not sample")
+        shape = marked or (self.kind if self.kind != "auto" else "batch" if trl else "sample")
         # sandboxed: a process per call instead of the pool (whose workers cannot start processes of their own)
         in_pool = not self.sandboxed and (self.slow or marks["runs_in_pool"])
         if in_pool and shape != "sample":
             raise ValueError(f"slow: only per-sample rewards run in the worker pool; {self.fn!r} is {shape}-level")
         # plain instance attributes (not fields): what score_batch and the trainer read; pickled with the instance
         object.__setattr__(self, "target", target)
+        object.__setattr__(self, "trl", trl)
         object.__setattr__(self, "group_level", shape == "group")
         object.__setattr__(self, "batched", shape == "batch")
         object.__setattr__(self, "runs_in_pool", in_pool)
@@ -118,8 +140,10 @@ class Custom:
         return self.timeout_s + 1.0 if self.sandboxed else None
 
     def __call__(self, *args):
-        """The user's function on ``(completion, sample)`` or ``(completions, samples)``; sandboxed: in a child
-        process, where a crash or the deadline raises here."""
+        """The user's function on ``(completion, sample)`` or ``(completions, samples)`` (TRL-style: on
+        ``rlft.userfn.trl_arguments`` of them); sandboxed: in a child process, where a crash or the deadline raises
+        here."""
         if self.sandboxed:
-            return call_in_child(self.target, self.fn, args, self.timeout_s)
-        return resolve(self.target, self.fn)(*args)
+            return call_in_child(self.target, self.fn, args, self.timeout_s, trl=self.trl)
+        fn = resolve(self.target, self.fn)
+        return trl_call(fn, *args) if self.trl else fn(*args)

@@ -1,13 +1,16 @@
-"""Answer-level rewards: majority voting over a group (group-level) and partial credit for near misses.
+"""Answer-level rewards: majority voting and Kimi k1.5's length reward over a group (group-level), and partial
+credit for near misses.
 
-Both read a final answer with one of the extractors in ``EXTRACTORS``:
+``vote`` and ``partial_credit`` read a final answer with one of the extractors in ``EXTRACTORS``:
 ``strict`` (the last ``#### <number>``), ``final`` (a completion that ends with
 its only ``#### <number>``), ``flexible`` (the last number anywhere) or
 ``math`` (the last ``\\boxed{}``, ``<answer>`` tag or "answer is" line).
 
 ``vote`` needs no ground truth: it rewards agreement with the group's majority
 (test-time RL's pseudo-label). ``partial_credit`` grades a numeric answer by its
-distance from the ground truth.
+distance from the ground truth. ``kimi_length`` ranks a group's completions by
+length, relative to its shortest and longest, judging correctness with a
+per-sample checker (arXiv:2501.12599 §2.3.3).
 """
 
 from __future__ import annotations
@@ -18,8 +21,10 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Literal
 
-from rlft.rewards.base import REWARDS, check_choices, group_level
+from rlft.rewards.base import (REWARDS, check_choices, checked_value, group_level, is_batched, is_group_level,
+                               is_step_level)
 from rlft.rewards.math import _to_decimal, extract_final, extract_flexible, extract_strict
+from rlft.rewards.shaping import response_length
 from rlft.rewards.symbolic import MAX_ANSWER_CHARS, extract_math_answer, normalise
 
 EXTRACTORS = {"strict": extract_strict, "final": extract_final, "flexible": extract_flexible,
@@ -131,3 +136,74 @@ class PartialCredit:
             return float(self.full)
         limit = Decimal(str(self.tolerance)) * (abs(truth) if self.relative else 1)
         return float(self.partial) if diff <= limit else 0.0
+
+
+# ---- Kimi k1.5's length reward ---------------------------------------------------------------
+
+
+def kimi_length_rewards(lengths: Sequence[float], correct: Sequence[bool | None]) -> list[float | None]:
+    """Kimi k1.5's length reward of one group (Kimi Team 2025, arXiv:2501.12599, §2.3.3 "Length Penalty").
+
+    With ``min_len`` and ``max_len`` the shortest and longest of the group's k lengths,
+    ``lambda_i = 0.5 - (len_i - min_len) / (max_len - min_len)``; a correct response scores ``lambda_i`` and an
+    incorrect one ``min(0, lambda_i)``, so the shortest correct answers gain up to 0.5, the longest lose up to
+    0.5 and a short wrong answer gains nothing. All lengths equal: 0.0 for every response. ``correct[i]`` None
+    (the checker could not score it) gives None; its length still counts for ``min_len`` and ``max_len``.
+
+    >>> kimi_length_rewards([10, 20, 30], [True, True, True])
+    [0.5, 0.0, -0.5]
+    >>> kimi_length_rewards([10, 20, 30], [False, False, False])
+    [0.0, 0.0, -0.5]
+    >>> kimi_length_rewards([7, 7], [True, False]), kimi_length_rewards([10, 30, 20], [True, None, False])
+    ([0.0, 0.0], [0.5, None, 0.0])
+    """
+    if len(lengths) != len(correct):
+        raise ValueError(f"got {len(lengths)} lengths but {len(correct)} verdicts")
+    lo, hi = min(lengths, default=0), max(lengths, default=0)
+    out: list[float | None] = []
+    for n, ok in zip(lengths, correct):
+        lam = 0.5 - (n - lo) / (hi - lo) if hi > lo else 0.0  # Kimi k1.5 §2.3.3: lambda
+        out.append(None if ok is None else float(lam if ok else min(0.0, lam)) + 0.0)  # + 0.0: no -0.0
+    return out
+
+
+@REWARDS.register("kimi_length")
+@group_level
+@dataclass(frozen=True)
+class KimiLength:
+    """Kimi k1.5's length reward (arXiv:2501.12599 §2.3.3): shorter correct answers of a group gain, long ones lose.
+
+    Each completion's correctness is the reward ``correct`` (a per-sample reward, value >= 1: correct, as
+    ``eval.correct_fn`` judges; give it the task's own checker, e.g. ``math``); its length is counted in ``unit``.
+    The values are :func:`kimi_length_rewards`, in [-0.5, 0.5]. The paper turns the penalty on after a warm-up of
+    ordinary policy optimisation; here that is the entry's weight schedule,
+    ``{name: kimi_length, weight: w, schedule: {kind: linear, at: N}}`` (off for the first N RL steps).
+
+    >>> texts = ["#### 3", "so it is 3\\n#### 3", "I am not sure but I guess 4\\n#### 4"]  # 2, 6, 10 words
+    >>> KimiLength(unit="words")(texts, [{"ground_truth": "3"}] * 3)
+    [0.5, 0.0, -0.5]
+    """
+
+    correct: str = "final_answer"
+    """The per-sample reward that says whether a completion is correct (value >= 1), as eval.correct_fn."""
+    unit: Literal["tokens", "words", "chars"] = "tokens"
+    """tokens: sample["num_tokens"] (set in RL runs), falling back to whitespace-separated words; words; chars."""
+
+    def __post_init__(self) -> None:
+        check_choices(self)
+        if self.correct not in REWARDS:
+            raise ValueError(f"correct: unknown reward {self.correct!r}; allowed: {', '.join(REWARDS.names())}")
+        try:
+            checker = REWARDS.get(self.correct)
+        except (KeyError, ValueError, TypeError) as e:  # a reward that needs parameters (a path, a fn)
+            raise ValueError(f"correct: {self.correct!r} cannot be built with its default parameters "
+                             f"({e.args[0] if e.args else e}); name a checker that needs none") from None
+        if is_group_level(checker) or is_batched(checker) or is_step_level(checker):
+            raise ValueError(f"correct: {self.correct!r} is not a per-sample reward; name a per-sample checker "
+                             "(final_answer, math, gsm8k_strict, ...)")
+
+    def __call__(self, completions: Sequence[str], samples: Sequence[Mapping]) -> list[float | None]:
+        check = REWARDS.get(self.correct)
+        verdicts = [checked_value(check(c, s)) for c, s in zip(completions, samples)]
+        lengths = [response_length(c, s, self.unit) for c, s in zip(completions, samples)]
+        return kimi_length_rewards(lengths, [None if v is None else v >= 1.0 for v in verdicts])

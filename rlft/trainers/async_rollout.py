@@ -91,7 +91,8 @@ class AsyncRollouts:
         t: dict[str, float] = {}
         generator = torch.Generator(device=self.device).manual_seed(cfg.train.seed * ROLLOUT_SEED_STRIDE + step)
         with random_stream(generator):
-            batch, metrics = collect(view, cfg, t, step)  # advances the prompt sampler and statistics view shares
+            batch, metrics = collect(view, cfg, t, step)  # advances the prompt sampler and statistics view shares;
+            # step's reward weights (view.step is the policy's step, behind it)
         return batch, metrics, view.reward_parts, t
 
     def state_dict(self) -> dict | None:

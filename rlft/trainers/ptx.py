@@ -51,10 +51,10 @@ def file_texts(source: str, text_key: str, tokenizer) -> tuple[list[list[int]], 
 def task_texts(examples, tokenizer, cfg) -> tuple[list[list[int]], list[list[int]]]:
     """(ids, loss weights) of the training rows as SFT renders them: prompt ids then response ids (with eos), and
     per token the weight of predicting it (the SFT mask of ``sft.loss_on``; 0 on the prompt unless ``all``)."""
-    from rlft.data.sft_data import with_system_prompt
+    from rlft.data.sft_data import sft_rows
     from rlft.trainers.sft import sft_pairs
 
-    items = sft_pairs(with_system_prompt(list(examples), cfg.sft.system_prompt), tokenizer, cfg)
+    items = sft_pairs(sft_rows(list(examples), cfg), tokenizer, cfg)
     return [p + t for p, t, _ in items], [[0] * len(p) + w for p, _, w in items]
 
 

@@ -180,10 +180,12 @@ def collect(state: RLState, cfg: Config, t: dict[str, float],
     are kept or ``algo.max_sample_rounds`` extra rounds are spent; it then trains on
     what it kept (fewer groups), or, when nothing was kept, on the last round (whose
     advantages are all 0). Reward metrics describe every sample drawn, and so do the
-    per-prompt statistics (``state.stats``, the rule's verdicts), which every round updates.
+    per-prompt statistics (``state.stats``, the rule's verdicts), which every round updates. ``step``'s reward
+    weights (``reward.fns``' schedules) score the batch.
     """
     step = state.step + 1 if step is None else step
     a, P, G = cfg.algo, cfg.train.prompts_per_step, cfg.algo.group_size
+    step = state.step + 1 if step is None else step
     drawn: list[tuple[Batch, ScoreResult]] = []
     kept: list[Batch] = []
     kept_parts: list[dict[str, list]] = []  # each reward's values for the kept rows, in order
@@ -194,7 +196,7 @@ def collect(state: RLState, cfg: Config, t: dict[str, float],
             idx, batch, scored, partial = _partial_share(state, cfg, t, step)
         else:
             idx = state.sampler.take(P, step)  # the same P prompts in every process
-            batch, scored = _rollout_share(state, cfg, idx[state.dist.share(P)], t)
+            batch, scored = _rollout_share(state, cfg, idx[state.dist.share(P)], t, step)
         if state.dist.active:  # every process gets the whole round, in prompt order
             parts = state.dist.gather((batch.to(torch.device("cpu")), scored))
             batch, scored = cat_batches([b for b, _ in parts]), merge_scores([s for _, s in parts])
@@ -213,7 +215,7 @@ def collect(state: RLState, cfg: Config, t: dict[str, float],
             n_kept += len(groups)
         if n_kept >= P:
             break
-    metrics = reward_metrics(drawn, cfg)
+    metrics = reward_metrics(drawn, cfg, step)
     metrics.update(partial)
     metrics.update(step_metrics([(b.step_rewards, b.step_mask) for b, _ in drawn if b.step_mask is not None]))
     metrics.update(hacking.batch_metrics([b.scores for b, _ in drawn], [b.correct for b, _ in drawn], G))
@@ -231,7 +233,8 @@ def collect(state: RLState, cfg: Config, t: dict[str, float],
     return batch, metrics
 
 
-def _rollout_share(state: RLState, cfg: Config, idx: list[int], t: dict[str, float]) -> tuple[Batch, ScoreResult]:
+def _rollout_share(state: RLState, cfg: Config, idx: list[int], t: dict[str, float],
+                   step: int) -> tuple[Batch, ScoreResult]:
     """Generate and score the groups of prompts ``idx`` in this process."""
     examples = [state.examples[i] for i in idx]
     prompts = [state.prompts[i] for i in idx]
@@ -241,7 +244,7 @@ def _rollout_share(state: RLState, cfg: Config, idx: list[int], t: dict[str, flo
         else:
             batch = generate(state.policy, state.tokenizer, prompts, group_size=cfg.algo.group_size,
                              **sampling_args(cfg.rollout))
-    return batch, _scored(state, cfg, batch, examples, t)
+    return batch, _scored(state, cfg, batch, examples, t, step)
 
 
 def _partial_share(state: RLState, cfg: Config, t: dict[str, float], step: int) -> tuple[list[int], Batch,
@@ -261,15 +264,17 @@ def _partial_share(state: RLState, cfg: Config, t: dict[str, float], step: int) 
             state.policy.train(was_training)
         batch = finished_batch(done, state.prompts, state.tokenizer, state.step)
     idx = [g.index for g in done]
-    scored = _scored(state, cfg, batch, [state.examples[i] for i in idx], t)
+    scored = _scored(state, cfg, batch, [state.examples[i] for i in idx], t, step)
     return idx, batch, scored, partial_metrics(done, len(state.partial.pending), state.step)
 
 
-def _scored(state: RLState, cfg: Config, batch: Batch, examples: Sequence[Example], t: dict[str, float]) -> ScoreResult:
-    """Score the groups of ``batch`` (one example per group) and record the rule's verdicts in ``batch.correct``."""
+def _scored(state: RLState, cfg: Config, batch: Batch, examples: Sequence[Example], t: dict[str, float],
+            step: int) -> ScoreResult:
+    """Score the groups of ``batch`` (one example per group) with RL step ``step``'s reward weights and record the
+    rule's verdicts in ``batch.correct``."""
     with _timed(t, "reward"):
-        scored = score(batch, examples, cfg)
-        attach_steps(batch, scored, state.tokenizer, cfg)
+        scored = score(batch, examples, cfg, step=step)
+        attach_steps(batch, scored, state.tokenizer, cfg, step=step)
     with _timed(t, "rule_check"):  # the evaluation's rule on each rollout: reward-hacking metrics, RM refresh
         batch.correct = hacking.rule_correct(batch.texts, examples, cfg.algo.group_size, cfg, scored)
     return scored
@@ -285,20 +290,21 @@ def merge_scores(parts: Sequence[ScoreResult]) -> ScoreResult:
                        steps=steps)
 
 
-def score(batch: Batch, examples: Sequence[Example], cfg: Config) -> ScoreResult:
-    """Sets ``batch.scores`` (B,): the weighted reward, plus the soft overlong punishment when enabled."""
+def score(batch: Batch, examples: Sequence[Example], cfg: Config, step: int = 1) -> ScoreResult:
+    """Sets ``batch.scores`` (B,): the weighted reward (the weights of RL step ``step``, ``reward.weights_at``), plus
+    the soft overlong punishment when enabled."""
     G = batch.group_size
     lengths = batch.response_lengths.tolist()  # (B,) response tokens, for length-shaping rewards
     samples = [{**ex.to_mapping(), "num_tokens": lengths[i * G + j]} for i, ex in enumerate(examples) for j in range(G)]
     for sample, episode in zip(samples, batch.episodes):  # multi-turn: the environment's own verdicts
         sample.update(env_reward=episode["env_reward"], env_turn_rewards=episode["turn_rewards"],
                       env_truncated=episode["truncated"])
-    scored = score_batch(batch.texts, samples, built(cfg.reward), cfg.reward.resolved_weights,
+    scored = score_batch(batch.texts, samples, built(cfg.reward), cfg.reward.weights_at(step),
                          timeout_s=cfg.reward.timeout_s, group_size=G)
     lost = [bool(e["error"]) for e in batch.episodes] or [False] * len(batch)  # the environment failed them
     scores = torch.tensor([math.nan if s is None or bad else s for s, bad in zip(scored.total, lost)])  # (B,)
     if batch.roles is not None:  # several roles: each its own reward; the batch's score is the first role's
-        batch.role_scores = score_roles(batch, scores, samples, cfg)  # (B, R)
+        batch.role_scores = score_roles(batch, scores, samples, cfg, step=step)  # (B, R)
         scores = batch.role_scores[:, 0].clone()
     a = cfg.algo
     if a.overlong_buffer_frac > 0:
@@ -315,20 +321,22 @@ def score(batch: Batch, examples: Sequence[Example], cfg: Config) -> ScoreResult
     return scored
 
 
-def reward_part_weights(cfg: Config) -> tuple[float, ...]:
+def reward_part_weights(cfg: Config, step: int = 1) -> tuple[float, ...]:
     """The weight of each column of ``Batch.reward_parts``: reward.fns' weights, then 1.0 for the overlong penalty."""
-    return (*cfg.reward.resolved_weights, *((1.0,) if cfg.algo.overlong_buffer_frac > 0 else ()))
+    return (*cfg.reward.weights_at(step), *((1.0,) if cfg.algo.overlong_buffer_frac > 0 else ()))
 
 
-def attach_steps(batch: Batch, scored: ScoreResult, tokenizer, cfg: Config) -> None:
+def attach_steps(batch: Batch, scored: ScoreResult, tokenizer, cfg: Config, step: int = 1) -> None:
     """Sets ``batch.step_rewards`` and ``batch.step_mask`` (B, T) from the step-level rewards, when there are any."""
     if scored.steps:
-        weights = dict(zip(cfg.reward.keys, cfg.reward.resolved_weights))
+        weights = dict(zip(cfg.reward.keys, cfg.reward.weights_at(step)))
         batch.step_rewards, batch.step_mask = step_tensors(tokenizer, batch.response_ids, batch.response_mask,
                                                            scored.steps, weights)
 
 
-def reward_metrics(drawn: list[tuple[Batch, ScoreResult]], cfg: Config) -> dict[str, float]:
+def reward_metrics(drawn: list[tuple[Batch, ScoreResult]], cfg: Config, step: int = 1) -> dict[str, float]:
+    """The step's reward metrics over every sample drawn: ``reward/mean``, ``reward/<name>/mean``, ``/errors``, and
+    ``reward/<name>/weight`` (each reward.fns entry's weight at RL step ``step``, its schedule applied)."""
     scores = torch.cat([b.scores for b, _ in drawn])
     valid = ~torch.isnan(scores)
     vals = scores[valid]
@@ -349,6 +357,8 @@ def reward_metrics(drawn: list[tuple[Batch, ScoreResult]], cfg: Config) -> dict[
         out[f"reward/{name}/mean"] = sum(ok) / len(ok) if ok else 0.0
         if name in cfg.reward.keys:
             out[f"reward/{name}/errors"] = float(sum(s.errors.get(name, 0) for _, s in drawn))
+    for name, weight in zip(cfg.reward.keys, cfg.reward.weights_at(step)):  # the step's weights, schedules applied
+        out[f"reward/{name}/weight"] = weight
     return out
 
 
@@ -422,7 +432,7 @@ def compute_advantages(state: RLState, batch: Batch, cfg: Config) -> dict[str, f
         state.baseline = ema_update(state.baseline, current, a.baseline_momentum)
     inp = AdvantageInputs(batch.scores, mask, a.group_size, token_rewards=token_rewards, values=batch.values,
                           baseline=baseline, step_rewards=batch.step_rewards, step_mask=batch.step_mask,
-                          reward_parts=batch.reward_parts, reward_weights=reward_part_weights(cfg))
+                          reward_parts=batch.reward_parts, reward_weights=reward_part_weights(cfg, state.step + 1))
     estimate = ADVANTAGES.get(a.advantage)
     if batch.role_scores is not None and a.advantage == "gdpo":
         raise ConfigError("algo.advantage: 'gdpo' normalises the reward components of one policy; with several roles "

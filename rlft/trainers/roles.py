@@ -20,10 +20,12 @@ from rlft.rollout.batch import Batch
 from rlft.rollout.multiturn import role_text
 
 
-def score_roles(batch: Batch, lead: Tensor, samples: Sequence[Mapping[str, Any]], cfg: Config) -> Tensor:
+def score_roles(batch: Batch, lead: Tensor, samples: Sequence[Mapping[str, Any]], cfg: Config,
+                step: int = 1) -> Tensor:
     """(B, R) each role's reward: ``roles.rewards`` says whether it is the run's reward functions on the role's last
     turn (``task``; the first role's are ``lead``, the batch's texts being its last turns) or the environment's
-    verdict for it (``env``); NaN where there is none, and on every role of a trajectory the environment cost."""
+    verdict for it (``env``); NaN where there is none, and on every role of a trajectory the environment cost. The
+    reward functions weigh as at RL step ``step``."""
     names, out = cfg.roles.names, []
     lost = [e["error"] is not None for e in batch.episodes]
     for k, (name, source) in enumerate(zip(names, cfg.roles.sources)):
@@ -33,7 +35,7 @@ def score_roles(batch: Batch, lead: Tensor, samples: Sequence[Mapping[str, Any]]
             col = lead.tolist()
         else:
             texts = [role_text(e["segments"], name) for e in batch.episodes]
-            scored = score_batch(texts, samples, built(cfg.reward), cfg.reward.resolved_weights,
+            scored = score_batch(texts, samples, built(cfg.reward), cfg.reward.weights_at(step),
                                  timeout_s=cfg.reward.timeout_s, group_size=batch.group_size)
             col = [math.nan if s is None else s for s in scored.total]
         out.append([math.nan if bad else float(v) for v, bad in zip(col, lost)])

@@ -24,7 +24,8 @@ from rlft.core.ops import masked_sum
 from rlft.data.schema import DataError, Example
 from rlft.data.judge_data import PREFIX as JUDGE_PREFIX, judge_examples
 from rlft.data.synthetic import configured_task
-from rlft.data.sft_data import load_sft_examples, response_weights, with_system_prompt
+from rlft.data.sft_data import (load_sft_examples, response_weights, sft_rows, sft_system_prompt,
+                                with_system_prompt)
 from rlft.data.templates import encode_prompts
 from rlft.insight.eval import prompt_tools
 from rlft.models.forward import LOGPROB_CHUNK, response_logprobs
@@ -36,17 +37,19 @@ Item = tuple[list[int], list[int], list[int]]  # prompt ids, target ids, loss we
 
 
 def sft_examples(cfg: Config, rl_examples: Sequence[Example]) -> list[Example]:
-    """What SFT trains on: ``sft.source``'s rows, else the RL rows (their reference responses), with the system prompt."""
+    """What SFT trains on: ``sft.source``'s rows, else the RL rows (their reference responses), with SFT's system
+    prompt (``sft_system_prompt``: sft.system_prompt, else data.system_prompt)."""
     s = cfg.sft
     if s.source.startswith(JUDGE_PREFIX):  # a judge's demonstrations: "is this answer right?" by the task's rule
         problems = configured_task(s.source[len(JUDGE_PREFIX):], cfg.data, cfg.train.seed, 0)[0]
-        return with_system_prompt(judge_examples(problems, cfg.eval.correct_fn, cfg.train.seed), s.system_prompt)
+        judged = judge_examples(problems, cfg.eval.correct_fn, cfg.train.seed)
+        return with_system_prompt(judged, sft_system_prompt(cfg))
     if s.source.startswith("synthetic:"):  # a synthetic task's demonstrations, its problems drawn as data.source's
-        return with_system_prompt(configured_task(s.source, cfg.data, cfg.train.seed, 0)[0], s.system_prompt)
+        return with_system_prompt(configured_task(s.source, cfg.data, cfg.train.seed, 0)[0], sft_system_prompt(cfg))
     if s.source:
-        return load_sft_examples(s.source, s.train_split, s.system_prompt)
+        return load_sft_examples(s.source, s.train_split, sft_system_prompt(cfg))
     rows = opened(rl_examples, cfg)  # a multi-turn run: prompts as its episodes start (the first observation)
-    return with_system_prompt(rows, s.system_prompt)
+    return sft_rows(rows, cfg)  # the RL rows carry data.system_prompt already
 
 
 def sft_pairs(examples: Sequence[Example], tokenizer, cfg: Config) -> list[Item]:
