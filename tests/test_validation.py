@@ -133,3 +133,11 @@ def test_the_rl_log_counts_epochs_and_tokens(tmp_path, tiny_overrides):
         grown = r["num_tokens"] - before
         assert grown >= P * G * (r["response_length/mean"] + 1) and grown == int(grown)
         before = r["num_tokens"]
+
+
+def test_the_verifier_is_saved_as_written_and_loads_back(tmp_path):
+    cfg = load_config(None, ["eval.best_of=4", "eval.verifier={name: partial_credit, tolerance: 2}"])
+    saved = tmp_path / "config.yaml"
+    saved.write_text(cfg.to_yaml())
+    again = load_config(saved, [])
+    assert again.eval == cfg.eval and dict(again.eval.verifier.params) == {"tolerance": 2}

@@ -360,6 +360,7 @@ class Config:
         d = dataclasses.asdict(self)
         d["reward"]["fns"] = [t.to_plain() for t in self.reward.fns]
         d["label"]["judge"] = self.label.judge.to_plain()
+        d["eval"]["verifier"] = self.eval.verifier.to_plain()
         d["env"] = self.env.to_plain()
         return d
 
