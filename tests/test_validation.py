@@ -136,7 +136,7 @@ def test_the_rl_log_counts_epochs_and_tokens(tmp_path, tiny_overrides):
 
 
 def test_the_verifier_is_saved_as_written_and_loads_back(tmp_path):
-    cfg = load_config(None, ["eval.best_of=4", "eval.verifier={name: partial_credit, tolerance: 2}"])
+    cfg = load_config(None, ["eval.best_of=4", "eval.verifier.name=partial_credit", "eval.verifier.tolerance=2"])
     saved = tmp_path / "config.yaml"
     saved.write_text(cfg.to_yaml())
     again = load_config(saved, [])
