@@ -275,3 +275,27 @@ def test_mean_rollout_logp_equals_a_loop_and_ignores_padding():
     assert Batch(prompt_ids=torch.zeros(1, 1), prompt_mask=torch.ones(1, 1), response_ids=torch.zeros(1, 1),
                  response_mask=torch.ones(1, 1), truncated=torch.zeros(1, dtype=torch.bool),
                  group_size=1).mean_rollout_logp is None
+
+
+def test_the_rl_trainer_hands_each_sample_its_mean_logp():
+    """rlft.trainers.rl.score puts Batch.mean_rollout_logp into each sample (None where unknown), so a confidence
+    vote in a run reads the sampler's log-probs."""
+    from rlft.data.schema import Example
+    from rlft.recipe import load_config
+    from rlft.trainers.rl import score
+
+    cfg = load_config(None, ["reward.fns=[{name: cor_reward, reading: group, confidence: true}]", "reward.weights=[]",
+                             "algo.group_size=2"])
+    logp = torch.tensor([[-0.1, -0.1], [-3.0, -3.0], [-3.0, 9.0], [-1.0, -1.0]])
+    mask = torch.tensor([[1, 1], [1, 1], [1, 0], [0, 0]])
+    batch = _batch(logp, mask)
+    batch.group_size = 2
+    batch.texts = _tags(42, 41, 41, 41)
+    examples = [Example(prompt="q1", ground_truth="42"), Example(prompt="q2", ground_truth="42")]
+    scored = score(batch, examples, cfg)
+    # group 1: 42 weighs e^-0.1 > 41's e^-3, so the group's answer is 42; group 2: the last row has no known
+    # log-prob (None), so the confidence vote cannot be taken and the group is unscorable
+    assert scored.per_fn["cor_reward"] == [2.0, 2.0, None, None] and scored.errors["cor_reward"] == 2
+    without = _batch(logp, mask)
+    without.rollout_logp, without.group_size, without.texts = None, 2, _tags(42, 41, 42, 42)
+    assert score(without, examples, cfg).per_fn["cor_reward"] == [None] * 4  # no sampler log-probs at all
