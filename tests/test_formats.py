@@ -10,7 +10,7 @@ import pytest
 
 import rlft.rewards.formats as formats
 from rlft.rewards import REWARDS
-from rlft.rewards.formats import ThinkFormat, XmlFormat, answer_tag, extract_answer_tag
+from rlft.rewards.formats import AnswerTag, ThinkFormat, XmlFormat, answer_tag, extract_answer_tag
 
 
 def test_doctests():
@@ -18,22 +18,25 @@ def test_doctests():
 
 
 def test_registered_with_defaults():
-    assert REWARDS.get("xml_format") == XmlFormat("strict")
+    assert REWARDS.get("xml_format") == XmlFormat("tutorial")  # the SFT-vs-RL tutorial's regex
     assert REWARDS.get("think_format") == ThinkFormat(answer_tag=False, opened_by_prompt=False)
-    assert REWARDS.get("answer_tag") is answer_tag
+    assert REWARDS.get("answer_tag") == answer_tag == AnswerTag("last_value")
+    assert REWARDS.build("answer_tag", {"reading": "first_string"}) == AnswerTag("first_string")
     assert REWARDS.build("xml_format", {"mode": "soft"}) == XmlFormat("soft")
 
 
 def test_bad_mode_names_the_field():
-    with pytest.raises(ValueError, match="^mode: "):
+    with pytest.raises(ValueError, match="^mode: must be one of tutorial, strict, soft"):
         XmlFormat("lenient")
+    with pytest.raises(ValueError, match="^reading: must be one of last_value, first_string"):
+        AnswerTag("first")
 
 
 # ---- xml_format ---------------------------------------------------------------------------------
 
 GOOD = "<reasoning>\n2 + 2 = 4\n</reasoning>\n<answer>\n4\n</answer>\n"
 
-# completion, strict, soft
+# completion, strict, soft (the older tutorials' layout, and the lenient one)
 XML_CASES = [
     (GOOD, 1.0, 1.0),  # the tutorials' example
     (GOOD[:-1], 1.0, 1.0),  # no final newline: the tutorials' regex says 0 (it demands one)
@@ -75,12 +78,53 @@ TUTORIAL_STRICT = re.compile(r"^<reasoning>\n.*?\n</reasoning>\n<answer>\n.*?\n<
 @pytest.mark.parametrize("answer", ["", "4", "four, I think"])
 @pytest.mark.parametrize("around", [("", ""), ("", "\n"), (" ", ""), ("", " "), ("x", ""), ("\n", "")])
 def test_xml_strict_agrees_with_the_tutorials_regex_on_one_line_parts(reasoning, answer, around):
-    """On one-line parts and exactly one final newline, strict is the tutorials' regex."""
+    """On one-line parts and exactly one final newline, strict is the older tutorials' regex."""
     text = f"{around[0]}<reasoning>\n{reasoning}\n</reasoning>\n<answer>\n{answer}\n</answer>\n{around[1]}"
     if around[1] == "\n":  # the documented difference: the regex's $ also accepts a second final newline
-        assert XmlFormat()(text, {}) == 0.0 and TUTORIAL_STRICT.match(text)
+        assert XmlFormat("strict")(text, {}) == 0.0 and TUTORIAL_STRICT.match(text)
         return
-    assert XmlFormat()(text, {}) == (1.0 if TUTORIAL_STRICT.match(text) else 0.0)
+    assert XmlFormat("strict")(text, {}) == (1.0 if TUTORIAL_STRICT.match(text) else 0.0)
+
+
+# the SFT-vs-RL tutorial's strict regex as issue 35 describes it (its text is not on hand): any whitespace between
+# </reasoning> and <answer>, anchored at both ends ($: also before one final newline), parts of any text
+SFT_VS_RL = re.compile(r"^<reasoning>.*?</reasoning>\s*<answer>.*?</answer>$", re.S)
+
+# completion, tutorial
+TUTORIAL_CASES = [
+    ("<reasoning>x</reasoning><answer>42</answer>", 1.0),  # the tutorial's layout (issue 35's test)
+    (GOOD, 1.0),  # the older layout is one of its spellings
+    (GOOD[:-1], 1.0),
+    (GOOD + "\n", 0.0),  # $ takes one final newline, not two
+    ("<reasoning>x</reasoning> \n\t <answer>42</answer>\n", 1.0),
+    ("<reasoning></reasoning><answer></answer>", 1.0),  # empty parts
+    ("<reasoning>a\nb</reasoning>\n<answer>4\n2</answer>", 1.0),  # parts span lines
+    ("<reasoning>x</reasoning> so <answer>42</answer>", 0.0),  # text between the blocks
+    ("Sure! <reasoning>x</reasoning><answer>42</answer>", 0.0),  # text before
+    (" <reasoning>x</reasoning><answer>42</answer>", 0.0),
+    ("<reasoning>x</reasoning><answer>42</answer> Done.", 0.0),  # text after
+    ("<reasoning>x</reasoning><answer>42</answer> ", 0.0),
+    ("<answer>42</answer><reasoning>x</reasoning>", 0.0),  # wrong order
+    ("<reasoning>x</reasoning><answer>42", 0.0),  # unclosed
+    ("<reasoning>x</reasoning><answer>4</answer><answer>2</answer>", 0.0),  # a tag twice
+    ("<reasoning><reasoning>x</reasoning></reasoning><answer>42</answer>", 0.0),
+    ("", 0.0),
+]
+
+
+@pytest.mark.parametrize("completion, expected", TUTORIAL_CASES)
+def test_xml_tutorial_table(completion, expected):
+    assert XmlFormat("tutorial")(completion, {}) == expected
+    assert XmlFormat()(completion, {}) == expected  # the default
+
+
+@pytest.mark.parametrize("reasoning", ["", "2 + 2 = 4", "a <b> c", " x ", "line\nline"])
+@pytest.mark.parametrize("answer", ["", "4", "four, I think", "\n4\n"])
+@pytest.mark.parametrize("between", ["", " ", "\n", "\n\n \t", " so "])
+@pytest.mark.parametrize("around", [("", ""), ("", "\n"), ("", "\n\n"), (" ", ""), ("", " "), ("x", "")])
+def test_xml_tutorial_agrees_with_its_regex_when_each_tag_occurs_once(reasoning, answer, between, around):
+    text = f"{around[0]}<reasoning>{reasoning}</reasoning>{between}<answer>{answer}</answer>{around[1]}"
+    assert XmlFormat("tutorial")(text, {}) == (1.0 if SFT_VS_RL.match(text) else 0.0)
 
 
 # ---- think_format -------------------------------------------------------------------------------
@@ -169,6 +213,42 @@ def test_answer_tag_table(completion, truth, reward):
 
 def test_answer_tag_without_ground_truth_key():
     assert answer_tag("<answer>42</answer>", {}) is None
+    assert AnswerTag("first_string")("<answer>42</answer>", {}) is None
+
+
+# completion, ground truth, reward: the SFT-vs-RL tutorial's reading (first tag, as a string)
+FIRST_STRING_CASES = [
+    ("<answer>42</answer>", "42", 1.0),
+    ("<answer> 42 </answer>", " 42", 1.0),  # both stripped
+    ("<answer>42.0</answer>", "42", 0.0),  # strings, not values
+    ("<answer>1,200</answer>", "1200", 0.0),
+    ("<answer>42</answer> ... <answer>41</answer>", "42", 1.0),  # the first tag
+    ("<answer>41</answer> ... <answer>42</answer>", "42", 0.0),
+    ("<answer>42", "42", 1.0),  # unclosed: to the end
+    ("<answer>42 and more", "42", 0.0),
+    ("so the total is 42.", "42", 0.0),  # no tag, no answer
+    ("<answer></answer> 42", "42", 0.0),
+    ("<answer>Paris</answer>", "paris", 0.0),  # case counts
+    ("<answer>42</answer>", 42, 1.0),  # a numeric ground truth, as its string
+    ("<answer>42</answer>", "", None),
+    ("<answer>42</answer>", None, None),
+]
+
+
+@pytest.mark.parametrize("completion, truth, reward", FIRST_STRING_CASES)
+def test_answer_tag_first_string_table(completion, truth, reward):
+    assert AnswerTag("first_string")(completion, {"ground_truth": truth}) == reward
+
+
+@pytest.mark.parametrize("completion, truth, last, first", [
+    ("<answer>41</answer> then <answer>42</answer>", "42", 1.0, 0.0),  # the readings disagree on which tag
+    ("<answer>42.0</answer>", "42", 1.0, 0.0),  # and on value against string
+    ("the answer is 42", "42", 1.0, 0.0),  # and on the fallback to the last number
+    ("<answer>42</answer>", "42", 1.0, 1.0),
+])
+def test_the_two_readings_side_by_side(completion, truth, last, first):
+    sample = {"ground_truth": truth}
+    assert (AnswerTag("last_value")(completion, sample), AnswerTag("first_string")(completion, sample)) == (last, first)
 
 
 def test_extract_answer_tag_nested_tags_take_the_innermost_last():
@@ -193,7 +273,8 @@ HOSTILE = [
 ]
 
 
-FNS = [XmlFormat(), XmlFormat("soft"), ThinkFormat(), ThinkFormat(answer_tag=True, opened_by_prompt=True), answer_tag]
+FNS = [XmlFormat(), XmlFormat("strict"), XmlFormat("soft"), ThinkFormat(),
+       ThinkFormat(answer_tag=True, opened_by_prompt=True), answer_tag, AnswerTag("first_string")]
 
 
 @pytest.mark.parametrize("text", HOSTILE, ids=range(len(HOSTILE)))

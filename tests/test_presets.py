@@ -298,7 +298,8 @@ TASK_RECIPES = ["grpo_math.yaml", "grpo_mbpp.yaml",  # tests/test_task_recipes.p
                 "game_demo.yaml",  # tests/test_game_demo.py
                 "multiagent_demo.yaml",  # tests/test_multiagent.py
                 "judge_demo.yaml", "rlaif_dpo_demo.yaml", "rlaif_demo.yaml",  # tests/test_label.py
-                "distill_demo.yaml"]  # tests/test_distill.py
+                "distill_demo.yaml",  # tests/test_distill.py
+                "sft_vs_rl_tutorial.yaml", "sft_vs_rl_rewards.yaml"]  # tests/test_tutorial_recipes.py
 
 
 def test_every_recipe_is_a_preset_recipe_or_a_task_recipe():

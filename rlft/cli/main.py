@@ -1,4 +1,4 @@
-"""Command line: ``rlft train``, ``rlft eval``, ``rlft sft``, ``rlft rm``, ``rlft prm``, ``rlft dpo``, ``rlft rft``, ``rlft label``, ``rlft distill``, ``rlft difficulty``, ``rlft prepare gsm8k|humaneval|mbpp``, ``rlft merge``, ``rlft config``.
+"""Command line: ``rlft train``, ``rlft eval``, ``rlft sft``, ``rlft rm``, ``rlft prm``, ``rlft dpo``, ``rlft rft``, ``rlft label``, ``rlft distill``, ``rlft difficulty``, ``rlft prepare gsm8k|gsm8k_xml|humaneval|mbpp``, ``rlft merge``, ``rlft config``.
 
     rlft train                                    # the embedded demo (tiny model, synthetic arithmetic)
     rlft train recipes/grpo_gsm8k.yaml model.path=/models/qwen algo.group_size=4
@@ -88,7 +88,7 @@ def cmd_difficulty(ns: argparse.Namespace) -> int:
 def cmd_prepare(ns: argparse.Namespace) -> int:
     from rlft.data import code_tasks, gsm8k
 
-    preparers = {"gsm8k": gsm8k.prepare, **code_tasks.PREPARERS}
+    preparers = {"gsm8k": gsm8k.prepare, "gsm8k_xml": gsm8k.prepare_xml, **code_tasks.PREPARERS}
     written = preparers[ns.dataset](ns.input, ns.output)
     for split, path in written.items():
         print(f"{split}: {path}")
@@ -195,8 +195,9 @@ def build_parser() -> argparse.ArgumentParser:
     df.add_argument("args", nargs="*", help="[recipe.yaml] [section.key=value ...]")
     df.set_defaults(fn=cmd_difficulty)
     pr = sub.add_parser("prepare", help="convert a dataset to verl-style parquet rows")
-    pr.add_argument("dataset", choices=["gsm8k", "humaneval", "mbpp"])
-    pr.add_argument("--input", required=True, help="gsm8k: directory with train.jsonl/test.jsonl, or one .jsonl "
+    pr.add_argument("dataset", choices=["gsm8k", "gsm8k_xml", "humaneval", "mbpp"])
+    pr.add_argument("--input", required=True, help="gsm8k, gsm8k_xml (the <reasoning>/<answer> layout): directory "
+                    "with train.jsonl/test.jsonl, or one .jsonl "
                     "file; humaneval: HumanEval.jsonl; mbpp: mbpp.jsonl or sanitized-mbpp.json (or their directory)")
     pr.add_argument("--output", required=True, help="directory to write <split>.parquet into")
     pr.set_defaults(fn=cmd_prepare)

@@ -22,7 +22,7 @@ from rlft.rewards.math import (  # noqa: E402  (registers the GSM8K-style reward
 )
 from rlft.rewards.scoring import RewardTimeout, ScoreResult, call_with_timeout, score_batch  # noqa: E402
 from rlft.rewards.symbolic import extract_math_answer, math_equal, math_reward  # noqa: E402  (registers math)
-from rlft.rewards import group, formats, shaping, code, model, judge, custom, chain, prm, env  # noqa: E402,F401  (each registers its family)
+from rlft.rewards import group, formats, cor, shaping, code, model, judge, custom, chain, prm, env  # noqa: E402,F401  (each registers its family)
 
 __all__ = [
     "REWARDS",

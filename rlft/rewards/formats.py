@@ -1,11 +1,13 @@
 """Format rewards for tagged completions, and ``answer_tag`` correctness.
 
 - ``xml_format``: ``<reasoning>...</reasoning>`` then ``<answer>...</answer>``
-  (the GRPO tutorials' format), strict or lenient;
+  (the GRPO tutorials' format): the SFT-vs-RL tutorial's layout, the older
+  tutorials' newline layout, or lenient;
 - ``think_format``: DeepSeek-R1's ``<think>...</think>`` then the answer,
   optionally in ``<answer>`` tags;
 - ``answer_tag``: the answer in the last ``<answer>`` tag (else the last
-  number) against the ground truth.
+  number) against the ground truth by value, or the SFT-vs-RL tutorial's
+  reading (the first ``<answer>`` tag, compared as a string).
 
 Format rewards score 1.0 or 0.0 and ignore ``sample``. Every check is a few
 passes of ``str.find`` / ``str.count`` (no backtracking regex), so megabytes of
@@ -22,7 +24,7 @@ from typing import Literal
 from rlft.rewards.base import REWARDS, check_choices
 from rlft.rewards.group import answer_key
 from rlft.rewards.math import extract_flexible
-from rlft.rewards.symbolic import last_answer_tag
+from rlft.rewards.symbolic import first_answer_tag, last_answer_tag
 
 _R_OPEN, _R_CLOSE, _A_OPEN, _A_CLOSE = "<reasoning>", "</reasoning>", "<answer>", "</answer>"
 _T_OPEN, _T_CLOSE = "<think>", "</think>"
@@ -43,6 +45,17 @@ def _strict_xml(text: str) -> bool:
     return i >= 0 and i + len(middle) <= len(text) - len(tail)
 
 
+def _tutorial_xml(text: str) -> bool:
+    """The whole text is ``<reasoning>R</reasoning>``, any whitespace, ``<answer>A</answer>``, then at most one
+    newline (the tutorial's anchored regex: ``$`` also matches before a final newline)."""
+    if text.endswith("\n"):
+        text = text[:-1]
+    if not (text.startswith(_R_OPEN) and text.endswith(_A_CLOSE)):
+        return False
+    r_close, a_open = text.find(_R_CLOSE), text.find(_A_OPEN)  # each occurs once (checked by the caller)
+    return r_close < a_open and not text[r_close + len(_R_CLOSE):a_open].strip()
+
+
 def _soft_xml(text: str) -> bool:
     """``<reasoning>`` before ``</reasoning>``, only whitespace up to ``<answer>``, then ``</answer>``."""
     r_open, r_close = text.find(_R_OPEN), text.find(_R_CLOSE)
@@ -57,28 +70,39 @@ def _soft_xml(text: str) -> bool:
 class XmlFormat:
     r"""1.0 if the completion is in the ``<reasoning>``/``<answer>`` format, else 0.0.
 
-    ``strict``: the whole completion is ``<reasoning>\n`` R ``\n</reasoning>\n<answer>\n``
-    A ``\n</answer>`` followed by at most one ``\n``; R and A may span lines and
-    be empty. This is the tutorials' ``^<reasoning>\n.*?\n</reasoning>\n<answer>\n.*?\n</answer>\n$``
-    with ``.`` matching newlines (theirs allows one-line R and A only) and the
-    final newline optional (theirs demands it, or two).
+    ``tutorial`` (the default): the SFT-vs-RL tutorial's strict regex, the whole
+    completion is ``<reasoning>`` R ``</reasoning>``, any whitespace (none
+    included), ``<answer>`` A ``</answer>``, then at most one ``\n`` (a regex's
+    ``$``); R and A are any text, lines included. The tutorial's text is not on
+    hand here: this is its regex as issue 35 describes it (``^<reasoning>.*?</reasoning>\s*<answer>.*?</answer>$``
+    with ``.`` matching newlines), see docs/rewards.md.
+
+    ``strict``: the older GRPO tutorials' layout, the whole completion is
+    ``<reasoning>\n`` R ``\n</reasoning>\n<answer>\n`` A ``\n</answer>`` followed
+    by at most one ``\n``; R and A may span lines and be empty. This is their
+    ``^<reasoning>\n.*?\n</reasoning>\n<answer>\n.*?\n</answer>\n$`` with ``.``
+    matching newlines (theirs allows one-line R and A only) and the final newline
+    optional (theirs demands it, or two).
 
     ``soft``: ``<reasoning>`` ... ``</reasoning>``, only whitespace, then
     ``<answer>`` ... ``</answer>``, anywhere in the completion: any whitespace
     inside the tags and any text before and after are allowed.
 
-    In both, each of the four tags occurs exactly once (no nesting or repeats).
+    In all three, each of the four tags occurs exactly once (no nesting or repeats).
 
     >>> good = "<reasoning>\n2 + 2 = 4\n</reasoning>\n<answer>\n4\n</answer>\n"
-    >>> XmlFormat()(good, {}), XmlFormat("soft")(good, {})
-    (1.0, 1.0)
+    >>> XmlFormat()(good, {}), XmlFormat("strict")(good, {}), XmlFormat("soft")(good, {})
+    (1.0, 1.0, 1.0)
+    >>> tight = "<reasoning>x</reasoning><answer>42</answer>"
+    >>> XmlFormat()(tight, {}), XmlFormat("strict")(tight, {}), XmlFormat("soft")(tight, {})
+    (1.0, 0.0, 1.0)
     >>> loose = "Sure! <reasoning>2 + 2 = 4</reasoning> <answer>4</answer> Done."
-    >>> XmlFormat()(loose, {}), XmlFormat("soft")(loose, {})
-    (0.0, 1.0)
+    >>> XmlFormat()(loose, {}), XmlFormat("strict")(loose, {}), XmlFormat("soft")(loose, {})
+    (0.0, 0.0, 1.0)
     """
 
-    mode: Literal["strict", "soft"] = "strict"
-    """strict: exactly the tutorials' layout, newlines included; soft: the tags in order, any whitespace and text around."""
+    mode: Literal["tutorial", "strict", "soft"] = "tutorial"
+    """tutorial: the SFT-vs-RL tutorial's regex (the whole completion, any whitespace between </reasoning> and <answer>); strict: the older tutorials' layout, newlines included; soft: the tags in order, any whitespace and text around."""
 
     def __post_init__(self) -> None:
         check_choices(self)
@@ -86,8 +110,10 @@ class XmlFormat:
     def __call__(self, completion: str, sample: Mapping) -> float | None:
         if not _once(completion, _R_OPEN, _R_CLOSE, _A_OPEN, _A_CLOSE):
             return 0.0
-        ok = _strict_xml(completion) if self.mode == "strict" else _soft_xml(completion)
-        return 1.0 if ok else 0.0
+        return 1.0 if _LAYOUTS[self.mode](completion) else 0.0
+
+
+_LAYOUTS = {"tutorial": _tutorial_xml, "strict": _strict_xml, "soft": _soft_xml}
 
 
 def _tagged_answer(rest: str) -> bool:
@@ -151,13 +177,20 @@ def extract_answer_tag(text: str) -> str | None:
 
 
 @REWARDS.register("answer_tag")
-def answer_tag(completion: str, sample: Mapping) -> float | None:
-    r"""1.0 if the answer (last ``<answer>`` tag, else last number) equals the ground truth, else 0.0.
+@dataclass(frozen=True)
+class AnswerTag:
+    r"""1.0 if the completion's answer equals the ground truth, else 0.0; None without a ground truth.
 
-    Two numbers are compared by value (``1,200`` = ``1200.0``); otherwise the
-    normalised strings (no spaces, ``$``, ``\text{}``, trailing dot; case counts).
-    An answer over ``MAX_ANSWER_CHARS`` (1000) characters is wrong. A missing or
-    blank ground truth: None.
+    ``reading: last_value`` (the default): the answer is the last ``<answer>``
+    tag, else the last number. Two numbers are compared by value (``1,200`` =
+    ``1200.0``); otherwise the normalised strings (no spaces, ``$``, ``\text{}``,
+    trailing dot; case counts). An answer over ``MAX_ANSWER_CHARS`` (1000)
+    characters is wrong.
+
+    ``reading: first_string``: the SFT-vs-RL tutorial's reading, the text after
+    the first ``<answer>`` up to the next ``</answer>`` (or the end), stripped and
+    compared as a string with the stripped ground truth: ``42.0`` is not ``42``,
+    and a completion without ``<answer>`` is wrong.
 
     >>> truth = {"ground_truth": "1200"}
     >>> answer_tag("<answer> 1,200 </answer>", truth), answer_tag("so it is 1200.0", truth)
@@ -166,10 +199,28 @@ def answer_tag(completion: str, sample: Mapping) -> float | None:
     (0.0, 0.0)
     >>> answer_tag("<answer>\\text{Paris}.</answer>", {"ground_truth": "Paris"}), answer_tag("x", {}) is None
     (1.0, True)
+    >>> first = AnswerTag("first_string")
+    >>> first("<answer>1200</answer> <answer>7</answer>", truth), first("<answer>1,200</answer>", truth)
+    (1.0, 0.0)
     """
-    truth = sample.get("ground_truth")
-    truth = None if truth is None else answer_key(str(truth))
-    if truth is None:
-        return None  # nothing to compare with: unscorable, not wrong
-    answer = extract_answer_tag(completion)
-    return 1.0 if answer_key(answer) == truth else 0.0
+
+    reading: Literal["last_value", "first_string"] = "last_value"
+    """last_value: the last <answer> tag (else the last number), numbers compared by value; first_string: the SFT-vs-RL tutorial's reading, the first <answer> tag compared as a string."""
+
+    def __post_init__(self) -> None:
+        check_choices(self)
+
+    def __call__(self, completion: str, sample: Mapping) -> float | None:
+        truth = sample.get("ground_truth")
+        if self.reading == "first_string":
+            truth = None if truth is None else str(truth).strip()
+            if not truth:
+                return None  # nothing to compare with: unscorable, not wrong
+            return 1.0 if first_answer_tag(completion) == truth else 0.0
+        truth = None if truth is None else answer_key(str(truth))
+        if truth is None:
+            return None
+        return 1.0 if answer_key(extract_answer_tag(completion)) == truth else 0.0
+
+
+answer_tag = AnswerTag()  # today's reading, as a callable (what REWARDS.get("answer_tag") builds)

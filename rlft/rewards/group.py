@@ -6,8 +6,10 @@ credit for near misses.
 its only ``#### <number>``), ``flexible`` (the last number anywhere) or
 ``math`` (the last ``\\boxed{}``, ``<answer>`` tag or "answer is" line).
 
-``vote`` needs no ground truth: it rewards agreement with the group's majority
-(test-time RL's pseudo-label). ``partial_credit`` grades a numeric answer by its
+``majority_agreement`` (also registered as ``vote``, its first name) needs no
+ground truth: it rewards agreement with the group's majority (test-time RL's
+pseudo-label). The SFT-vs-RL tutorial's vote, which scores the majority against
+the ground truth, is ``cor_reward`` (``rlft.rewards.cor``). ``partial_credit`` grades a numeric answer by its
 distance from the ground truth. ``kimi_length`` ranks a group's completions by
 length, relative to its shortest and longest, judging correctness with a
 per-sample checker (arXiv:2501.12599 §2.3.3).
@@ -58,11 +60,12 @@ def answer_key(answer: str | None) -> str | None:
     return text or None
 
 
-@REWARDS.register("vote")
+@REWARDS.register("majority_agreement")
 @group_level
 @dataclass(frozen=True)
 class Vote:
-    """1.0 for each completion whose answer is the group's majority answer, 0.0 for the others.
+    """1.0 for each completion whose answer is the group's majority answer, 0.0 for the others: agreement with
+    the majority, no ground truth (``majority_agreement``; ``vote`` is the same reward under its first name).
 
     Completions without an answer do not vote. Nobody is rewarded when the
     majority has fewer than ``min_votes`` votes or when two answers tie for it.
@@ -92,6 +95,9 @@ class Vote:
             return [0.0] * len(completions)
         majority = counts[0][0]
         return [1.0 if k == majority else 0.0 for k in keys]
+
+
+REWARDS.register("vote")(Vote)  # the first name of majority_agreement, kept for recipes that use it
 
 
 @REWARDS.register("partial_credit")

@@ -68,6 +68,22 @@ def last_answer_tag(text: str) -> str | None:
     return text[start + len("<answer>"):close].strip() if start >= 0 else None
 
 
+def first_answer_tag(text: str) -> str | None:
+    """The SFT-vs-RL tutorial's reading: the stripped text after the first ``<answer>`` up to the next
+    ``</answer>`` (to the end when it is never closed); None without an ``<answer>``.
+
+    >>> first_answer_tag("<answer> 7 </answer> or <answer>Paris</answer>"), first_answer_tag("<answer>open ")
+    ('7', 'open')
+    >>> first_answer_tag("no tag") is None
+    True
+    """
+    start = text.find("<answer>")
+    if start < 0:
+        return None
+    end = text.find("</answer>", start)
+    return text[start + len("<answer>"):end if end >= 0 else len(text)].strip()
+
+
 def extract_math_answer(text: str) -> str | None:
     """The final answer of a completion: last boxed, else last ``<answer>`` tag, else after the last "answer is".
 

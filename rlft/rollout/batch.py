@@ -10,6 +10,7 @@ is the group layout.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -67,6 +68,18 @@ class Batch:
 
     def role_mask(self, role: int) -> Tensor:  # (B, T) 1 on the tokens role ``role`` sampled (multi-agent)
         return self.action_mask * (self.roles == role)
+
+    @property
+    def mean_rollout_logp(self) -> Tensor | None:  # (B,)
+        """Per sequence, the mean of the sampler's log-probs over the tokens the policy sampled (``action_mask``)
+        whose log-prob is known (not NaN): the confidence ``cor_reward`` weights votes by; NaN for a row with no
+        such token; None when the batch has no ``rollout_logp``."""
+        if self.rollout_logp is None:
+            return None
+        known = (self.action_mask != 0) & ~torch.isnan(self.rollout_logp)  # (B, T)
+        total = torch.where(known, self.rollout_logp, torch.zeros_like(self.rollout_logp)).sum(1)  # (B,)
+        count = known.sum(1)  # (B,)
+        return torch.where(count > 0, total / count.clamp(min=1), torch.full_like(total, math.nan))
 
     @property
     def response_lengths(self) -> Tensor:  # (B,) tokens the policy sampled (an environment's are not counted)

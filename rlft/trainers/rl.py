@@ -295,7 +295,10 @@ def score(batch: Batch, examples: Sequence[Example], cfg: Config, step: int = 1)
     the soft overlong punishment when enabled."""
     G = batch.group_size
     lengths = batch.response_lengths.tolist()  # (B,) response tokens, for length-shaping rewards
-    samples = [{**ex.to_mapping(), "num_tokens": lengths[i * G + j]} for i, ex in enumerate(examples) for j in range(G)]
+    means = batch.mean_rollout_logp  # (B,) the sampler's mean log-prob per sequence (cor_reward's confidence), or None
+    conf = [None] * len(batch) if means is None else [None if math.isnan(v) else v for v in means.tolist()]
+    samples = [{**ex.to_mapping(), "num_tokens": lengths[i * G + j], "mean_logp": conf[i * G + j]}
+               for i, ex in enumerate(examples) for j in range(G)]
     for sample, episode in zip(samples, batch.episodes):  # multi-turn: the environment's own verdicts
         sample.update(env_reward=episode["env_reward"], env_turn_rewards=episode["turn_rewards"],
                       env_truncated=episode["truncated"])
