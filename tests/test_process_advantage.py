@@ -46,8 +46,10 @@ def test_hand_made_three_step_example():
     assert adv[0, 0].item() == pytest.approx(1.9365, abs=1e-4) and adv[1, 2].item() == pytest.approx(-2.5820, abs=1e-4)
 
 
-def naive(step_rewards, step_mask, mask, scores, G, eps):
-    """Python loops: collect each group's counted steps, normalise, sum from each token to the end."""
+def naive(step_rewards, step_mask, mask, scores, G, eps, gamma=1.0):
+    """Python loops: collect each group's counted steps, normalise, and add each step's normalised reward to every
+    valid token at or before its last one, discounted by gamma per valid token between (the token itself excluded,
+    the step's last token included)."""
     B, T = mask.shape
     out = [[0.0] * T for _ in range(B)]
     for p in range(B // G):
@@ -62,7 +64,8 @@ def naive(step_rewards, step_mask, mask, scores, G, eps):
         for b, t_end, v in steps:
             for t in range(t_end + 1):
                 if mask[b, t]:
-                    out[b][t] += (v - mean) / (std + eps)
+                    dist = sum(1 for u in range(t + 1, t_end + 1) if mask[b, u])
+                    out[b][t] += gamma ** dist * (v - mean) / (std + eps)
     return torch.tensor(out, dtype=torch.float64)
 
 
@@ -91,34 +94,12 @@ def test_discounted_hand_made_three_step_example():
                                                   dtype=torch.float64))
 
 
-def naive_discounted(step_rewards, step_mask, mask, scores, G, eps, gamma):
-    """Python loops: each counted step's normalised reward reaches back to every valid t <= its token, discounted by
-    gamma per valid token between (t excluded, the step's token included)."""
-    B, T = mask.shape
-    out = [[0.0] * T for _ in range(B)]
-    for p in range(B // G):
-        rows = range(p * G, (p + 1) * G)
-        steps = [(b, t, float(step_rewards[b, t])) for b in rows for t in range(T)
-                 if step_mask[b, t] and mask[b, t] and not math.isnan(float(step_rewards[b, t]))
-                 and not math.isnan(float(scores[b]))]
-        vals = [v for _, _, v in steps]
-        if len(vals) < 2 or len(set(vals)) == 1:
-            continue
-        mean, std = statistics.mean(vals), statistics.stdev(vals)
-        for b, t_end, v in steps:
-            for t in range(t_end + 1):
-                if mask[b, t]:
-                    dist = sum(1 for u in range(t + 1, t_end + 1) if mask[b, u])
-                    out[b][t] += gamma ** dist * (v - mean) / (std + eps)
-    return torch.tensor(out, dtype=torch.float64)
-
-
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("gamma", [0.0, 0.3, 0.9])
 def test_discounted_vs_naive_loop_and_masked_values_change_nothing(seed, gamma):
     r, step_mask, mask, scores = random_inputs(seed=seed)
     adv, _ = run(r, step_mask, mask, 3, scores, eps=1e-6, gamma=gamma)
-    torch.testing.assert_close(adv, naive_discounted(r, step_mask, mask, scores, 3, 1e-6, gamma))
+    torch.testing.assert_close(adv, naive(r, step_mask, mask, scores, 3, 1e-6, gamma))
     junk = r.clone()
     off = (step_mask == 0) | (mask == 0)
     junk[off] = torch.tensor([1e30, -7.0, float("inf"), NAN]).double().repeat(int(off.sum()))[: int(off.sum())]

@@ -14,31 +14,13 @@ from rlft.config import ConfigError
 from rlft.core.kl import make_kl_controller
 from rlft.data.synthetic import synthetic_task
 from rlft.data.templates import encode_prompts
-from rlft.models.loading import load_model, load_tokenizer
 from rlft.recipe import help_text, load_config
 from rlft.trainers import update as upd
 from rlft.trainers.rl import rl_step
-from test_rl_loop import T, make_state, naive_logprobs, varied_batch, with_advantages
+from test_rl_loop import make_state, naive_logprobs, varied_batch, with_advantages
+from test_rl_loop import make_cfg, model, tok  # noqa: F401  (the fixtures)
 
 EPOCHS, MINIBATCHES = 3, 2
-
-
-@pytest.fixture
-def tok(tiny_model_dir):
-    return load_tokenizer(str(tiny_model_dir))
-
-
-@pytest.fixture
-def model(tiny_model_dir):
-    return load_model(str(tiny_model_dir), dtype="float32", device="cpu")
-
-
-@pytest.fixture
-def make_cfg(tiny_overrides, tmp_path):
-    def make(*extra: str):
-        return load_config(None, tiny_overrides(tmp_path, f"rollout.max_new_tokens={T}", "optim.grad_clip=0",
-                                                *extra))
-    return make
 
 
 def _orders(n: int, seed: int) -> list[list[torch.Tensor]]:
