@@ -82,8 +82,6 @@ def rl_step(state: RLState, cfg: Config, *, train_policy: bool = True) -> dict[s
         state.step += 1
         state.num_tokens += int(n_tokens)
         metrics["num_tokens"] = float(state.num_tokens)  # TRL's name: prompt + response tokens trained on so far
-        if state.stats is not None:  # the training prompts' groups scored so far, in passes over the data
-            metrics["epoch"] = float(state.stats.count.sum()) / (cfg.algo.group_size * max(state.stats.n, 1))
         if cfg.algo.ref_refresh_every:  # the next step's KL term is to the policy as it is now
             refresh = state.step % cfg.algo.ref_refresh_every == 0
             if refresh:
@@ -221,8 +219,10 @@ def collect(state: RLState, cfg: Config, t: dict[str, float],
     metrics.update(hacking.batch_metrics([b.scores for b, _ in drawn], [b.correct for b, _ in drawn], G))
     metrics.update(episode_metrics([e for b, _ in drawn for e in b.episodes]))
     metrics.update(role_metrics([b for b, _ in drawn], cfg.roles.names))
-    if state.stats is not None:
+    if state.stats is not None:  # read here, as the batch is collected (one step off: in the rollout's thread)
         metrics.update(state.stats.metrics())
+        # the training prompts' groups scored so far, in passes over the data
+        metrics["epoch"] = float(state.stats.count.sum()) / (G * max(state.stats.n, 1))
     if a.dynamic_sampling:
         metrics.update({"dynamic_sampling/rounds": float(len(drawn)),
                         "dynamic_sampling/groups_drawn": float(len(drawn) * P),
