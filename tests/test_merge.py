@@ -13,7 +13,7 @@ from safetensors.torch import load_file, save_file
 from rlft.cli.main import main
 from rlft.config import ConfigError
 from rlft.models.loading import load_model, load_policy, load_tokenizer
-from rlft.models.merge import first_difference, interpolate, merge_models
+from rlft.runs.merge import first_difference, interpolate, merge_models
 from rlft.models.tiny import build_tokenizer
 from rlft.recipe import load_config
 
@@ -172,7 +172,9 @@ def test_a_failed_write_leaves_nothing(pair, tmp_path, monkeypatch):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(huggingface_hub, "save_torch_state_dict", full_disk)
-    with pytest.raises(OSError, match="No space left"):
+    from rlft.errors import WriteFailed
+
+    with pytest.raises(WriteFailed, match="No space left"):
         merge_models(*pair, 0.5, tmp_path / "m")
     assert _no_leftovers(tmp_path / "m")
 

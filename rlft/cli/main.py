@@ -96,7 +96,7 @@ def cmd_prepare(ns: argparse.Namespace) -> int:
 
 
 def cmd_merge(ns: argparse.Namespace) -> int:
-    from rlft.models.merge import merge_models
+    from rlft.runs.merge import merge_models
 
     out = merge_models(ns.a, ns.b, ns.alpha, ns.out)
     print(f"rlft: {out}: (1 - {ns.alpha:g}) x {ns.a} + {ns.alpha:g} x {ns.b}, tokenizer of {ns.a}")

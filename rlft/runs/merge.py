@@ -17,7 +17,8 @@ Everything is checked before anything is written, and the first mismatch is a ``
 Floating tensors are interpolated in float32 (float64 stays float64) and cast back to their dtype, so alpha 0 gives
 A's and alpha 1 B's tensors exactly. The output is A's directory with the merged weights as safetensors (A's config,
 generation config and tokenizer files) and ``merge.json`` (A, B, alpha), written into a temporary sibling of
-``out`` that is renamed to ``out`` only when whole: an error leaves nothing under ``out``, and an existing ``out`` is
+``out`` that is renamed to ``out`` only when whole (``rlft.runs.checkpoint.write_dir``: a failed write raises
+``WriteFailed`` and leaves nothing under ``out``); an existing ``out`` is
 refused rather than replaced.
 """
 
@@ -33,6 +34,7 @@ from pathlib import Path
 import torch
 
 from rlft.config import ConfigError
+from rlft.runs.checkpoint import write_dir
 
 IGNORED_CONFIG_KEYS = ("_name_or_path", "transformers_version")
 """config.json keys that name no architecture: they may differ between A and B."""
@@ -56,7 +58,7 @@ def merge_models(a: str | os.PathLike, b: str | os.PathLike, alpha: float, out: 
                           "models must share one architecture")
     check_same_tokenizer(a, b)
     merged = merged_tensors(Weights(a), Weights(b), float(alpha))
-    _write(out, lambda tmp: _fill(tmp, a, b, float(alpha), merged))
+    write_dir(out, lambda tmp: _fill(tmp, a, b, float(alpha), merged))  # whole, or nothing under out
     return out
 
 
@@ -238,16 +240,3 @@ def _fill(tmp: Path, a: Path, b: Path, alpha: float, merged: dict[str, torch.Ten
     (tmp / "merge.json").write_text(json.dumps({"a": str(a.resolve()), "b": str(b.resolve()), "alpha": alpha,
                                                 "formula": "(1 - alpha) * A + alpha * B"}, indent=2) + "\n",
                                     encoding="utf-8")
-
-
-def _write(out: Path, fill) -> None:
-    """``fill(tmp)`` into a temporary sibling of ``out``, renamed to ``out`` when whole; removed on any error."""
-    tmp = out.with_name(f".tmp_{out.name}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        tmp.mkdir(parents=True)
-        fill(tmp)
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
