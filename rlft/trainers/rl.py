@@ -183,7 +183,6 @@ def collect(state: RLState, cfg: Config, t: dict[str, float],
     """
     step = state.step + 1 if step is None else step
     a, P, G = cfg.algo, cfg.train.prompts_per_step, cfg.algo.group_size
-    step = state.step + 1 if step is None else step
     drawn: list[tuple[Batch, ScoreResult]] = []
     kept: list[Batch] = []
     kept_parts: list[dict[str, list]] = []  # each reward's values for the kept rows, in order
