@@ -53,6 +53,7 @@ def agreement(judge_dir: Path, policy_dir: Path, problems: int, samples: int, se
     """The judge's verdicts against the rule's on the policy's completions for seed 0's held-out problems."""
     from rlft.data.task import load_task
     from rlft.data.templates import encode_prompts
+    from rlft.insight.eval import rule_hits
     from rlft.models.loading import load_model, load_tokenizer
     from rlft.recipe.parse import load_config
     from rlft.rewards import score_batch
@@ -71,8 +72,8 @@ def agreement(judge_dir: Path, policy_dir: Path, problems: int, samples: int, se
         texts.extend(batch.texts)
     rows = [ex.to_mapping() for ex in held_out for _ in range(samples)]
     judged = score_batch(texts, rows, [("judge", Judge(path=str(judge_dir)))], [1.0], timeout_s=3600).total
-    rule = score_batch(texts, rows, [cfg.eval.correct_fn], [1.0], timeout_s=60).total
-    pairs = [(j > 0.5, r is not None and r >= 1.0) for j, r in zip(judged, rule) if j is not None]
+    rule = rule_hits(texts, rows, cfg.eval.correct_fn, timeout_s=60)
+    pairs = [(j > 0.5, r) for j, r in zip(judged, rule) if j is not None]
     n = len(pairs)
     tp = sum(j and r for j, r in pairs)
     tn = sum(not j and not r for j, r in pairs)

@@ -35,9 +35,9 @@ from rlft.data.loaders import HF_PREFIX, load_rows, resolve_path
 from rlft.data.schema import Example, rows_to_examples
 from rlft.data.synthetic import configured_task
 from rlft.data.templates import encode_prompts
+from rlft.insight.eval import rule_hits
 from rlft.models.loading import load_policy, quiet_transformers
 from rlft.models.tiny import build_tiny_model
-from rlft.rewards import score_batch
 from rlft.rollout.hf import generate, sampling_args
 from rlft.runs.start import process_settings, seed_everything
 from rlft.runs.tracking import write_atomic
@@ -102,9 +102,7 @@ def sample_hits(model, tokenizer, prompts: list[list[int]], examples: Sequence[E
         chunk = [list(p) + extra for p in prompts[start:start + per_chunk]]
         batch = generate(model, tokenizer, chunk, group_size=k, **args)
         samples = [ex.to_mapping() for ex in examples[start:start + per_chunk] for _ in range(k)]
-        texts = [prefix + t for t in batch.texts]
-        scores = score_batch(texts, samples, [cfg.eval.correct_fn], [1.0], timeout_s=cfg.reward.timeout_s).total
-        hits.extend(s is not None and s >= 1.0 for s in scores)
+        hits += rule_hits([prefix + t for t in batch.texts], samples, cfg.eval.correct_fn, cfg.reward.timeout_s)
     return hits
 
 

@@ -52,7 +52,8 @@ def _responses(model, tokenizer, prompts: list[list[int]], examples: Sequence[Ex
     return texts
 
 
-def _hits(texts: list[str], samples: list[dict], fn: str, timeout_s: float) -> list[bool]:
+def rule_hits(texts: list[str], samples: list[dict], fn: str, timeout_s: float) -> list[bool]:
+    """Whether the rule ``fn`` (a reward name) judges each text right: a value >= 1 (unscorable: not right)."""
     scores = score_batch(texts, samples, [fn], [1.0], timeout_s=timeout_s).total
     return [s is not None and s >= 1.0 for s in scores]
 
@@ -70,8 +71,8 @@ def evaluate(model, tokenizer, prompts: list[list[int]], examples: Sequence[Exam
     episodes: list[dict] = []
     greedy = _responses(model, tokenizer, prompts, examples, 1, cfg, greedy=True, lengths=lengths, episodes=episodes)
     with_env = _with_env(samples, episodes)
-    correct = _hits(greedy, with_env, rules.correct_fn, timeout)
-    formatted = _hits(greedy, with_env, rules.format_fn, timeout)
+    correct = rule_hits(greedy, with_env, rules.correct_fn, timeout)
+    formatted = rule_hits(greedy, with_env, rules.format_fn, timeout)
     n = len(examples)
     out = {"n": n, "exact_match": sum(correct) / n, "format_rate": sum(formatted) / n,
            "response_length": sum(lengths) / n, "response_length_max": max(lengths, default=0),
@@ -83,7 +84,7 @@ def evaluate(model, tokenizer, prompts: list[list[int]], examples: Sequence[Exam
     if k_max:
         episodes = []
         sampled = _responses(model, tokenizer, prompts, examples, k_max, cfg, greedy=False, episodes=episodes)
-        hits = _hits(sampled, _with_env([s for s in samples for _ in range(k_max)], episodes), rules.correct_fn,
+        hits = rule_hits(sampled, _with_env([s for s in samples for _ in range(k_max)], episodes), rules.correct_fn,
                      timeout)
         counts = [(k_max, sum(hits[i * k_max:(i + 1) * k_max])) for i in range(n)]
         for k in sorted(set(cfg.eval.ks)):
@@ -112,7 +113,7 @@ def _best_of(model, tokenizer, prompts: list[list[int]], examples: Sequence[Exam
     else:
         episodes: list[dict] = []
         texts = _responses(model, tokenizer, prompts, examples, big_n, cfg, greedy=False, episodes=episodes)
-        hits = _hits(texts, _with_env([s for s in samples for _ in range(big_n)], episodes), rules.correct_fn,
+        hits = rule_hits(texts, _with_env([s for s in samples for _ in range(big_n)], episodes), rules.correct_fn,
                      cfg.reward.timeout_s)
     rows = [s for s in samples for _ in range(big_n)]
     term = cfg.eval.verifier
