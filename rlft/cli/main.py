@@ -21,6 +21,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 
@@ -60,11 +61,13 @@ def cmd_eval(ns: argparse.Namespace) -> int:
 
     recipe, overrides = _split_recipe(ns.args)
     cfg = load_config(recipe, overrides)
-    quiet_transformers()
-    seed_everything(cfg.train.seed)  # pass@k samples are reproducible, as in `rlft train`
-    model, tok = load_policy(ns.model, cfg.model)
-    _, held_out = load_task(cfg)
-    print(json.dumps(evaluate_task(model, tok, cfg, held_out, examples=True), indent=2))  # eval.sets under "sets"
+    with contextlib.redirect_stdout(sys.stderr):  # stdout holds the JSON alone, whatever a library prints
+        quiet_transformers()
+        seed_everything(cfg.train.seed)  # pass@k samples are reproducible, as in `rlft train`
+        model, tok = load_policy(ns.model, cfg.model)
+        _, held_out = load_task(cfg)
+        results = evaluate_task(model, tok, cfg, held_out, examples=True)
+    print(json.dumps(results, indent=2))  # eval.sets under "sets"
     return 0
 
 
@@ -80,7 +83,9 @@ def cmd_difficulty(ns: argparse.Namespace) -> int:
     from rlft.insight.difficulty import run_difficulty
 
     recipe, overrides = _split_recipe(ns.args)
-    summary = run_difficulty(load_config(recipe, overrides), echo=lambda line: print(line, file=sys.stderr))
+    cfg = load_config(recipe, overrides)
+    with contextlib.redirect_stdout(sys.stderr):  # stdout holds the JSON alone (deepspeed's import logs to stdout)
+        summary = run_difficulty(cfg)
     print(json.dumps(summary, indent=2))
     return 0
 
