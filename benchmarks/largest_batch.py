@@ -68,6 +68,8 @@ def main() -> None:
     ap.add_argument("--data", required=True, help="GSM8K test.jsonl (prompts through the chat template)")
     ap.add_argument("--trl-python", default="", help="a Python with TRL (benchmarks/trl_grpo_step.py); "
                     "without it only rlft runs")
+    ap.add_argument("--sides", nargs="+", default=["rlft", "trl"], choices=["rlft", "trl"],
+                    help="which sides run (trl needs --trl-python); a later run may add the other")
     ap.add_argument("--limit-gb", type=float, default=16.0)
     ap.add_argument("--variants", nargs="+", default=["full", "lora"], choices=list(VARIANTS))
     ap.add_argument("--prompts", nargs="+", type=int, default=[4, 8, 12, 16, 24, 32])
@@ -80,8 +82,10 @@ def main() -> None:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     limit_mb = a.limit_gb * 1000  # the GB of the table: 10^9 bytes, as peak RSS is reported in 10^6
-    sides = {"rlft": [sys.executable, str(HERE / "grpo_step.py")]}
-    if a.trl_python:
+    sides = {}
+    if "rlft" in a.sides:
+        sides["rlft"] = [sys.executable, str(HERE / "grpo_step.py")]
+    if "trl" in a.sides and a.trl_python:
         sides["trl"] = [a.trl_python, str(HERE / "trl_grpo_step.py")]
     runs: dict[str, list[dict]] = {}
     for variant in a.variants:
@@ -108,17 +112,18 @@ def main() -> None:
             over = [r for r in runs.get(f"{variant}/{side}", []) if not r["fits"]]
             row[f"{side}/largest_rows"] = max((r["rows"] for r in fit), default=0)
             row[f"{side}/first_over_rows"] = over[0]["rows"] if over else None
-        if row.get("trl/largest_rows"):
+        if row.get("trl/largest_rows") and "rlft/largest_rows" in row:
             row["rlft_over_trl"] = row["rlft/largest_rows"] / row["trl/largest_rows"]
         table.append(row)
     (out / "largest.json").write_text(json.dumps({"setup": vars(a), "runs": runs, "table": table}, indent=2))
-    print(f"| variant | rlft largest batch in {a.limit_gb:g} GB | TRL | rlft / TRL |\n|---|---:|---:|---:|")
+    names = {"rlft": "rlft", "trl": "TRL"}
+    print(f"| variant | {' | '.join(f'{names[s]} largest batch in {a.limit_gb:g} GB' for s in sides)} | rlft / TRL |\n"
+          f"|---|{'---:|' * len(sides)}---:|")
     for row in table:
-        over = {s: (f" (over at {row[f'{s}/first_over_rows']})" if row.get(f"{s}/first_over_rows") else
-                    " (every size tried fits)") for s in sides}
-        trl = f"{row['trl/largest_rows']}{over['trl']}" if "trl" in sides else "-"
+        cells = [f"{row[f'{s}/largest_rows']}" + (f" (over at {row[f'{s}/first_over_rows']})"
+                 if row.get(f"{s}/first_over_rows") else " (every size tried fits)") for s in sides]
         ratio = f"{row['rlft_over_trl']:.1f}" if "rlft_over_trl" in row else "-"
-        print(f"| {row['variant']} | {row['rlft/largest_rows']}{over['rlft']} | {trl} | {ratio} |")
+        print(f"| {row['variant']} | {' | '.join(cells)} | {ratio} |")
 
 
 if __name__ == "__main__":
