@@ -10,7 +10,7 @@ from rlft.recipe import load_config
 from rlft.insight.health import RULES, HealthMonitor
 
 CALM = {"actor/kl_loss": 0.1, "actor/grad_norm": 3.0, "actor/entropy": 0.4, "frac_reward_zero_std": 0.3,
-        "response_length/mean": 8.0, "response_length/clip_ratio": 0.05, "actor/pg_clipfrac": 0.01,
+        "reward/group_std": 0.3, "response_length/mean": 8.0, "response_length/clip_ratio": 0.05, "actor/pg_clipfrac": 0.01,
         "reward/mean": 0.5, "actor/skipped_steps": 0.0}
 
 
@@ -33,6 +33,7 @@ def test_a_calm_run_fires_nothing():
     ("grad_norm_explosion", {"actor/grad_norm": 500.0}),
     ("entropy_collapse", {"actor/entropy": 0.001}),
     ("no_learning_signal", {"frac_reward_zero_std": 1.0}),
+    ("reward_std", {"reward/group_std": 0.01}),
     ("length_collapse", {"response_length/mean": 1.0}),
     ("length_budget", {"response_length/clip_ratio": 0.9}),
     ("clip_fraction", {"actor/pg_clipfrac": 0.6}),
@@ -79,3 +80,50 @@ def test_disabled_fires_nothing_and_state_round_trips():
     b.load_state_dict(a.state_dict())
     assert b.report() == a.report() and list(b.window) == list(a.window) and b.start_length == a.start_length
     assert b.update(7, CALM)[0] == a.update(7, CALM)[0]
+
+
+def _group_std(scores: list[float], group_size: int) -> float:
+    """reward/group_std as rlft.trainers.rl.reward_metrics logs it, for the rewards ``scores`` (NaN: unscorable)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from rlft.trainers import rl
+
+    cfg = load_config(None, [f"algo.group_size={group_size}", "reward.fns=[final_answer]", "reward.weights=[1.0]"])
+    n = len(scores)
+    batch = SimpleNamespace(scores=torch.tensor(scores, dtype=torch.float64), response_lengths=torch.ones(n),
+                            truncated=torch.zeros(n, dtype=torch.bool))
+    return rl.reward_metrics([(batch, SimpleNamespace(per_fn={}, errors={}))], cfg)["reward/group_std"]
+
+
+def test_reward_group_std_by_hand():
+    """Two groups of 4. [1, 0, 0, 0]: mean 0.25, squared deviations 0.5625 + 3 x 0.0625 = 0.75, unbiased
+    variance 0.75 / 3 = 0.25, std 0.5; [1, 1, 1, 1]: std 0. Their mean: 0.25."""
+    assert _group_std([1, 0, 0, 0, 1, 1, 1, 1], 4) == pytest.approx(0.25, abs=1e-12)
+
+
+def test_reward_group_std_matches_a_naive_loop():
+    import random
+    import statistics
+
+    rng = random.Random(3)
+    scores = [rng.choice([0.0, 0.5, 1.0, 1.1]) for _ in range(6 * 5)]
+    naive = statistics.fmean(statistics.stdev(scores[g * 5:(g + 1) * 5]) for g in range(6))
+    assert _group_std(scores, 5) == pytest.approx(naive, abs=1e-12)
+
+
+def test_reward_group_std_ignores_a_shift_of_a_group_and_its_order():
+    """Invariance: adding a constant to one group's rewards (exact in binary: quarters) or permuting a group leaves
+    the value as it is (the group mean, not the batch mean, is the centre)."""
+    base = _group_std([1, 0, 0.5, 0, 1, 1, 0.25, 1], 4)
+    assert _group_std([3, 2, 2.5, 2, 1, 1, 0.25, 1], 4) == pytest.approx(base, abs=1e-12)
+    assert _group_std([0, 0.5, 0, 1, 1, 0.25, 1, 1], 4) == pytest.approx(base, abs=1e-12)
+
+
+def test_an_unscorable_reward_stays_out_of_its_group():
+    """A NaN (unscorable) sample does not enter its group's std; a group left with one valid reward counts 0."""
+    import statistics
+
+    got = _group_std([1, 0, math.nan, 0, 1, math.nan, math.nan, math.nan], 4)
+    assert got == pytest.approx(statistics.stdev([1, 0, 0]) / 2, abs=1e-12)

@@ -33,8 +33,9 @@ from rlft.trainers.rl import count_skips
 from rlft.trainers.update import _optimizer_step
 
 # A step far from every threshold (defaults: kl_max 1.0, grad_norm_max 100, entropy_min 0.02, zero_std_max 0.9,
-# clip_ratio_max 0.5, clipfrac_max 0.3), with the keys the loop logs for the rules.
+# reward_std_min 0.05, clip_ratio_max 0.5, clipfrac_max 0.3), with the keys the loop logs for the rules.
 CALM = {"actor/kl_loss": 0.1, "actor/grad_norm": 3.0, "actor/entropy": 0.4, "frac_reward_zero_std": 0.3,
+        "reward/group_std": 0.4,
         "response_length/mean": 8.0, "response_length/clip_ratio": 0.05, "actor/pg_clipfrac": 0.01,
         "actor/pg_loss": 0.02, "reward/mean": 0.5, "actor/skipped_steps": 0.0,
         "health/skipped_steps": 0.0, "health/consecutive_skips": 0.0}
@@ -93,6 +94,7 @@ WINDOW_RULES = [
     ("clip_fraction", "actor/pg_clipfrac", {}, 0.3, OVER, CALM),  # values .06, .6, .3
     ("rollout_mismatch", "rollout_corr/logp_gap_mean", {"rollout_gap_max": 0.0625}, 0.0625, OVER, CALM),
     ("entropy_collapse", "actor/entropy", {"entropy_min": 0.25}, 0.25, UNDER, CALM),  # values .4, 0, .25
+    ("reward_std", "reward/group_std", {"reward_std_min": 0.25}, 0.25, UNDER, CALM),  # values .4, 0, .25
 ]
 
 
@@ -342,7 +344,8 @@ NAMED = {"kl_blowup": "health.kl_max", "grad_norm_explosion": "health.grad_norm_
          "entropy_collapse": "health.entropy_min", "length_collapse": "health.length_drop",
          "clip_fraction": "actor/pg_clipfrac", "nonfinite": "health/skipped_steps",
          "length_budget": "rollout.max_new_tokens", "no_learning_signal": "algo.group_size",
-         "reward_hacking": "eval.every", "rollout_mismatch": "algo.rollout_correction"}
+         "reward_hacking": "eval.every", "rollout_mismatch": "algo.rollout_correction",
+         "reward_std": "health.reward_std_min"}
 
 
 def test_every_rule_is_covered_here_and_its_advice_names_what_to_look_at():

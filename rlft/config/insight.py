@@ -138,6 +138,8 @@ class HealthConfig:
     """entropy_collapse: actor/entropy (nats per token) below this."""
     zero_std_max: float = 0.9
     """no_learning_signal: frac_reward_zero_std (groups whose rewards are all equal) above this."""
+    reward_std_min: float = 0.05
+    """reward_std: reward/group_std (the mean over groups of the rewards' standard deviation inside a group, in the reward's units) below this."""
     length_drop: float = 0.25
     """length_collapse: response_length/mean below this fraction of its first window's mean."""
     clip_ratio_max: float = 0.5
@@ -151,8 +153,8 @@ class HealthConfig:
 
     def __post_init__(self) -> None:
         _check(self.window >= 1, "health.window", "must be >= 1")
-        for name in ("kl_max", "grad_norm_max", "entropy_min", "zero_std_max", "length_drop", "clip_ratio_max",
-                     "clipfrac_max", "rollout_gap_max", "val_drop"):
+        for name in ("kl_max", "grad_norm_max", "entropy_min", "zero_std_max", "reward_std_min", "length_drop",
+                     "clip_ratio_max", "clipfrac_max", "rollout_gap_max", "val_drop"):
             _check(math.isfinite(getattr(self, name)) and getattr(self, name) >= 0, f"health.{name}",
                    "must be a finite number >= 0")
 

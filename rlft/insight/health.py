@@ -60,6 +60,11 @@ def _entropy(monitor: "HealthMonitor", h) -> bool:
     return v is not None and v < h.entropy_min
 
 
+def _reward_std(monitor: "HealthMonitor", h) -> bool:
+    v = _mean(monitor, "reward/group_std")
+    return v is not None and v < h.reward_std_min
+
+
 def _length_collapse(monitor: "HealthMonitor", h) -> bool:
     v = _mean(monitor, "response_length/mean")
     return v is not None and monitor.start_length is not None and v < h.length_drop * monitor.start_length
@@ -96,6 +101,11 @@ RULES.register("no_learning_signal")(Rule(_over("frac_reward_zero_std", "zero_st
                                           "most groups have equal rewards, so their advantages are 0: the task is "
                                           "too easy or too hard for the policy; use a larger algo.group_size, "
                                           "dynamic sampling (algo.dynamic_sampling) or other prompts"))
+RULES.register("reward_std")(Rule(_reward_std, "the rewards barely differ inside a group (reward/group_std below "
+                                                "health.reward_std_min), so the group-relative advantages carry "
+                                                "little beyond noise: check that the reward can tell the samples "
+                                                "apart (a reward model's scale, a too coarse rule), raise "
+                                                "rollout.temperature or algo.group_size"))
 RULES.register("length_collapse")(Rule(_length_collapse, "responses shrank below health.length_drop of their "
                                                          "first length: check the rewards for a length bias and "
                                                          "lower optim.lr"))

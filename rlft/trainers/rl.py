@@ -337,12 +337,13 @@ def attach_steps(batch: Batch, scored: ScoreResult, tokenizer, cfg: Config, step
 
 
 def reward_metrics(drawn: list[tuple[Batch, ScoreResult]], cfg: Config, step: int = 1) -> dict[str, float]:
-    """The step's reward metrics over every sample drawn: ``reward/mean``, ``reward/<name>/mean``, ``/errors``, and
+    """The step's reward metrics over every sample drawn: ``reward/mean``, ``reward/std`` (over the batch),
+    ``reward/group_std`` (the mean over groups of the within-group std), ``reward/<name>/mean``, ``/errors``, and
     ``reward/<name>/weight`` (each reward.fns entry's weight at RL step ``step``, its schedule applied)."""
     scores = torch.cat([b.scores for b, _ in drawn])
     valid = ~torch.isnan(scores)
     vals = scores[valid]
-    _, _, zero_std = group_stats(scores, cfg.algo.group_size)
+    _, group_std, zero_std = group_stats(scores, cfg.algo.group_size)
     lengths = torch.cat([b.response_lengths for b, _ in drawn]).float()
     truncated = torch.cat([b.truncated for b, _ in drawn])
     out = {
@@ -350,6 +351,7 @@ def reward_metrics(drawn: list[tuple[Batch, ScoreResult]], cfg: Config, step: in
         "reward/std": vals.std().item() if vals.numel() > 1 else 0.0,
         "reward/unscorable_frac": 1.0 - valid.float().mean().item(),
         "frac_reward_zero_std": zero_std.float().mean().item(),
+        "reward/group_std": group_std.mean().item(),  # TRL's reward_std: a group with < 2 valid rewards counts 0
         "response_length/mean": lengths.mean().item(),
         "response_length/max": lengths.max().item(),
         "response_length/clip_ratio": truncated.float().mean().item(),
