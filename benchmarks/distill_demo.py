@@ -108,7 +108,7 @@ def run_one(out: Path, method: str, seed: int, start: Path, teacher: Path, budge
     name = f"{method}_s{seed}"
     common = [f"model.path={start}", f"train.seed={seed}", f"log.run_dir={out}", f"log.name={name}"]
     t0 = time.perf_counter()
-    if not done(out / name):
+    if not finished(out / name):
         if method == "grpo":
             rlft([*common, *RL, f"train.time_budget_s={budget}"], threads)
         elif method == "distill":
@@ -118,20 +118,21 @@ def run_one(out: Path, method: str, seed: int, start: Path, teacher: Path, budge
         else:
             rlft([*common, f"sft.source={data}", f"sft.steps={steps}", "train.steps=0", "eval.ks=[]",
                   "eval.before_rl=false"], threads)
-    run = out / name if method != "distill" else _stage_dir(out / name)
+    run = finished(out / name)
+    if run is None:
+        raise FileNotFoundError(f"{out / name}: no finished eval.json in the run or a stage directory")
     steps_done = sum(1 for _ in (run / ("sft_metrics.jsonl" if method == "sft_teacher" else "metrics.jsonl")).open())
     return {"method": method, "seed": seed, "exact_match": exact_match(run), "steps": steps_done,
             "wall_s": time.perf_counter() - t0}
 
 
-def _stage_dir(run: Path) -> Path:
-    """A one-stage pipeline's stage directory (the run itself when the stage wrote there)."""
-    if (run / "eval.json").exists():
+def finished(run: Path) -> Path | None:
+    """Where a finished run's eval.json is: the run itself, or a one-stage pipeline's stage directory; None when
+    the run has not finished (or never started)."""
+    if done(run):
         return run
-    stages = sorted(p for p in run.iterdir() if p.is_dir() and (p / "eval.json").exists())
-    if not stages:
-        raise FileNotFoundError(f"{run}: no eval.json in the run or a stage directory")
-    return stages[-1]
+    stages = sorted(p for p in run.iterdir() if p.is_dir() and done(p)) if run.is_dir() else []
+    return stages[-1] if stages else None
 
 
 def main() -> None:

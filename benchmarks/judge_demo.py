@@ -38,13 +38,14 @@ from preset_table import rlft  # noqa: E402
 ROOT = HERE.parent
 
 
-def build_judge(out: Path, threads: int) -> tuple[Path, float | None]:
-    """The judge's directory, and the seconds its SFT took (None when it was already built)."""
+def build_judge(out: Path, threads: int, extra: list[str] = ()) -> tuple[Path, float | None]:
+    """The judge's directory, and the seconds its SFT took (None when it was already built); ``extra``: overrides
+    of recipes/judge_demo.yaml (a bigger model, more steps)."""
     policy = out / "judge" / "policy"
     if (policy / "config.json").exists():
         return policy, None
     t0 = time.perf_counter()
-    rlft([str(ROOT / "recipes" / "judge_demo.yaml"), f"log.run_dir={out}", "log.name=judge"], threads,
+    rlft([str(ROOT / "recipes" / "judge_demo.yaml"), f"log.run_dir={out}", "log.name=judge", *extra], threads,
          command="sft")
     return policy, time.perf_counter() - t0
 
@@ -111,10 +112,12 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=4)
     ap.add_argument("--out", type=Path, default=Path("runs/judge_table"))
     ap.add_argument("--no-rl", action="store_true", help="build the judge and measure its agreement only")
+    ap.add_argument("--judge-overrides", nargs="*", default=[], help="overrides of recipes/judge_demo.yaml for "
+                    "the judge's SFT, e.g. model.tiny_hidden_size=256 model.tiny_layers=6 sft.steps=3000")
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(a.threads)
-    judge_dir, judge_s = build_judge(a.out, a.threads)
+    judge_dir, judge_s = build_judge(a.out, a.threads, a.judge_overrides)
     agree = agreement(judge_dir, a.sft_from / "sft_s0" / "policy", a.problems, a.samples, seed=0)
     base = {s: json.loads((a.sft_from / f"sft_s{s}" / "eval.json").read_text())["after_rl"]["exact_match"]
             for s in a.seeds}
@@ -123,7 +126,7 @@ def main() -> None:
         with ThreadPoolExecutor(a.jobs) as pool:
             runs = list(pool.map(lambda s: rl_run(a.out, a.sft_from, judge_dir, s, a.budget, a.threads), a.seeds))
     (a.out / "judge_table.json").write_text(json.dumps(
-        {"judge_sft_s": judge_s, "agreement": agree, "post_sft": base, "rl_vs_judge": runs, "budget_s": a.budget},
+        {"judge_sft_s": judge_s, "judge_overrides": a.judge_overrides, "agreement": agree, "post_sft": base, "rl_vs_judge": runs, "budget_s": a.budget},
         indent=2))
     print(f"judge SFT: {judge_s if judge_s is None else round(judge_s, 1)} s")
     print(f"agreement with the rule on {agree['judged']} held-out completions: {agree['agreement']:.3f} "
