@@ -270,6 +270,22 @@ def test_gspo_tutorial_example():
     assert -aggregate(ppo, mask, "seq-mean-token-mean").item() == pytest.approx(0.8)
 
 
+def test_gspo_sequence_log_ratio_clamped_and_the_gradient_still_reaches_every_token():
+    """log s_i = mean(30, 30) = 30 is clamped to LOG_RATIO_CLAMP = 20 (only the detached sg[log s_i]); with A = -1
+    and no dual clip the unclipped branch wins: each token's loss is e^20 and its gradient d/dlogp_t is e^20 (not
+    0, as a clamp on the tensor carrying the gradient would give). The second sequence (log s = 0.5) is untouched."""
+    logp = torch.tensor([[30.0, 30.0], [0.5, 0.5]], dtype=torch.float64, requires_grad=True)
+    old = torch.zeros(2, 2, dtype=torch.float64)
+    adv = torch.tensor([[-1.0, -1.0], [-1.0, -1.0]], dtype=torch.float64)
+    loss, _ = gspo_loss(logp, old, adv, torch.ones(2, 2), DAPO)
+    loss.sum().backward()
+    big = math.exp(20.0)
+    assert loss[0].tolist() == pytest.approx([big, big], rel=1e-12)
+    assert logp.grad[0].tolist() == pytest.approx([big, big], rel=1e-12)
+    assert loss[1].tolist() == pytest.approx([math.exp(0.5)] * 2, rel=1e-12)
+    assert logp.grad[1].tolist() == pytest.approx([math.exp(0.5)] * 2, rel=1e-12)
+
+
 def _gspo_direct(logp, old, adv_seq, mask, lo, hi):
     """-mean_i min(s_i A_i, clip(s_i) A_i) over non-empty sequences, straight from GSPO eq. 5 and 7."""
     terms = []

@@ -97,7 +97,7 @@ class Vote:
         return [1.0 if k == majority else 0.0 for k in keys]
 
 
-REWARDS.register("vote")(Vote)  # the first name of majority_agreement, kept for recipes that use it
+REWARDS.register("vote")(Vote)  # majority_agreement's first name, kept for users' recipes written before the rename
 
 
 @REWARDS.register("partial_credit")
