@@ -189,9 +189,14 @@ class SFTConfig:
     """A system message put in front of every SFT prompt (empty: data.system_prompt, the one RL shows; a different one replaces it on SFT's copy of the RL rows)."""
     max_tokens: int = 0
     """Token budget of one forward pass: each mini-batch runs as micro-batches of similar length, at most this many padded positions each, gradients accumulated (the loss is unchanged); 0: the whole mini-batch padded to its longest row."""
+    judge_policy: str = ""
+    """sft.source=judge:synthetic:<task>: a policy directory whose own answers join the judge's demonstrations: sft.judge_samples completions per training problem, sampled with the rollout.* settings, each put in the judge's question and answered yes/no by eval.correct_fn, so the judge learns the mistakes it will be shown (empty: the task's made-up answers only)."""
+    judge_samples: int = 4
+    """Completions sampled per training problem from sft.judge_policy."""
 
     def __post_init__(self) -> None:
         _check(self.steps >= 0, "sft.steps", "must be >= 0")
+        _check(self.judge_samples >= 1, "sft.judge_samples", f"must be >= 1, got {self.judge_samples}")
         _check(self.batch_size >= 1, "sft.batch_size", "must be >= 1")
         _check(self.lr > 0, "sft.lr", "must be > 0")
         _check(self.warmup_steps >= 0, "sft.warmup_steps", "must be >= 0")

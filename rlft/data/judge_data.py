@@ -35,8 +35,24 @@ def judge_examples(problems: Sequence[Example], correct_fn: str, seed: int = 0) 
     for i, (ex, ranking) in enumerate(zip(problems, pairs)):
         for completion in ranking.responses:
             verdict = rule(completion, ex.to_mapping())
-            question = fill(TEMPLATE, prompt=prompt_text(ex.prompt), completion=completion)
-            out.append(Example(prompt=({"role": "user", "content": question},), ground_truth="",
-                               data_source=f"{ex.data_source}/judge", response=YES if verdict and verdict >= 1 else NO,
-                               extra={"index": i}))
+            out.append(_question(ex, completion, bool(verdict and verdict >= 1), i))
     return out
+
+
+def judged_samples(samples: Sequence[tuple[Example, Sequence[str], Sequence[bool]]]) -> list[Example]:
+    """One judge demonstration per sampled completion: (problem, its completions, the rule's verdicts) ->
+    the judge's question about each completion, answered ``yes`` where the verdict is right (``sft.judge_policy``:
+    the mistakes the judge will be shown, as a policy makes them).
+
+    >>> ex = Example(prompt="max(1,7,3)=?", ground_truth="7")
+    >>> [r.response for r in judged_samples([(ex, ["#### 7", "#### 3", "7"], [True, False, False])])]
+    ['yes', 'no', 'no']
+    """
+    return [_question(ex, completion, right, i) for i, (ex, completions, verdicts) in enumerate(samples)
+            for completion, right in zip(completions, verdicts, strict=True)]
+
+
+def _question(ex: Example, completion: str, right: bool, index: int) -> Example:
+    question = fill(TEMPLATE, prompt=prompt_text(ex.prompt), completion=completion)
+    return Example(prompt=({"role": "user", "content": question},), ground_truth="",
+                   data_source=f"{ex.data_source}/judge", response=YES if right else NO, extra={"index": index})

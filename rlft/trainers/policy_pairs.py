@@ -32,11 +32,12 @@ from rlft.trainers.rm_refresh import outcome_pairs
 CHUNK = 64  # prompts per generate call
 
 
-def sample_outcomes(policy, tokenizer, examples: Sequence[Example], cfg: Config,
-                    seed: int) -> list[tuple[object, list[str], list[bool]]]:
-    """(prompt, k completions, rule verdicts) for every example, k = ``rm.policy_samples``."""
-    k = cfg.rm.policy_samples
-    prompts = encode_prompts(examples, cfg.data.template, tokenizer, cfg.data.max_prompt_tokens, "rm.pairs_from data")
+def sample_outcomes(policy, tokenizer, examples: Sequence[Example], cfg: Config, seed: int, k: int = 0,
+                    key: str = "rm.pairs_from") -> list[tuple[object, list[str], list[bool]]]:
+    """(prompt, k completions, rule verdicts) for every example, in order; k = ``rm.policy_samples`` unless given.
+    ``key`` is the setting that asked for the samples, named in errors."""
+    k = k or cfg.rm.policy_samples
+    prompts = encode_prompts(examples, cfg.data.template, tokenizer, cfg.data.max_prompt_tokens, f"{key} data")
     torch.manual_seed(seed)
     out = []
     for start in range(0, len(prompts), CHUNK):
@@ -44,9 +45,9 @@ def sample_outcomes(policy, tokenizer, examples: Sequence[Example], cfg: Config,
         batch = generate(policy, tokenizer, prompts[start:start + CHUNK], group_size=k, **sampling_args(cfg.rollout))
         correct = rule_correct(batch.texts, exs, k, cfg)  # (len(exs) * k,)
         if correct is None:
-            raise ConfigError(f"rm.pairs_from: 'policy' judges samples with eval.correct_fn="
-                              f"{cfg.eval.correct_fn!r}, which scored none of data.source's answers; "
-                              "use rm.pairs_from=task or give ground truths")
+            raise ConfigError(f"{key}: the policy's samples are judged with eval.correct_fn="
+                              f"{cfg.eval.correct_fn!r}, which scored none of the task's answers; give ground "
+                              f"truths{' or use rm.pairs_from=task' if key == 'rm.pairs_from' else ''}")
         c = correct.tolist()
         out += [(ex.prompt, batch.texts[i * k:(i + 1) * k], c[i * k:(i + 1) * k]) for i, ex in enumerate(exs)]
     return out

@@ -22,7 +22,7 @@ import torch
 from rlft.config import Config
 from rlft.core.ops import masked_sum
 from rlft.data.schema import DataError, Example
-from rlft.data.judge_data import PREFIX as JUDGE_PREFIX, judge_examples
+from rlft.data.judge_data import PREFIX as JUDGE_PREFIX, judge_examples, judged_samples
 from rlft.data.synthetic import configured_task
 from rlft.data.sft_data import (load_sft_examples, response_weights, sft_rows, sft_system_prompt,
                                 with_system_prompt)
@@ -32,6 +32,7 @@ from rlft.models.forward import LOGPROB_CHUNK, response_logprobs
 from rlft.rollout.batch import left_pad, right_pad
 from rlft.rollout.multiturn import opened
 from rlft.trainers.optim import make_optimizer, make_scheduler
+from rlft.trainers.policy_pairs import sample_outcomes
 
 Item = tuple[list[int], list[int], list[int]]  # prompt ids, target ids, loss weight (0/1) per target id
 
@@ -43,6 +44,8 @@ def sft_examples(cfg: Config, rl_examples: Sequence[Example]) -> list[Example]:
     if s.source.startswith(JUDGE_PREFIX):  # a judge's demonstrations: "is this answer right?" by the task's rule
         problems = configured_task(s.source[len(JUDGE_PREFIX):], cfg.data, cfg.train.seed, 0)[0]
         judged = judge_examples(problems, cfg.eval.correct_fn, cfg.train.seed)
+        if s.judge_policy:  # and the policy's own answers, its mistakes as it makes them
+            judged += judged_samples(policy_samples(s.judge_policy, problems, cfg))
         return with_system_prompt(judged, sft_system_prompt(cfg))
     if s.source.startswith("synthetic:"):  # a synthetic task's demonstrations, its problems drawn as data.source's
         return with_system_prompt(configured_task(s.source, cfg.data, cfg.train.seed, 0)[0], sft_system_prompt(cfg))
@@ -50,6 +53,18 @@ def sft_examples(cfg: Config, rl_examples: Sequence[Example]) -> list[Example]:
         return load_sft_examples(s.source, s.train_split, sft_system_prompt(cfg))
     rows = opened(rl_examples, cfg)  # a multi-turn run: prompts as its episodes start (the first observation)
     return sft_rows(rows, cfg)  # the RL rows carry data.system_prompt already
+
+
+def policy_samples(model_dir: str, problems: Sequence[Example],
+                   cfg: Config) -> list[tuple[Example, list[str], list[bool]]]:
+    """(problem, ``sft.judge_samples`` completions of the policy at ``model_dir``, the rule's verdicts) for every
+    problem, sampled with the ``rollout.*`` settings (seeded by ``train.seed``)."""
+    from rlft.models.loading import load_policy
+
+    policy, tok = load_policy(model_dir, cfg.model)
+    outcomes = sample_outcomes(policy, tok, problems, cfg, cfg.train.seed, k=cfg.sft.judge_samples,
+                               key="sft.judge_policy")
+    return [(ex, texts, verdicts) for ex, (_, texts, verdicts) in zip(problems, outcomes, strict=True)]
 
 
 def sft_pairs(examples: Sequence[Example], tokenizer, cfg: Config) -> list[Item]:
