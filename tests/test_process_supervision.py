@@ -41,6 +41,22 @@ def test_chain_task_reference_is_right_step_by_step():
         assert REWARDS.get("final_answer")(ex.response, ex.to_mapping()) == 1.0
 
 
+def test_chain_verbose_is_chain_with_about_half_its_lines_spaced_and_checked_alike():
+    """chain_verbose: chain's problems and answers, each working line either chain's or the same with spaces
+    around its operator and '=' (4 characters more); both checkers score every reference right."""
+    plain = synthetic_task("chain", n_train=150, n_eval=50, max_operand=9, ops="+-*", seed=3)
+    verbose = synthetic_task("chain_verbose", n_train=150, n_eval=50, max_operand=9, ops="+-*", seed=3)
+    spaced = 0
+    for a, b in zip(plain[0] + plain[1], verbose[0] + verbose[1]):
+        assert (a.prompt, a.ground_truth) == (b.prompt, b.ground_truth)
+        for x, y in zip(a.response.split("\n"), b.response.split("\n"), strict=True):
+            assert y == x or (y.replace(" ", "") == x and len(y) == len(x) + 4)
+            spaced += y != x
+        assert [r for _, r in REWARDS.get("chain_steps")(b.response, b.to_mapping())] == [1.0] * 4
+        assert REWARDS.get("final_answer")(b.response, b.to_mapping()) == 1.0
+    assert 0.4 < spaced / (200 * 3) < 0.6  # 600 fair coin flips: 0.5 +- 0.1 is 4.9 standard deviations
+
+
 def test_chain_steps_hand_cases():
     check = REWARDS.get("chain_steps")
     assert chain_steps_of("12+7-5+3=?") == [(12, "+", 7, 19), (19, "-", 5, 14), (14, "+", 3, 17)]

@@ -14,7 +14,8 @@ Tasks (``data.source=synthetic:<task>``):
   whose reference response writes one intermediate result per line before the
   answer (``12+7=19``, ``19-5=14``, ``14+3=17``, ``#### 17``): a multi-step
   task whose steps the ``chain_steps`` reward checks one by one (process
-  supervision);
+  supervision); ``chain_verbose`` is the same problems with each working line
+  spaced (``12 + 7 = 19``) half of the time: room for a length reward;
 * ``product`` — ``a*b`` of two numbers of as many digits as ``max_operand``
   (999: three): beyond a tiny model's head; ``product_tool`` is the same
   problems with a reference that asks the ``calculator`` tool first (the
@@ -30,6 +31,7 @@ reference response, or :class:`Game` rows.
 from __future__ import annotations
 
 import random
+import re
 from dataclasses import dataclass
 from typing import Callable
 
@@ -186,6 +188,21 @@ def chain(rng: random.Random, n: int, max_operand: int, ops: str) -> list[Proble
             seen.add(q)
             steps = chain_steps_of(q)
             out.append((q, steps[-1][3], "".join(f"{a}{op}{b}={c}\n" for a, op, b, c in steps)))
+    return out
+
+
+@SYNTHETIC_TASKS.register("chain_verbose")
+def chain_verbose(rng: random.Random, n: int, max_operand: int, ops: str) -> list[Problem]:
+    """The problems of ``chain`` (the same for the same seed), each working line written tersely (``12+7=19``) or,
+    with probability 1/2, spaced (``12 + 7 = 19``, 4 characters longer): right answers of one problem differ in
+    length by 0 to 12 characters while saying the same, so a length reward (``kimi_length``) has something to
+    choose from. The ``chain_steps`` and answer checkers read both forms."""
+    problems = chain(rng, n, max_operand, ops)  # first, so the problems are chain's
+    out: list[Problem] = []
+    for q, answer, working in problems:
+        lines = [re.sub(r"(?<=\d)([+\-*=])", r" \1 ", line) if rng.random() < 0.5 else line
+                 for line in working.splitlines()]
+        out.append((q, answer, "".join(f"{line}\n" for line in lines)))
     return out
 
 
