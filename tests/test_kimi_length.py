@@ -143,3 +143,23 @@ def test_the_warm_up_is_a_weight_schedule():
     during = score_batch(texts, samples, built(cfg.reward), cfg.reward.weights_at(3), group_size=2)
     after = score_batch(texts, samples, built(cfg.reward), cfg.reward.weights_at(4), group_size=2)
     assert during.total == [1.0, 0.0] and after.total == [1.25, -0.25]  # the long wrong one: min(0, -0.5)
+
+
+def test_kimi_length_demo_recipe_runs_at_tiny_size(tmp_path, tiny_size_overrides, recipes_dir):
+    """recipes/kimi_length_demo.yaml as written, only smaller: SFT warm-up then RL on chain_verbose, the length term
+    scored and logged from the first step but weighted 0 through its 30-step warm-up."""
+    import json
+
+    from conftest import AS_USERS_RUN
+    from rlft.stages.pipeline import run_pipeline
+
+    cfg = load_config(recipes_dir / "kimi_length_demo.yaml",
+                      tiny_size_overrides(tmp_path, "log.name=k", "data.synth_train_size=24", "train.steps=3",
+                                          "sft.steps=2", "eval.ks=[1]", "rollout.max_new_tokens=12", *AS_USERS_RUN))
+    assert cfg.data.source == "synthetic:chain_verbose" and cfg.reward.keys == ("final_answer", "kimi_length")
+    run_pipeline(cfg, echo=lambda *a: None)
+    records = [json.loads(x) for x in (tmp_path / "k" / "metrics.jsonl").read_text().splitlines()]
+    assert len(records) == 3
+    assert [r["reward/kimi_length/weight"] for r in records] == [0.0, 0.0, 0.0]
+    assert [r["reward/final_answer/weight"] for r in records] == [1.0, 1.0, 1.0]
+    assert all(-0.5 <= r["reward/kimi_length/mean"] <= 0.5 for r in records)

@@ -299,6 +299,7 @@ TASK_RECIPES = ["grpo_math.yaml", "grpo_mbpp.yaml",  # tests/test_task_recipes.p
                 "multiagent_demo.yaml",  # tests/test_multiagent.py
                 "judge_demo.yaml", "rlaif_dpo_demo.yaml", "rlaif_demo.yaml",  # tests/test_label.py
                 "distill_demo.yaml",  # tests/test_distill.py
+                "kimi_length_demo.yaml",  # tests/test_kimi_length.py
                 "sft_vs_rl_tutorial.yaml", "sft_vs_rl_rewards.yaml"]  # tests/test_tutorial_recipes.py
 
 
