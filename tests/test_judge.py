@@ -237,36 +237,42 @@ def test_recipe_errors_name_the_entry_and_key(tiny_model_dir):
     assert dict(cfg.reward.fns[0].params)["scores"] == (1.0, 0.5, 0.0)
 
 
-def test_a_policys_own_answers_join_the_judges_demonstrations_labelled_by_the_rule(tiny_model_dir):
+@pytest.mark.parametrize("rule_name", ["final_answer", "language"])
+def test_a_policys_own_answers_join_the_judges_demonstrations_labelled_by_the_rule(tiny_model_dir, rule_name):
     """sft.judge_policy: each training problem gives its two made-up rows and sft.judge_samples questions about
-    the policy's own samples, each answered yes exactly where eval.correct_fn finds the sample right."""
+    the policy's own samples, each answered yes exactly where eval.correct_fn finds the sample right. The untrained
+    model's samples are all wrong by final_answer and all in English by language, so the two rules label the same
+    samples (same seed) no and yes: the label is the rule's, not a constant."""
     from rlft.trainers.sft import sft_examples
 
     cfg = load_config(None, ["sft.source=judge:synthetic:max", f"sft.judge_policy={tiny_model_dir}",
-                             "sft.judge_samples=3", "data.synth_train_size=6", "rollout.max_new_tokens=8"])
+                             f"eval.correct_fn={rule_name}", "sft.judge_samples=3", "data.synth_train_size=6",
+                             "rollout.max_new_tokens=8"])
     rows = sft_examples(cfg, [])
     assert len(rows) == 6 * 2 + 6 * 3
     sampled = rows[12:]
     assert [r.extra["index"] for r in sampled] == [i for i in range(6) for _ in range(3)]
-    rule = REWARDS.get(cfg.eval.correct_fn)
+    rule = REWARDS.get(rule_name)
     problems = rows[:12:2]  # the made-up rows: two per problem, in the problems' order
     for r in sampled:
-        question = r.prompt[0]["content"]
-        completion = question[question.index("\nProposed answer: ") + len("\nProposed answer: "):
-                              question.rindex("\nIs the proposed answer right?")]
         ex = problems[r.extra["index"]]
-        assert question.startswith(ex.prompt[0]["content"].split("\nProposed answer: ")[0])
-        verdict = rule(completion, {"ground_truth": _truth(ex)})
+        assert r.prompt[0]["content"].startswith(ex.prompt[0]["content"].split("\nProposed answer: ")[0])
+        verdict = rule(_proposed(r), {"ground_truth": _truth(ex)})
         assert r.response == ("yes" if verdict is not None and verdict >= 1 else "no")
+    assert {r.response for r in sampled} == {"final_answer": {"no"}, "language": {"yes"}}[rule_name]
+
+
+def _proposed(judge_row) -> str:
+    """The completion a judge row asks about."""
+    q = judge_row.prompt[0]["content"]
+    return q[q.index("\nProposed answer: ") + len("\nProposed answer: "):q.rindex("\nIs the proposed answer right?")]
 
 
 def _truth(judge_row) -> str:
     """The ground truth of the problem a made-up judge row asks about: its right answer is the row labelled yes
     of the pair (both rows of a problem share the index; the first of the two is the right one)."""
-    q = judge_row.prompt[0]["content"]
-    answer = q[q.index("\nProposed answer: ") + len("\nProposed answer: "):q.rindex("\nIs the proposed answer right?")]
     assert judge_row.response == "yes", "the first made-up row of a problem is its right answer"
-    return answer.removeprefix("#### ")
+    return _proposed(judge_row).removeprefix("#### ")
 
 
 def test_a_judge_policy_without_a_judge_source_is_refused():
