@@ -33,7 +33,7 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from preset_table import rlft  # noqa: E402
+from preset_table import rl_once, rlft  # noqa: E402
 
 ROOT = HERE.parent
 
@@ -88,13 +88,13 @@ def agreement(judge_dir: Path, policy_dir: Path, problems: int, samples: int, se
 
 def rl_run(out: Path, sft_from: Path, judge_dir: Path, seed: int, budget: float, threads: int) -> dict:
     name = f"rl_judge_s{seed}"
-    done = out / name / "eval.json"
-    if not done.exists() or "after_rl" not in json.loads(done.read_text()):
-        rlft([f"model.path={sft_from / f'sft_s{seed}' / 'policy'}", "sft.steps=0", "eval.before_rl=false",
-              "eval.ks=[]", f"train.seed={seed}", "train.steps=100000", f"train.time_budget_s={budget}",
-              f"reward.fns=[{{name: judge, path: {judge_dir}}}]", "reward.weights=[1.0]",
-              f"log.run_dir={out}", f"log.name={name}"], threads)
-    ev = json.loads(done.read_text())["after_rl"]
+    error = rl_once(out, name, [f"model.path={sft_from / f'sft_s{seed}' / 'policy'}", "sft.steps=0",
+                                "eval.before_rl=false", "eval.ks=[]", f"train.seed={seed}", "train.steps=100000",
+                                f"train.time_budget_s={budget}", f"reward.fns=[{{name: judge, path: {judge_dir}}}]",
+                                "reward.weights=[1.0]"], threads)
+    if error:
+        return {"seed": seed, "error": error}
+    ev = json.loads((out / name / "eval.json").read_text())["after_rl"]
     records = [json.loads(line) for line in (out / name / "metrics.jsonl").open()]
     hacking = {k: v for k, v in records[-1].items() if k.startswith("reward_hacking/")}
     return {"seed": seed, "exact_match": ev["exact_match"], "steps": len(records), **hacking,
@@ -126,7 +126,8 @@ def main() -> None:
         with ThreadPoolExecutor(a.jobs) as pool:
             runs = list(pool.map(lambda s: rl_run(a.out, a.sft_from, judge_dir, s, a.budget, a.threads), a.seeds))
     (a.out / "judge_table.json").write_text(json.dumps(
-        {"judge_sft_s": judge_s, "judge_overrides": a.judge_overrides, "agreement": agree, "post_sft": base, "rl_vs_judge": runs, "budget_s": a.budget},
+        {"judge_sft_s": judge_s, "judge_overrides": a.judge_overrides, "agreement": agree, "post_sft": base,
+         "rl_vs_judge": runs, "budget_s": a.budget},
         indent=2))
     print(f"judge SFT: {judge_s if judge_s is None else round(judge_s, 1)} s")
     print(f"agreement with the rule on {agree['judged']} held-out completions: {agree['agreement']:.3f} "
@@ -137,6 +138,9 @@ def main() -> None:
     print("|---|---:|---:|---:|---:|---:|---:|")
     for r in runs:
         s = r["seed"]
+        if "error" in r:
+            print(f"| {s} | {base[s]:.3f} | failed (judge_table.json has the error) | | | | |")
+            continue
         print(f"| {s} | {base[s]:.3f} | {r['exact_match']:.3f} | {(r['exact_match'] - base[s]) * 100:+.1f} pts | "
               f"{r['steps']} | {r.get('reward_hacking/rule_accuracy', float('nan')):.3f} | "
               f"{r.get('reward_hacking/reward_up_rule_not', float('nan')):.3f} |")

@@ -50,22 +50,34 @@ def sft_run(out: Path, seed: int, threads: int, overrides: list[str] = ()) -> Pa
     return out / name
 
 
+def rl_once(out: Path, name: str, args: list[str], threads: int) -> str | None:
+    """``rlft train *args`` as the run ``out/name``, unless that run already finished (its eval.json holds
+    ``after_rl``); an earlier attempt that did not finish is kept aside as ``name.failed-<n>``, never overwritten.
+    Returns the failure's stderr tail (one failed run does not stop a table; the table says it failed), or None."""
+    ev = out / name / "eval.json"
+    if ev.exists() and "after_rl" in json.loads(ev.read_text()):
+        return None
+    if (out / name).exists():
+        (out / name).rename(out / f"{name}.failed-{sum(1 for _ in out.glob(f'{name}.failed-*'))}")
+    try:
+        rlft([*args, f"log.run_dir={out}", f"log.name={name}"], threads)
+    except RuntimeError as e:
+        return str(e)[-2000:]
+    return None
+
+
 def preset_run(out: Path, row: tuple[str, str, list[str]], seed: int, budget: float, threads: int,
                steps: int) -> dict:
     """One RL run of ``row`` = (name, recipe, overrides) from seed ``seed``'s post-SFT policy."""
     preset, recipe, overrides = row
     name = f"{preset}_s{seed}"
-    if not (out / name / "eval.json").exists() or "after_rl" not in json.loads((out / name / "eval.json").read_text()):
-        first = [] if recipe == "default" else [
-            str(Path(__file__).resolve().parents[1] / "recipes" / f"{recipe}_demo.yaml")]
-        if (out / name).exists():  # an earlier attempt that did not finish: kept aside, not overwritten
-            (out / name).rename(out / f"{name}.failed-{sum(1 for _ in out.glob(f'{name}.failed-*'))}")
-        try:
-            rlft([*first, f"model.path={out / f'sft_s{seed}' / 'policy'}", "sft.steps=0", "eval.before_rl=false",
-                  "eval.ks=[]", f"train.seed={seed}", f"train.steps={steps or 100000}",
-                  f"train.time_budget_s={budget}", f"log.run_dir={out}", f"log.name={name}", *overrides], threads)
-        except RuntimeError as e:  # one failed run does not stop the others; the table says it failed
-            return {"preset": preset, "seed": seed, "error": str(e)[-2000:]}
+    first = [] if recipe == "default" else [
+        str(Path(__file__).resolve().parents[1] / "recipes" / f"{recipe}_demo.yaml")]
+    error = rl_once(out, name, [*first, f"model.path={out / f'sft_s{seed}' / 'policy'}", "sft.steps=0",
+                                "eval.before_rl=false", "eval.ks=[]", f"train.seed={seed}",
+                                f"train.steps={steps or 100000}", f"train.time_budget_s={budget}", *overrides], threads)
+    if error:
+        return {"preset": preset, "seed": seed, "error": error}
     ev = json.loads((out / name / "eval.json").read_text())["after_rl"]
     metrics = out / name / "metrics.jsonl"
     steps = sum(1 for _ in metrics.open()) if metrics.exists() else 0

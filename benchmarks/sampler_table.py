@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from preset_table import rlft, sft_run  # noqa: E402
+from preset_table import rl_once, rlft, sft_run  # noqa: E402
 
 SAMPLERS = ["uniform", "curriculum", "prioritised"]
 
@@ -48,18 +48,13 @@ def data_dir(out: Path, seed: int, threads: int, samples: int) -> Path:
 
 def sampler_run(out: Path, sampler: str, seed: int, steps: int, threads: int) -> dict:
     name = f"{sampler}_s{seed}"
-    ev_path = out / name / "eval.json"
-    if not ev_path.exists() or "after_rl" not in json.loads(ev_path.read_text()):
-        if (out / name).exists():  # an earlier attempt that did not finish: kept aside
-            (out / name).rename(out / f"{name}.failed-{sum(1 for _ in out.glob(f'{name}.failed-*'))}")
-        try:
-            rlft([f"model.path={out / f'sft_s{seed}' / 'policy'}", f"data.source={out / f'data_s{seed}'}",
-                  "data.train_split=train", "data.eval_split=test", f"data.sampler={sampler}", "sft.steps=0",
-                  "eval.before_rl=false", "eval.ks=[]", f"train.seed={seed}", f"train.steps={steps}",
-                  f"log.run_dir={out}", f"log.name={name}"], threads)
-        except RuntimeError as e:
-            return {"sampler": sampler, "seed": seed, "error": str(e)[-2000:]}
-    ev = json.loads(ev_path.read_text())["after_rl"]
+    error = rl_once(out, name, [f"model.path={out / f'sft_s{seed}' / 'policy'}", f"data.source={out / f'data_s{seed}'}",
+                                "data.train_split=train", "data.eval_split=test", f"data.sampler={sampler}",
+                                "sft.steps=0", "eval.before_rl=false", "eval.ks=[]", f"train.seed={seed}",
+                                f"train.steps={steps}"], threads)
+    if error:
+        return {"sampler": sampler, "seed": seed, "error": error}
+    ev = json.loads((out / name / "eval.json").read_text())["after_rl"]
     last = json.loads((out / name / "metrics.jsonl").read_text().splitlines()[-1])
     return {"sampler": sampler, "seed": seed, "exact_match": ev["exact_match"],
             "prompts_seen_frac": last.get("data/prompts_seen_frac"), "train_pass_rate_mean": last.get(
