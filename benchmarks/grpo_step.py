@@ -17,7 +17,8 @@ file is given. Trailing ``key=value`` arguments are configuration overrides (for
 Writes (``--json``) and prints: ``sec_per_step`` (median of steps 2..S: step 1 warms up),
 ``generated_tokens_per_s`` (median over those steps of response tokens / rollout seconds),
 ``peak_rss_mb`` (the process's peak resident memory), per-phase medians ``timing_s/<phase>``,
-and every step's raw numbers.
+and every step's raw numbers (the update's prompt and response lengths, ``prompt_lens`` and
+``response_lens``, included).
 
 How near the machine's limit the update runs: ``matmul_gflops`` is a plain fp32 ``torch.matmul``
 of two 1024 x 1024 matrices in the same process (median of 20, measured before and after the
@@ -102,6 +103,42 @@ def model_flops(model, prompt_lens: list[int], response_lens: list[int], group_s
     return layer * tokens + per_token(head.weight) * sum(response_lens) + 3 * 4 * d_attn * c.num_hidden_layers * pairs
 
 
+MATMULS = {"aten::mm": (0, 1), "aten::addmm": (1, 2), "aten::addmm_": (1, 2), "aten::bmm": (0, 1),
+           "aten::baddbmm": (1, 2)}  # op -> the positions of its two factors among the inputs
+
+
+def matmul_flops(name: str, shapes: list) -> float:
+    """2 M N K (times the batch for bmm) of one call of a matrix-product op, from its recorded input shapes; 0 for
+    any other op or shapes the profiler did not record."""
+    if name not in MATMULS:
+        return 0.0
+    i, j = MATMULS[name]
+    if len(shapes) <= j or not shapes[i] or not shapes[j]:
+        return 0.0
+    a, b = shapes[i], shapes[j]
+    batch = a[0] if len(a) == 3 else 1
+    return 2.0 * batch * a[-2] * a[-1] * b[-1]
+
+
+def update_profile(prof, seconds: float) -> dict:
+    """What one profiled update spent its time on: the matrix products' own time and FLOPs (every product the
+    update ran, the backward's recomputed logits included), their share of the update's wall time, and the ten
+    ops with the most self time (s, calls, GFLOP)."""
+    events = prof.key_averages(group_by_input_shape=True)
+    mm_s = sum(e.self_cpu_time_total for e in events if e.key in MATMULS) / 1e6
+    mm_gflop = sum(matmul_flops(e.key, e.input_shapes) * e.count for e in events) / 1e9
+    by_op: dict[str, list[float]] = {}
+    for e in events:
+        row = by_op.setdefault(e.key, [0.0, 0, 0.0])
+        row[0] += e.self_cpu_time_total / 1e6
+        row[1] += e.count
+        row[2] += matmul_flops(e.key, e.input_shapes) * e.count / 1e9
+    top = sorted(by_op.items(), key=lambda kv: -kv[1][0])[:10]
+    return {"profile/update_s": seconds, "profile/matmul_s": mm_s, "profile/matmul_gflop": mm_gflop,
+            "profile/matmul_share": mm_s / seconds, "profile/matmul_gflops": mm_gflop / mm_s if mm_s else 0.0,
+            "profile/top_ops": [[k, round(v[0], 3), int(v[1]), round(v[2], 1)] for k, v in top]}
+
+
 def file_examples(path: str, n: int) -> list[Example]:
     """The first ``n`` rows of a .jsonl file as prompts (``prompt`` or ``question``; the GSM8K answer if any)."""
     out = []
@@ -149,6 +186,20 @@ def run(args: argparse.Namespace, overrides: list[str]) -> dict:
     batches = []  # each step's batch, as the update sees it
     advantages = rl.compute_advantages
     rl.compute_advantages = lambda st, batch, c: batches.append(batch) or advantages(st, batch, c)
+    profile: dict = {}
+    if args.profile:  # the last step's update under torch.profiler
+        plain_update = rl.update
+
+        def profiled_update(*a, **k):
+            if len(steps) < args.steps - 1:
+                return plain_update(*a, **k)
+            t0 = time.perf_counter()
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
+                out = plain_update(*a, **k)
+            profile.update(update_profile(prof, time.perf_counter() - t0))
+            return out
+
+        rl.update = profiled_update
     rates = [matmul_gflops()]
     steps = []
     for _ in range(args.steps):
@@ -157,11 +208,17 @@ def run(args: argparse.Namespace, overrides: list[str]) -> dict:
         seconds = time.perf_counter() - t0
         generated = m["response_length/mean"] * P * G
         flops = update_model_flops(policy, batches[-1])
+        b = batches[-1]
         steps.append({"sec": seconds, "generated_tokens": generated,
                       "prompt_tokens_mean": statistics.mean(len(p) for p in prompts), "update_model_gflop": flops / 1e9,
+                      # the update's shapes, from which model_flops recounts its FLOPs
+                      "prompt_lens": [int(n) for n in b.prompt_mask.sum(1)[::G]],
+                      "response_lens": [int(n) for n in b.response_mask.sum(1)],
                       "update_gflops": flops / 1e9 / m["timing_s/update"],
                       **{k: v for k, v in m.items() if k.startswith("timing_s/")}})
     rl.compute_advantages = advantages
+    if args.profile:
+        rl.update = plain_update
     if state.rollouts is not None:
         state.rollouts.close()  # the rollout started for a step after the last
     rates.append(matmul_gflops())
@@ -183,6 +240,7 @@ def run(args: argparse.Namespace, overrides: list[str]) -> dict:
                   "template": args.template, "prompts": P, "group": G, "max_new_tokens": N, "steps": args.steps,
                   "overrides": overrides},
         "steps": steps,
+        **profile,
     }
     return out
 
@@ -197,6 +255,9 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=16)
     ap.add_argument("--steps", type=int, default=6, help="steps run; the first is a warm-up")
     ap.add_argument("--json", default="", help="write the results here")
+    ap.add_argument("--profile", action="store_true", help="profile the last step's update (torch.profiler, CPU): "
+                    "the matrix products' time and FLOPs against the update's wall time, and the top ops (profile/*); "
+                    "the profiler's overhead makes that step slower, so leave it off for timings")
     args, overrides = ap.parse_known_args()
     quiet_transformers()
     out = run(args, overrides)
@@ -209,6 +270,12 @@ def main() -> None:
     for k, v in out.items():
         if k.startswith("timing_s/"):
             print(f"  {k}: median {v:.4f}")
+    if "profile/update_s" in out:
+        print(f"  profiled update: {out['profile/update_s']:.2f} s, matrix products {out['profile/matmul_s']:.2f} s "
+              f"({100 * out['profile/matmul_share']:.0f}%), {out['profile/matmul_gflop']:.1f} GFLOP at "
+              f"{out['profile/matmul_gflops']:.1f} GFLOP/s; top ops (s, calls, GFLOP):")
+        for name, sec, calls, gflop in out["profile/top_ops"]:
+            print(f"    {name}: {sec:.3f} s, {calls} calls, {gflop} GFLOP")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(out, indent=2))

@@ -67,3 +67,25 @@ def test_the_batch_count_ignores_padding_and_counts_each_prompt_once():
     per_row = sum(gs.model_flops(model, [p], [r], 1) for p, r in [(3, 2), (3, 1), (2, 3), (2, 0)])
     prompt_only = gs.model_flops(model, [3], [0], 1) + gs.model_flops(model, [2], [0], 1)
     assert gs.model_flops(model, [3, 2], [2, 1, 3, 0], 2) == per_row - prompt_only
+
+
+def test_matmul_flops_from_recorded_shapes():
+    assert gs.matmul_flops("aten::mm", [[3, 4], [4, 5]]) == 2 * 3 * 4 * 5
+    assert gs.matmul_flops("aten::addmm", [[5], [3, 4], [4, 5]]) == 2 * 3 * 4 * 5
+    assert gs.matmul_flops("aten::addmm_", [[3, 5], [3, 4], [4, 5]]) == 2 * 3 * 4 * 5
+    assert gs.matmul_flops("aten::bmm", [[2, 3, 4], [2, 4, 5]]) == 2 * 2 * 3 * 4 * 5
+    assert gs.matmul_flops("aten::add", [[3, 4], [3, 4]]) == 0.0
+    assert gs.matmul_flops("aten::mm", [[], []]) == 0.0  # shapes not recorded: nothing is guessed
+
+
+def test_a_profiled_product_is_counted_once_with_its_flops():
+    a, b, c = torch.randn(8, 16), torch.randn(16, 4), torch.randn(8, 4)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
+        torch.mm(a, b)
+        c.addmm_(a, b)
+        torch.exp(c)
+    out = gs.update_profile(prof, seconds=1.0)
+    assert out["profile/matmul_gflop"] == 2 * (2 * 8 * 16 * 4) / 1e9
+    assert 0 < out["profile/matmul_s"] <= 1.0 and out["profile/matmul_share"] == out["profile/matmul_s"]
+    ops = {name for name, *_ in out["profile/top_ops"]}
+    assert {"aten::mm", "aten::addmm_", "aten::exp"} <= ops
