@@ -69,6 +69,20 @@ def test_parse_override():
             parse_override(bad)
 
 
+def test_a_reward_entry_can_be_a_flow_mapping_on_the_command_line():
+    """A mapping override stays text for templates ('Q: {prompt}'), but where a reward entry is expected it is
+    read as the mapping the recipe would write, for a single entry and for a list; a bare name still works."""
+    cfg = load_config("recipes/rlaif_demo.yaml", ["label.judge={name: judge, path: /j, labels: [Y, N]}"])
+    assert cfg.label.judge.name == "judge" and dict(cfg.label.judge.params) == {"path": "/j", "labels": ("Y", "N")}
+    assert dict(load_config(None, ["label.judge={path: /k}"]).label.judge.params) == {"path": "/k"}  # name kept
+    fns = load_config(None, ["reward.fns={name: length, weight: 0.5}"]).reward.fns
+    assert [(t.name, t.weight) for t in fns] == [("length", 0.5)]
+    assert load_config(None, ["label.judge=reward_model"]).label.judge.name == "reward_model"
+    with pytest.raises(ConfigError, match=r"label.judge.nme: unknown parameter"):
+        load_config(None, ["label.judge={nme: judge}"])
+    assert load_config(None, ["data.prompt_key={q}"]).data.prompt_key == "{q}"  # text elsewhere stays text
+
+
 def test_unknown_key_names_key_and_allowed_keys():
     with pytest.raises(ConfigError) as e:
         load_config(None, ["algo.group_sise=4"])

@@ -93,11 +93,26 @@ def _shown(value: Any, limit: int = 80) -> str:
     return text if len(text) <= limit else f"{text[:limit - 3]}..."
 
 
+def _term_mapping(value: Any) -> Any:
+    """A reward entry written on the command line as a flow mapping (``label.judge={name: judge, path: d}``) comes
+    from parse_override as text, which keeps mappings as text for prompt templates: read it back as the mapping it
+    is. A reward's name never starts with ``{``; anything else is returned as it came."""
+    if isinstance(value, str) and value.lstrip().startswith("{"):
+        try:
+            parsed = _yaml(value)
+        except (yaml.YAMLError, ValueError, RecursionError):
+            return value
+        if isinstance(parsed, Mapping):
+            return parsed
+    return value
+
+
 def _reward_term(value: Any, key: str) -> RewardTerm:
     """``math`` or ``{name: partial_credit, weight: 1, tolerance: 1}`` -> a RewardTerm with type-checked parameters;
     ``schedule`` (a mapping of :class:`WeightSchedule`'s fields) makes its weight follow the RL step."""
     if isinstance(value, RewardTerm):
         return value
+    value = _term_mapping(value)
     if isinstance(value, str):
         value = {"name": value}
     _check(isinstance(value, Mapping), key, f"must be a reward name or a mapping with 'name', got {value!r}")
@@ -165,7 +180,7 @@ def _build(cls: type, data: Mapping[str, Any], prefix: str, entry: bool = False)
         if tp is EnvConfig:
             kwargs[f.name] = _env_section({} if data[f.name] is None else data[f.name])
         elif tp is RewardTerm:  # one reward entry (label.judge); a mapping without a name keeps the default's
-            value = data[f.name]
+            value = _term_mapping(data[f.name])
             if isinstance(value, Mapping) and "name" not in value:
                 value = {"name": f.default.name, **value}
             kwargs[f.name] = _coerce(value, tp, key)
