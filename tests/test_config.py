@@ -80,6 +80,8 @@ def test_a_reward_entry_can_be_a_flow_mapping_on_the_command_line():
     assert load_config(None, ["label.judge=reward_model"]).label.judge.name == "reward_model"
     with pytest.raises(ConfigError, match=r"label.judge.nme: unknown parameter"):
         load_config(None, ["label.judge={nme: judge}"])
+    with pytest.raises(ConfigError, match=r"label.judge.name: unknown reward '\{name: \[\}'"):  # not YAML: a name
+        load_config(None, ["label.judge={name: [}"])
     assert load_config(None, ["data.prompt_key={q}"]).data.prompt_key == "{q}"  # text elsewhere stays text
 
 
