@@ -73,11 +73,11 @@ def matmul_gflops(n: int = 1024, reps: int = 20) -> float:
     return 2 * n ** 3 / statistics.median(times) / 1e9
 
 
-def update_model_flops(model, batch) -> float:
-    """Model FLOPs of one forward + backward over ``batch`` (see the module docstring for what is counted)."""
-    G = batch.group_size
-    prompt_lens = [int(n) for n in batch.prompt_mask.sum(1)[::G]]  # each group's prompt, once
-    return model_flops(model, prompt_lens, [int(n) for n in batch.response_mask.sum(1)], G)
+def batch_lens(batch) -> tuple[list[int], list[int]]:
+    """(each group's prompt length, once; each row's response length) of ``batch``: the shapes ``model_flops``
+    counts, without padding."""
+    return ([int(n) for n in batch.prompt_mask.sum(1)[::batch.group_size]],
+            [int(n) for n in batch.response_mask.sum(1)])
 
 
 def model_flops(model, prompt_lens: list[int], response_lens: list[int], group_size: int) -> float:
@@ -207,13 +207,12 @@ def run(args: argparse.Namespace, overrides: list[str]) -> dict:
         m = rl_step(state, cfg)
         seconds = time.perf_counter() - t0
         generated = m["response_length/mean"] * P * G
-        flops = update_model_flops(policy, batches[-1])
-        b = batches[-1]
+        prompt_lens, response_lens = batch_lens(batches[-1])
+        flops = model_flops(policy, prompt_lens, response_lens, G)
         steps.append({"sec": seconds, "generated_tokens": generated,
                       "prompt_tokens_mean": statistics.mean(len(p) for p in prompts), "update_model_gflop": flops / 1e9,
                       # the update's shapes, from which model_flops recounts its FLOPs
-                      "prompt_lens": [int(n) for n in b.prompt_mask.sum(1)[::G]],
-                      "response_lens": [int(n) for n in b.response_mask.sum(1)],
+                      "prompt_lens": prompt_lens, "response_lens": response_lens,
                       "update_gflops": flops / 1e9 / m["timing_s/update"],
                       **{k: v for k, v in m.items() if k.startswith("timing_s/")}})
     rl.compute_advantages = advantages

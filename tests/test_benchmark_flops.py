@@ -62,7 +62,7 @@ def test_the_batch_count_ignores_padding_and_counts_each_prompt_once():
     prompt_mask = torch.tensor([[1, 1, 1], [1, 1, 1], [0, 1, 1], [0, 1, 1]])
     response_mask = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1], [0, 0, 0]])
     batch = SimpleNamespace(group_size=2, prompt_mask=prompt_mask, response_mask=response_mask)
-    assert gs.update_model_flops(model, batch) == gs.model_flops(model, [3, 2], [2, 1, 3, 0], 2)
+    assert gs.batch_lens(batch) == ([3, 2], [2, 1, 3, 0])
     # the naive loop: every row's own tokens, minus each group's prompt counted G - 1 times too many
     per_row = sum(gs.model_flops(model, [p], [r], 1) for p, r in [(3, 2), (3, 1), (2, 3), (2, 0)])
     prompt_only = gs.model_flops(model, [3], [0], 1) + gs.model_flops(model, [2], [0], 1)
