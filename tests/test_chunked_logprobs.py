@@ -125,26 +125,35 @@ def _chunked(h, W, b, y, a, c, tau: float, mode: str, chunk: int, vocab_chunk: i
     return logp.detach(), ent.detach(), h.grad, W.grad, b.grad
 
 
-def _bounds(h, W, b, y, a, c, tau: float, mode: str) -> list[torch.Tensor]:
-    """Elementwise bounds on |chunked - plain| of (log p_y, H, dL/dh, dL/dW, dL/db) for L = sum(a log p_y + c H):
-    twice a first-order bound on either path's distance to the exact value (Higham's gamma_n for every sum, in any
-    order and blocking), propagated through the formulas of ``rlft.core.chunked``, from the exact (float64) values
-    on the inputs as rounded to the compute dtype. u: the unit roundoff of the logits' dtype (each logit, logit
-    gradient and matmul output is rounded to it once or twice); sums over the vocabulary, the hidden size and the
-    exponentials accumulate in float32 (gamma), sums over the few rows possibly in the compute dtype."""
+def _exact(h, W, b, tau: float, mode: str) -> SimpleNamespace:
+    """The exact (float64) logits z, log-probs and entropies on the inputs as rounded to the compute dtype, and the
+    first-order bounds on a computed logit (ez) and log-sum-exp (el). u: the unit roundoff of the logits' dtype
+    (each logit, logit gradient and matmul output is rounded to it once or twice), uf: float32's."""
     compute = MODES[mode][2]
     u, uf = unit_roundoff(compute), unit_roundoff(torch.float32)
     hd, Wd, bd = (t.to(compute).double() for t in (h, W, b))
-    a, c = a.double(), c.double()
-    n = hd.shape[0]
     z = (hd @ Wd.T + bd) / tau  # (n, V)
     S = (hd.abs() @ Wd.abs().T + bd.abs()) / tau  # sum of |terms| of each logit
     ez = gamma(H + 1) * S + 3 * u * z.abs()  # a logit: a sum of H + 1 terms; rounded (matmul, / tau, - lse)
     lse = torch.logsumexp(z, 1)
     logp = z - lse[:, None]
     p = logp.exp()
-    ent = -(p * logp).sum(1)
     el = ez.amax(1) + gamma(V + 4) * (1 + 2 * z.abs().amax(1) + lse.abs())  # lse: its logits', a sum of V exps
+    return SimpleNamespace(compute=compute, u=u, uf=uf, hd=hd, Wd=Wd, z=z, ez=ez, logp=logp, p=p,
+                           ent=-(p * logp).sum(1), el=el)
+
+
+def _bounds(h, W, b, y, a, c, tau: float, mode: str) -> list[torch.Tensor]:
+    """Elementwise bounds on |chunked - plain| of (log p_y, H, dL/dh, dL/dW, dL/db) for L = sum(a log p_y + c H):
+    twice a first-order bound on either path's distance to the exact value (Higham's gamma_n for every sum, in any
+    order and blocking), propagated through the formulas of ``rlft.core.chunked``, from the exact (float64) values
+    on the inputs as rounded to the compute dtype (``_exact``); sums over the vocabulary, the hidden size and the
+    exponentials accumulate in float32 (gamma), sums over the few rows possibly in the compute dtype."""
+    x = _exact(h, W, b, tau, mode)
+    compute, u, uf, hd, Wd, z, ez, logp, p, ent, el = \
+        x.compute, x.u, x.uf, x.hd, x.Wd, x.z, x.ez, x.logp, x.p, x.ent, x.el
+    a, c = a.double(), c.double()
+    n = hd.shape[0]
     e_logp = ez.gather(1, y[:, None]).squeeze(1) + el
     e_ent = 2 * ez.amax(1) * ent + el + 2 * gamma(V + 4) * (1 + (p * z.abs()).sum(1))  # dH = -sum dp log p
     ep = ez + el[:, None] + uf * (1 + logp.abs())  # relative error of p_j = exp(z_j - lse)
@@ -161,6 +170,35 @@ def _bounds(h, W, b, y, a, c, tau: float, mode: str) -> list[torch.Tensor]:
 
 
 NAMES = ("log-probs", "entropies", "dL/dh", "dL/dW", "dL/db")
+
+
+def _frozen_bound(h, W, b, y, a, c, tau: float, mode: str, vocab_chunk: int) -> torch.Tensor:
+    """A first-order bound on |dL/dh - exact| (n, H) of the frozen-head path (``rlft.core.chunked._HeadGrad``):
+    dL/dh = a u + c v with u = (W_y s' - A') / (s tau), s' and A' the sums of e_j and e_j W_j over j != y, and
+    v = (A c' - B) / (s tau) with A, B and c' the sums of e_j W_j, e_j (z_j - m) W_j and (e_j / s)(z_j - m) over
+    every j. Each e_j = exp(z_j - m) is off by at most rho_j relative: its logit's error, that of the maximum m,
+    the rounding of the subtraction and the exponential, its cast to the compute dtype and the block product's
+    rounding (u each), a vocabulary sum (gamma) and the rescaling and re-centring of every later block (3 uf each,
+    a shift being at most the logits' range); the quotient by s adds the mean relative error R, and the last few
+    operations a few u of the magnitudes."""
+    x = _exact(h, W, b, tau, mode)
+    u, uf, Wd, z, ez, p = x.u, x.uf, x.Wd, x.z, x.ez, x.p
+    a, c = a.double()[:, None], c.double()[:, None]
+    blocks = -(-V // vocab_chunk)
+    dz = z.amax(1, keepdim=True) - z  # (n, V), >= 0
+    rho = ez + ez.amax(1, keepdim=True) + uf * (2 + 3 * dz) + 2 * u + gamma(V + 2) + \
+        3 * blocks * uf * (1 + dz.amax(1, keepdim=True))
+    q = p.scatter(1, y[:, None], 0.0)  # p_j for j != y
+    Wa, Wy = Wd.abs(), Wd.abs()[y]  # (V, H), (n, H)
+    R = (p * rho).sum(1, keepdim=True)
+    slack = R + 3 * u + 3 * uf
+    size_u = Wy * q.sum(1, keepdim=True) + q @ Wa  # |terms| of u tau
+    e_u = Wy * (q * rho).sum(1, keepdim=True) + (q * rho) @ Wa + size_u * slack
+    PW, PD = p @ Wa, (p * dz).sum(1, keepdim=True)  # |A| / s, |c'|
+    e_v = ((p * rho) @ Wa) * PD + PW * (p * rho * (dz + 1)).sum(1, keepdim=True) + (p * rho * (dz + 1)) @ Wa + \
+        (PW * PD + (p * dz) @ Wa) * slack
+    size_v = PW * PD + (p * dz) @ Wa  # |terms| of v tau
+    return (a.abs() * (e_u + (u + 2 * uf) * size_u) + c.abs() * (e_v + (u + 2 * uf) * size_v)) / tau
 
 
 def _excess(got, want, tol) -> float:
@@ -180,6 +218,79 @@ def test_chunked_equals_the_full_logits_within_the_rounding_bound(mode, tau, chu
     for name, g, w, t in zip(NAMES, got, plain, _bounds(h, W, b, y, a, c, tau, mode)):
         assert g.dtype == w.dtype, name
         assert _excess(g, w, t) <= 1, f"{name}: {_excess(g, w, t):.3g} of the bound"
+
+
+class _Counted(chunked._HeadGrad):
+    made = 0
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        type(self).made += 1
+
+
+def _chunked_frozen(h, W, b, y, a, c, tau: float, mode: str, chunk: int, vocab_chunk: int, mp):
+    """``_chunked`` with W and b frozen (LoRA's base): dL/dh alone, from the forward's vectors (checked taken)."""
+    mp.setattr(_Counted, "made", 0)
+    mp.setattr(chunked, "_HeadGrad", _Counted)
+    h = h.to(MODES[mode][0]).detach().requires_grad_()
+    with _context(mode):
+        logp, ent = chunked_logprobs(h, W.to(h.dtype), y, bias=b.to(h.dtype), temperature=tau, chunk=chunk,
+                                     vocab_chunk=vocab_chunk, with_entropy=True, entropy_grad=True)
+    (logp * a).add(ent * c).sum().backward()
+    assert _Counted.made == -(-len(y) // chunk)  # one per block of rows: the frozen-head path was taken
+    return logp.detach(), ent.detach(), h.grad
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("tau,chunk,vocab_chunk", [(1.0, 7, V), (0.7, 3, 5000), (0.7, 1, 4096), (1.0, 4, 32_001)])
+def test_a_frozen_head_equals_the_full_logits_within_the_rounding_bound(mode, tau, chunk, vocab_chunk,
+                                                                         monkeypatch):
+    """With W and b frozen, dL/dh comes from the two vectors the forward forms (``_HeadGrad``), not from a
+    recomputed backward: the values against the plain path within its bound, dL/dh against the exact one within
+    the frozen path's (``_frozen_bound``, much tighter than the plain path's, whose log-sum-exp bound dominates)."""
+    h, W, b, y, a, c = _inputs(7)
+    plain = _plain(h, W, b, y, a, c, tau, mode)
+    got = _chunked_frozen(h, W, b, y, a, c, tau, mode, chunk, vocab_chunk, monkeypatch)
+    tol = _bounds(h, W, b, y, a, c, tau, mode)
+    for name, g, w, t in zip(NAMES, got[:2], plain, tol):
+        assert g.dtype == w.dtype, name
+        assert _excess(g, w, t) <= 1, f"{name}: {_excess(g, w, t):.3g} of the bound"
+    assert got[2].dtype == plain[2].dtype
+    excess = _excess(got[2], _exact_grad_h(h, W, b, y, a, c, tau, mode), _frozen_bound(h, W, b, y, a, c, tau, mode,
+                                                                                       vocab_chunk))
+    assert excess <= 1, f"dL/dh: {excess:.3g} of the bound"
+
+
+def _exact_grad_h(h, W, b, y, a, c, tau: float, mode: str) -> torch.Tensor:
+    """dL/dh (n, H) in float64, on the inputs as rounded to the compute dtype."""
+    x = _exact(h, W, b, tau, mode)
+    hd = x.hd.clone().requires_grad_()
+    logp = ((hd @ x.Wd.T + b.to(x.compute).double()) / tau).log_softmax(1)
+    (logp.gather(1, y[:, None]).squeeze(1) * a.double() - (logp.exp() * logp).sum(1) * c.double()).sum().backward()
+    return hd.grad
+
+
+def test_a_frozen_head_keeps_the_digits_of_a_confident_token():
+    """p_y = 1 - 1e-6: d log p_y / dh = (1 - p_y) (W_y - the other entries' mean) is 1e-6 of W_y, and the
+    frozen path forms it from the other entries' mass alone, so it keeps float32's relative precision, where
+    W_y - sum_j p_j W_j (the same sum with the target in) would lose six of its seven digits."""
+    g = torch.Generator().manual_seed(3)
+    W = torch.randn(1000, 16, generator=g)
+    h = torch.zeros(1, 16)
+    h[0, 0] = 1.0
+    W[7] = 0
+    W[7, 0] = 20.0  # z_7 = 20, the rest a few units: p_7 is about 1 - 1e-6
+    W[:, 0] = torch.where(torch.arange(1000) == 7, W[:, 0], W[:, 0].clamp(-3, 3))
+    y = torch.tensor([7])
+    leaf = h.clone().requires_grad_()
+    chunked_logprobs(leaf, W, y, vocab_chunk=300)[0].sum().backward()
+    hd, Wd = h.double().requires_grad_(), W.double()
+    (hd @ Wd.T).log_softmax(1)[0, 7].backward()
+    assert 1e-7 < hd.grad.abs().max() < 1e-4  # the exact gradient is small
+    assert ((leaf.grad.double() - hd.grad).abs() / hd.grad.abs().max()).max() < 1e-5
+    p = (h @ W.T).softmax(1)[0]  # the naive form, in float32, for contrast
+    naive = W[7] - p @ W
+    assert ((naive.double() - hd.grad[0]).abs() / hd.grad.abs().max()).max() > 1e-3
 
 
 def _bug_excess(monkeypatch, bug) -> float:
@@ -229,6 +340,36 @@ def test_the_bound_catches_planted_bugs(monkeypatch, bug):
     assert _bug_excess(monkeypatch, bug) > 1
 
 
+class _NoRecentring(chunked._HeadGrad):  # the entropy's sums not shifted when the maximum grows
+    def add(self, e, z, m, m_new, *rest):
+        super().add(e, z, m_new, m_new, *rest)
+
+
+class _TargetOffByOne(chunked._HeadGrad):  # the entry left out of the sums is the target's neighbour
+    def add(self, e, z, m, m_new, rescale, targets, start, w):
+        super().add(e, z, m, m_new, rescale, targets, start + 1, w)
+
+
+class _NoTemperature(chunked._HeadGrad):  # the vectors forget dz/dh = W / tau
+    def finish(self, z_y, m, w_y, temperature):
+        super().finish(z_y, m, w_y, 1.0)
+
+
+@pytest.mark.parametrize("bug", [_NoRecentring, _TargetOffByOne, _NoTemperature, "no_rescale"])
+def test_the_frozen_bound_catches_planted_bugs(monkeypatch, bug):
+    """The frozen path's bound sees a mistake in its sums: each planted bug puts dL/dh outside it."""
+    h, W, b, y, a, c = _inputs(7)
+    exact = _exact_grad_h(h, W, b, y, a, c, 0.7, "float32")
+    tol = _frozen_bound(h, W, b, y, a, c, 0.7, "float32", 5000)
+    with monkeypatch.context() as mp:
+        mp.setattr(chunked, "_HeadGrad", bug) if bug != "no_rescale" else _no_rescale(mp)
+        h_ = h.clone().requires_grad_()
+        logp, ent = chunked_logprobs(h_, W, y, bias=b, temperature=0.7, chunk=3, vocab_chunk=5000,
+                                     with_entropy=True, entropy_grad=True)
+        (logp * a).add(ent * c).sum().backward()
+    assert _excess(h_.grad, exact, tol) > 1
+
+
 def test_rows_do_not_interact_and_rows_without_gradient_add_none():
     """A row's log-prob and entropy do not depend on the other rows (junk in them, chunk boundaries elsewhere), and
     rows whose upstream gradient is 0 add nothing to the gradients of W and b."""
@@ -244,12 +385,13 @@ def test_rows_do_not_interact_and_rows_without_gradient_add_none():
     assert (mixed[2][5:] == 0).all()  # no upstream gradient, no gradient
 
 
-def test_no_rows_gives_empty_results_and_zero_gradients():
-    h, W = torch.zeros(0, 4, requires_grad=True), torch.randn(6, 4, requires_grad=True)
+@pytest.mark.parametrize("frozen", [False, True])
+def test_no_rows_gives_empty_results_and_zero_gradients(frozen):
+    h, W = torch.zeros(0, 4, requires_grad=True), torch.randn(6, 4, requires_grad=not frozen)
     logp, ent = chunked_logprobs(h, W, torch.zeros(0, dtype=torch.long), with_entropy=True, entropy_grad=True)
     assert logp.shape == ent.shape == (0,)
     (logp.sum() + ent.sum()).backward()
-    assert (W.grad == 0).all() and h.grad.shape == (0, 4)
+    assert (W.grad is None if frozen else (W.grad == 0).all()) and h.grad.shape == (0, 4)
 
 
 def test_a_gradient_only_where_asked():

@@ -19,6 +19,20 @@ and the log-sum-exp, the entropy and the logit gradients are accumulated in floa
 as ``rlft.core.ops.logprobs_from_logits`` does. The result is the same function as full logits + log-softmax, up to
 rounding (tests/test_chunked_logprobs.py bounds the difference).
 
+Where the output projection is frozen (LoRA's base, whose head is the frozen embedding) and only h needs a
+gradient, the recompute is not needed: dL/dh is, per token, the upstream gradients times two (H,) vectors the
+forward can form while each block is in hand,
+
+  d log p_y / dh = (W_y - sum_j p_j W_j) / tau = (W_y sum_{j != y} e_j - sum_{j != y} e_j W_j) / (s tau),
+  d H / dh = -sum_j p_j (z_j - zbar) W_j / tau,   zbar = sum_j p_j z_j,
+
+with e_j = exp(z_j - m) and s = sum_j e_j over the online maximum m. The sums run over j != y and the target's
+term is added once at the end, so that 1 - p_y is a sum of the other entries' mass, never the difference 1 - p_y
+(which loses every digit as p_y nears 1), and the entropy's sums are centred on m (rescaled and shifted when m
+grows, as the log-sum-exp is). That is one more (n, v) x (v, H) product per block in the forward, in place of the
+backward's recomputed block and its product: a third of the head's arithmetic, and the backward's softmax work.
+The forward knows it is on this path only when autograd is recording and h alone asks for a gradient.
+
 With ``with_argmax`` it also says, per token, whether the target is the argmax of its logits as ``torch.argmax``
 picks it (the first column holding the maximum): each block's first maximum, kept across blocks only when a later
 block's maximum is strictly larger. That is SFT's token accuracy at the cost of a max per block; it can differ
@@ -45,8 +59,11 @@ def chunked_logprobs(h: Tensor, weight: Tensor, targets: Tensor, *, bias: Tensor
     ``with_argmax``, a third element: whether each target is ``z.argmax(1)`` (N,) bool, the first maximum's column
     as ``torch.argmax`` picks it (no gradient)."""
     _check(h, weight, targets, bias, temperature, chunk, vocab_chunk)
+    frozen_head = torch.is_grad_enabled() and h.requires_grad and not weight.requires_grad and \
+        (bias is None or not bias.requires_grad)  # dL/dh's vectors formed in the forward (module docstring)
     logp, ent, hit = _ChunkedLogprobs.apply(h, weight, bias, targets, float(temperature), int(chunk),
-                                            int(vocab_chunk), with_entropy, with_argmax)
+                                            int(vocab_chunk), with_entropy, with_argmax,
+                                            frozen_head, entropy_grad and with_entropy)
     out = (logp, None if not with_entropy else ent if entropy_grad else ent.detach())
     return (*out, hit) if with_argmax else out
 
@@ -96,9 +113,11 @@ def _picked(z: Tensor, targets: Tensor, start: int) -> tuple[Tensor, Tensor]:
 
 def _row_stats(h: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, temperature: float,
                vocab_chunk: int, with_entropy: bool, compute: torch.dtype, acc: torch.dtype,
-               with_argmax: bool = False) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
+               with_argmax: bool = False, head_grad: _HeadGrad | None = None
+               ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
     """(lse, z_y, H, argmax) (n,) each of a block of rows, over the vocabulary ``vocab_chunk`` entries at a time;
-    argmax (the first column of the maximum) only ``with_argmax``."""
+    argmax (the first column of the maximum) only ``with_argmax``. With ``head_grad``, each block is folded into
+    its accumulators too, and its vectors are finished at the end."""
     n = h.shape[0]
     m = torch.full((n,), float("-inf"), dtype=acc, device=h.device)  # running max
     s = torch.zeros(n, dtype=acc, device=h.device)  # sum_j exp(z_j - m)
@@ -120,7 +139,11 @@ def _row_stats(h: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, 
         s = s * rescale + e.sum(1)
         if a is not None:
             a = a * rescale + torch.einsum("nv,nv->n", e, z)
+        if head_grad is not None:  # last: it overwrites e and z
+            head_grad.add(e, z, m, m_new, rescale, targets, start, weight[start:start + vocab_chunk].to(compute))
         m = m_new
+    if head_grad is not None:
+        head_grad.finish(picked, m, weight[targets].to(compute).to(acc), temperature)
     lse = m + torch.log(s)  # log sum_j exp(z_j)
     ent = lse - a / s if a is not None else None  # H = -sum p log p = lse - sum_j p_j z_j
     return lse, picked, ent, arg
@@ -134,13 +157,60 @@ def _add_product(out: Tensor, a: Tensor, b: Tensor) -> None:
         out += (a @ b).to(out.dtype)
 
 
+class _HeadGrad:
+    """dL/dh's two vectors for a block of n rows with a frozen head (module docstring), accumulated block by block
+    over the vocabulary in the accumulation dtype: ``u`` = d log p_y / dh and, with ``entropy``, ``v`` = dH/dh,
+    (n, H) each after ``finish``."""
+
+    def __init__(self, n: int, hidden: int, entropy: bool, compute: torch.dtype, acc: torch.dtype, device):
+        self.compute = compute
+        self.A = torch.zeros(n, hidden, dtype=acc, device=device)  # sum_{j != y} e_j W_j
+        self.s = torch.zeros(n, dtype=acc, device=device)  # sum_{j != y} e_j
+        self.B = torch.zeros(n, hidden, dtype=acc, device=device) if entropy else None  # sum_{j!=y} e_j (z_j-m) W_j
+        self.c = torch.zeros(n, dtype=acc, device=device) if entropy else None  # sum_{j != y} e_j (z_j - m)
+        self.u: Tensor | None = None
+        self.v: Tensor | None = None
+
+    def add(self, e: Tensor, z: Tensor, m: Tensor, m_new: Tensor, rescale: Tensor, targets: Tensor, start: int,
+            w: Tensor) -> None:
+        """Fold in a block: e = exp(z - m_new) (n, v) (overwritten), its logits z (overwritten), the maxima before
+        and after it (n,), rescale = exp(m - m_new) (n,), its rows of W (v, H) in the compute dtype."""
+        inside = (targets >= start) & (targets < start + z.shape[1])  # (n,)
+        rows = inside.nonzero().squeeze(1)
+        e[rows, targets[rows] - start] = 0  # the target's term is added once, in finish
+        if self.B is not None:  # re-centre the sums on m_new (a first block has nothing to shift)
+            shift = torch.where(torch.isinf(m), torch.zeros_like(m), m_new - m)  # (n,)
+            self.B = (self.B - shift[:, None] * self.A) * rescale[:, None]
+            self.c = (self.c - shift * self.s) * rescale
+            ez = z.sub_(m_new[:, None]).mul_(e)  # e_j (z_j - m_new) (n, v)
+            self.c += ez.sum(1)
+            _add_product(self.B, ez.to(self.compute), w)
+        self.A.mul_(rescale[:, None])
+        _add_product(self.A, e.to(self.compute), w)
+        self.s = self.s * rescale + e.sum(1)
+
+    def finish(self, z_y: Tensor, m: Tensor, w_y: Tensor, temperature: float) -> None:
+        """The vectors, from the targets' logits z_y (n,), the final maxima m (n,) and the targets' rows of W (n, H)
+        in the accumulation dtype."""
+        e_y = torch.exp(z_y - m)  # (n,)
+        total = (self.s + e_y)[:, None] * temperature  # s tau (n, 1)
+        self.u = (w_y * self.s[:, None] - self.A) / total  # (W_y sum_{j != y} e_j - sum_{j != y} e_j W_j) / (s tau)
+        if self.B is not None:
+            d_y = e_y * (z_y - m)  # the target's e_j (z_j - m)
+            c = (self.c + d_y) / (self.s + e_y)  # zbar - m
+            A = self.A + e_y[:, None] * w_y  # sum_j e_j W_j
+            self.v = (A * c[:, None] - self.B - d_y[:, None] * w_y) / total  # -sum_j p_j (z_j - zbar) W_j / tau
+
+
 class _ChunkedLogprobs(torch.autograd.Function):
     """log p_y and H of softmax((h W^T + b) / tau), block by block; the backward recomputes each block."""
 
     @staticmethod
-    def forward(ctx, h, weight, bias, targets, temperature, chunk, vocab_chunk, with_entropy, with_argmax):
+    def forward(ctx, h, weight, bias, targets, temperature, chunk, vocab_chunk, with_entropy, with_argmax,
+                frozen_head, entropy_grad):
         compute, acc = _dtypes(h, weight)
         n = h.shape[0]
+        grad_h = [] if frozen_head else None  # the (u, v) of each block of rows
         lse = torch.zeros(n, dtype=acc, device=h.device)
         picked = torch.zeros(n, dtype=acc, device=h.device)
         ent = torch.zeros(n if with_entropy else 0, dtype=acc, device=h.device)
@@ -148,17 +218,27 @@ class _ChunkedLogprobs(torch.autograd.Function):
         with torch.autocast(h.device.type, enabled=False):  # the dtypes are chosen above, once
             for start in range(0, n, chunk):
                 rows = slice(start, start + chunk)
+                hg = _HeadGrad(len(targets[rows]), h.shape[1], entropy_grad, compute, acc, h.device) \
+                    if grad_h is not None else None
                 lse[rows], picked[rows], e, arg = _row_stats(h[rows].to(compute), weight, bias, targets[rows],
                                                              temperature, vocab_chunk, with_entropy, compute, acc,
-                                                             with_argmax)
+                                                             with_argmax, hg)
+                if hg is not None:
+                    grad_h.append((hg.u, hg.v))
                 if with_entropy:
                     ent[rows] = e
                 if with_argmax:
                     hit[rows] = arg == targets[rows]
-        ctx.save_for_backward(h, weight, bias, targets, lse, ent)
+        if grad_h is not None:  # the backward only scales and adds these: h, W and the logits are not needed
+            u = torch.cat([u for u, _ in grad_h]) if grad_h else h.new_zeros(h.shape, dtype=acc)
+            v = torch.cat([v for _, v in grad_h]) if entropy_grad and grad_h else u[:, :0]
+            ctx.save_for_backward(u, v)
+        else:
+            ctx.save_for_backward(h, weight, bias, targets, lse, ent)
         ctx.settings = (temperature, chunk, vocab_chunk, compute, acc)
+        ctx.frozen_head = (h.dtype,) if grad_h is not None else None
         ctx.set_materialize_grads(False)  # an output nobody differentiates gets None, and costs nothing
-        if not with_entropy:
+        if not with_entropy or (frozen_head and not entropy_grad):
             ctx.mark_non_differentiable(ent)
         ctx.mark_non_differentiable(hit)
         return picked - lse, ent, hit  # log p_y = z_y - lse
@@ -166,6 +246,9 @@ class _ChunkedLogprobs(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, g_logp, g_ent, g_hit):
+        if ctx.frozen_head is not None:
+            return (_frozen_head_grad(*ctx.saved_tensors, g_logp, g_ent, ctx.frozen_head[0]),
+                    *(None,) * 10)
         h, weight, bias, targets, lse, ent = ctx.saved_tensors
         temperature, chunk, vocab_chunk, compute, acc = ctx.settings
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
@@ -193,7 +276,18 @@ class _ChunkedLogprobs(torch.autograd.Function):
                         _add_product(grad_w[cols], gzc.T, hc)  # dL/dW = gz^T h
                     if grad_b is not None:
                         grad_b[cols] += gz.sum(0)  # dL/db = sum over rows of gz
-        return (_as(grad_h, h), _as(grad_w, weight), _as(grad_b, bias), None, None, None, None, None, None)
+        return (_as(grad_h, h), _as(grad_w, weight), _as(grad_b, bias), *(None,) * 8)
+
+
+def _frozen_head_grad(u: Tensor, v: Tensor, g_logp: Tensor | None, g_ent: Tensor | None, dtype: torch.dtype
+                      ) -> Tensor:
+    """dL/dh = dL/d log p_y u + dL/dH v (N, H), in h's ``dtype``, from the forward's vectors (``_HeadGrad``)."""
+    grad = torch.zeros_like(u)
+    if g_logp is not None:
+        grad.addcmul_(g_logp.to(u.dtype)[:, None], u)
+    if g_ent is not None and v.shape[1]:
+        grad.addcmul_(g_ent.to(u.dtype)[:, None], v)
+    return grad.to(dtype)
 
 
 def _logit_grad(z: Tensor, lse: Tensor, ent: Tensor | None, targets: Tensor, start: int, g_logp: Tensor | None,
