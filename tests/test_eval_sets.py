@@ -122,7 +122,8 @@ def test_each_set_is_judged_by_its_own_correct_fn(monkeypatch):
     assert val["val/main/exact_match"] == 1.0 and val["val/boxed/exact_match"] == 0.0
     assert set(val) == {f"val/{s}/{k}" for s in ("main", "boxed")
                         for k in ("exact_match", "format_rate", "response_length", "response_length_max",
-                                  "prompt_length", "prompt_length_max", "pass@1", "pass@2", "maj@2")}
+                                  "prompt_length", "prompt_length_max", "plausibly_correct", "pass@1", "pass@2",
+                                  "maj@2")}
     assert "examples" not in ev.without_examples(out)["sets"]["boxed"]
 
 

@@ -73,6 +73,22 @@ def test_best_of_n_with_a_verifier_and_the_length_fields(monkeypatch):
         load_config(None, ["eval.best_of=-1"])
 
 
+def test_plausibly_correct_counts_the_answer_anywhere_and_only_where_it_can_judge(monkeypatch):
+    """Greedy responses against references 7, 9, 12 and 'Paris': '#### 7' (right where the rule reads), '9 apples,
+    so #### 8' (9 in the text, a wrong final answer: plausibly correct, not exact), 'about 1,2' (no 12) and 'it is
+    paris' (a text reference, as a substring): 3 of 4 hold their reference, 1 of 4 is an exact match. A reference
+    that is neither a number nor text (None) gets no verdict and leaves the rate out."""
+    texts = ["#### 7", "9 apples, so #### 8", "about 1,2", "it is  paris"]
+    monkeypatch.setattr(ev, "_responses", lambda m, t, prompts, ex, n, c, greedy, lengths=None, episodes=None:
+                        texts[:len(prompts)] * n)  # the samples of pass@1 are the greedy responses again
+    cfg = load_config(None, ["eval.ks=[1]", "eval.correct_fn=gsm8k_strict"])
+    truths = ["7", "9", "12", "Paris"]
+    out = ev.evaluate(None, None, [[1]] * 4, [Example(prompt="q", ground_truth=t) for t in truths], cfg)
+    assert out["plausibly_correct"] == 0.75 and out["exact_match"] == 0.25
+    none = ev.evaluate(None, None, [[1]], [Example(prompt="q", ground_truth=None)], cfg)
+    assert "plausibly_correct" not in none and none["n"] == 1
+
+
 @pytest.mark.parametrize("source, name", [("synthetic:max", "max"), ("/data/gsm8k/", "gsm8k"),
                                           ("/data/math500.jsonl", "math500"), ("hf:openai/gsm8k", "openai/gsm8k")])
 def test_eval_set_name_from_the_source(source, name):

@@ -24,6 +24,7 @@ from rlft.envs.build import factory
 from rlft.envs.tool_env import shown_tools
 from rlft.rewards import score_batch
 from rlft.rewards.group import EXTRACTORS, answer_key
+from rlft.rewards.math import mentions_answer
 from rlft.rewards.terms import build
 from rlft.rollout.hf import generate, sampling_args
 from rlft.rollout.multiturn import rollout_env, row_params
@@ -60,10 +61,12 @@ def rule_hits(texts: list[str], samples: list[dict], fn: str, timeout_s: float) 
 
 def evaluate(model, tokenizer, prompts: list[list[int]], examples: Sequence[Example], cfg: Config,
              rules=None) -> dict:
-    """Metrics over the held-out problems: ``n``, ``exact_match``, ``format_rate`` and ``response_length`` (mean
-    tokens) of the greedy responses; with samples, ``pass@k`` for each k and ``maj@K`` for the largest (the
-    answer most of the K samples give, by ``vote_extractor``, judged by ``correct_fn``). ``rules`` (a
-    :class:`HeldOut`, default the ``eval`` section) names ``correct_fn``, ``format_fn`` and ``vote_extractor``."""
+    """Metrics over the held-out problems: ``n``, ``exact_match``, ``format_rate``, ``response_length`` (mean
+    tokens) of the greedy responses and, where the references are numbers or text, ``plausibly_correct``: the
+    share of them that hold the reference anywhere (``rlft.rewards.math.mentions_answer``); with samples,
+    ``pass@k`` for each k and ``maj@K`` for the largest (the answer most of the K samples give, by
+    ``vote_extractor``, judged by ``correct_fn``). ``rules`` (a :class:`HeldOut`, default the ``eval`` section)
+    names ``correct_fn``, ``format_fn`` and ``vote_extractor``."""
     rules = rules or cfg.eval
     samples = [ex.to_mapping() for ex in examples]
     timeout = cfg.reward.timeout_s
@@ -78,6 +81,9 @@ def evaluate(model, tokenizer, prompts: list[list[int]], examples: Sequence[Exam
            "response_length": sum(lengths) / n, "response_length_max": max(lengths, default=0),
            "prompt_length": sum(map(len, prompts)) / n, "prompt_length_max": max(map(len, prompts), default=0),
            **_tool_use(episodes), **_role_verdicts(episodes)}
+    mentions = [v for t, ex in zip(greedy, examples) if (v := mentions_answer(t, ex.ground_truth)) is not None]
+    if mentions:
+        out["plausibly_correct"] = sum(mentions) / len(mentions)
     k_max = cfg.eval.num_samples
     sampled: list[str] = []
     hits: list[bool] = []

@@ -119,6 +119,24 @@ def numbers_equal(a: str | int | float, b: str | int | float) -> bool:
     return x is not None and y is not None and x == y
 
 
+def mentions_answer(text: str, truth) -> bool | None:
+    """Whether ``text`` holds the reference answer ``truth`` anywhere, wherever a rule would look for it: a numeric
+    ``truth`` as any number of the text, by value (commas and a trailing ``.`` ignored); another non-empty string as
+    a substring, case and runs of whitespace ignored. None (no verdict) for any other ``truth``. Evaluation's
+    ``plausibly_correct``: the model reached the answer, whether or not it put it where the rule reads it.
+
+    >>> mentions_answer("3 + 4 = 7, so 1,200 in all", "1200"), mentions_answer("the answer is 8", "7")
+    (True, False)
+    >>> mentions_answer("It is  New York.", "new york"), mentions_answer("x", None)
+    (True, None)
+    """
+    if _to_decimal(truth) is not None:
+        return any(numbers_equal(m, truth) for m in _NUMBER_RE.findall(text))
+    if isinstance(truth, str) and truth.strip():
+        return " ".join(truth.split()).casefold() in " ".join(text.split()).casefold()
+    return None
+
+
 def _score(predicted: str | None, sample: Mapping) -> float | None:
     if _to_decimal(sample["ground_truth"]) is None:
         return None  # unscorable: the reference is not a number
