@@ -127,7 +127,7 @@ def test_lean_step_is_the_models_forward(tmp_path, monkeypatch, kind, shared, pa
     if packed:
         packing_everything(monkeypatch)
     model = saved_model(tmp_path, make_config(kind))
-    lean, tol, _ = lean_against_forward(model, shared, kind, 7 * model.config.num_hidden_layers if packed else 0)
+    lean, tol, _ = lean_against_forward(model, shared, kind, 7 * model.config.num_hidden_layers + 1 if packed else 0)
     # the bound catches the bugs it guards against: rotary positions off by one; rows reading another prompt
     _, shifted = lockstep(model, lean, shift=1, shared=shared)
     assert any(rounding_differs(mine, theirs, **tol) for mine, theirs in shifted)
@@ -138,12 +138,17 @@ def test_lean_step_is_the_models_forward(tmp_path, monkeypatch, kind, shared, pa
 
 def test_a_packed_copy_of_the_wrong_weight_fails_the_bound(tmp_path, monkeypatch):
     """The bound catches a packed projection that is not the module's own: each layer's up projection read from
-    its gate projection's copy."""
+    its gate projection's copy; the head read from a copy of its weight with the vocabulary rows rotated."""
     packing_everything(monkeypatch)
     model = saved_model(tmp_path, make_config("llama"))
-    lean, tol, _ = lean_against_forward(model, False, "llama", packed=7 * model.config.num_hidden_layers)
+    lean, tol, _ = lean_against_forward(model, False, "llama", packed=7 * model.config.num_hidden_layers + 1)
     for layer in model.model.layers:
         lean.packed[layer.mlp.up_proj] = lean.packed[layer.mlp.gate_proj]
+    _, wrong = lockstep(model, lean)
+    assert all(rounding_differs(mine, theirs, **tol) for mine, theirs in wrong)
+    lean, _, _ = lean_against_forward(model, False, "llama", packed=7 * model.config.num_hidden_layers + 1)
+    rotated = model.lm_head.weight.detach()[[*range(2, 50), 1, 0]]  # no token keeps its own row
+    lean.packed[model.lm_head] = torch.ops.mkldnn._reorder_linear_weight(rotated, 6)
     _, wrong = lockstep(model, lean)
     assert all(rounding_differs(mine, theirs, **tol) for mine, theirs in wrong)
 
@@ -161,8 +166,8 @@ def test_weights_are_packed_only_where_it_pays_and_is_allowed(tmp_path, monkeypa
     monkeypatch.setattr(lean, "PACK_MIN_WEIGHTS", SIZES["hidden_size"] * SIZES["intermediate_size"])
     monkeypatch.setattr(lean, "PACK_MIN_STEPS", 4)
     packed = LeanDecoder.build(model, 16, rows=6, steps=4).packed
-    assert set(packed) == {m for layer in model.model.layers for m in (layer.mlp.gate_proj, layer.mlp.up_proj,
-                                                                          layer.mlp.down_proj)}  # 32 x 48: the MLP
+    assert set(packed) == {model.lm_head} | {m for layer in model.model.layers  # 50 x 32: the head; 32 x 48: MLP
+                                             for m in (layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj)}
     assert LeanDecoder.build(model, 16, rows=6, steps=3).packed == {}
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert LeanDecoder.build(model, 16, rows=6, steps=4).packed == {}
@@ -171,11 +176,12 @@ def test_weights_are_packed_only_where_it_pays_and_is_allowed(tmp_path, monkeypa
     with monkeypatch.context() as sharded:
         sharded.setattr(Strategy, "shards", lambda self, m: m is model)  # as an FSDP or ZeRO launch holds it
         assert LeanDecoder.build(model, 16, rows=6, steps=4).packed == {}
-    copies = 4 * 3 * SIZES["hidden_size"] * SIZES["intermediate_size"] * SIZES["num_hidden_layers"]  # bytes
+    copies = 4 * (3 * SIZES["hidden_size"] * SIZES["intermediate_size"] * SIZES["num_hidden_layers"]
+                  + SIZES["vocab_size"] * SIZES["hidden_size"])  # bytes
     monkeypatch.setattr(lean, "available_bytes", lambda: 2 * copies - 1)  # more than half of it: not packed
     assert LeanDecoder.build(model, 16, rows=6, steps=4).packed == {}
     monkeypatch.setattr(lean, "available_bytes", lambda: 2 * copies)
-    assert len(LeanDecoder.build(model, 16, rows=6, steps=4).packed) == 6
+    assert len(LeanDecoder.build(model, 16, rows=6, steps=4).packed) == 7
 
 
 @pytest.mark.gpu
@@ -264,7 +270,7 @@ def test_lora_adapted_projections_are_not_packed(tmp_path, monkeypatch):
     would drop the adapter) and the other five of each layer are packed; the logits stay the PEFT model's."""
     packing_everything(monkeypatch)
     model = lora_model(tmp_path, target_modules=["q_proj", "up_proj"])
-    lean, _, _ = lean_against_forward(model, False, "LoRA, packed", packed=5 * SIZES["num_hidden_layers"])
+    lean, _, _ = lean_against_forward(model, False, "LoRA, packed", packed=5 * SIZES["num_hidden_layers"] + 1)
     assert all(type(m) is torch.nn.Linear for m in lean.packed)
 
 

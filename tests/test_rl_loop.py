@@ -326,7 +326,7 @@ def test_rlft_sampler_prefills_each_prompt_once_and_its_logprobs_are_the_forward
     assert compactions and s.truncated.any() and not s.truncated.all()  # finished rows were dropped mid-way
     assert sorted(shape[0] for shape in rows_seen[1:])[0] < len(prompts) * G
     assert all((p is not None) == (lean == "lean-step-prompts-once") for p in prefixes)
-    assert (packed == [7 * model.config.num_hidden_layers]) == (lean == "lean-step-weights-packed")
+    assert (packed == [7 * model.config.num_hidden_layers + 1]) == (lean == "lean-step-weights-packed")  # + the head
     batch = Batch(prompt_ids=s.prompt_ids, prompt_mask=s.prompt_mask, response_ids=s.response_ids,
                   response_mask=s.response_mask, truncated=s.truncated, group_size=G)
     boost = eos_boost(model, bonus=1.5)
