@@ -184,6 +184,23 @@ def test_weights_are_packed_only_where_it_pays_and_is_allowed(tmp_path, monkeypa
     assert len(LeanDecoder.build(model, 16, rows=6, steps=4).packed) == 7
 
 
+def test_pack_bytes_are_the_bytes_a_long_rollout_copies(tmp_path, monkeypatch):
+    """``pack_bytes`` (the memory estimate's rollout copies) is what ``LeanDecoder.build`` copies for a long
+    rollout: the packed projections' and head's float32 weights; 0 under autocast and for a model type the lean
+    step does not decode."""
+    from rlft.rollout import lean
+
+    packing_everything(monkeypatch)
+    model = saved_model(tmp_path, make_config("qwen2"))
+    built = LeanDecoder.build(model, 16, rows=6, steps=8).packed
+    assert len(built) == 7 * SIZES["num_hidden_layers"] + 1
+    assert lean.pack_bytes(model) == 4 * sum(m.weight.numel() for m in built)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert lean.pack_bytes(model) == 0
+    monkeypatch.setattr(model.config, "model_type", "gpt2")
+    assert lean.pack_bytes(model) == 0
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_lean_step_is_the_models_forward_on_cuda(tmp_path, dtype):

@@ -107,6 +107,16 @@ def test_teachers_and_the_async_sampler_copy_by_hand():
     assert "teachers" not in est().line(None) and "sampler copy" not in est().line(None)
 
 
+def test_the_rollouts_copies_count_in_its_phase():
+    """The lean step's oneDNN copies (``rollout_copies``, given in bytes) are the rollout's: they add to that phase,
+    not to what persists, so they raise the peak only past the update's phase."""
+    e = est(rollout_copies=20_000)
+    assert e.rollout == 2208 + 20_000 and e.persistent == est().persistent and e.update == est().update
+    assert e.peak == 16_000 + 22_208  # the rollout is now the larger phase
+    assert est(rollout_copies=640).peak == est().peak  # under the update's phase: the peak does not move
+    assert "rollout copies 20.0 kB" in e.line(None) and "rollout copies" not in est().line(None)
+
+
 def test_doubling_rows_doubles_the_batch_terms_and_leaves_the_weights():
     one = est(micro_batch_rows=2, rows=4)
     two = est(micro_batch_rows=4, rows=8)

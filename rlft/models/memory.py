@@ -29,8 +29,8 @@ REFUSE_OVER = 1.5
 @dataclass(frozen=True)
 class MemoryEstimate:
     """The parts of a run's memory, in bytes. ``weights``, ``gradients``, ``optimizer``, ``reference`` and ``critic``
-    persist through the run; ``kv_cache`` (+ ``rollout_logits``) is the rollout's, ``activations`` +
-    ``logprob_head`` the update's; the peak is what persists plus the larger phase."""
+    persist through the run; ``kv_cache`` (+ ``rollout_logits`` + ``rollout_copies``) is the rollout's,
+    ``activations`` + ``logprob_head`` the update's; the peak is what persists plus the larger phase."""
 
     weights: int
     gradients: int
@@ -44,6 +44,7 @@ class MemoryEstimate:
     vocab_gradients: int
     kv_cache: int
     rollout_logits: int
+    rollout_copies: int = 0
 
     @property
     def persistent(self) -> int:
@@ -52,7 +53,7 @@ class MemoryEstimate:
 
     @property
     def rollout(self) -> int:
-        return self.kv_cache + self.rollout_logits
+        return self.kv_cache + self.rollout_logits + self.rollout_copies
 
     @property
     def update(self) -> int:
@@ -67,7 +68,8 @@ class MemoryEstimate:
         g = size
         extra = "".join(f", {name} {g(v)}" for name, v in (("reference", self.reference), ("critic", self.critic),
                                                             ("teachers", self.teachers),
-                                                            ("sampler copy", self.sampler_copy))
+                                                            ("sampler copy", self.sampler_copy),
+                                                            ("rollout copies", self.rollout_copies))
                         if v)
         have = f"; this machine has {g(available)} available" if available is not None else ""
         return (f"rlft: memory estimate: peak ~{g(self.peak)} (weights {g(self.weights)}, gradients "
@@ -110,7 +112,8 @@ def shape(model_config) -> dict[str, int]:
 def estimate(model_config, *, trainable_params: int, total_params: int, dtype_bytes: int, rows: int,
              prompt_tokens: int, response_tokens: int, micro_batch_rows: int, logprob_chunk: int, lora: bool,
              reference: bool, critic: bool, gradient_checkpointing: bool = False,
-             trained_vocab_matrices: int = 0, teacher_params: int = 0, sampler_copy: bool = False) -> MemoryEstimate:
+             trained_vocab_matrices: int = 0, teacher_params: int = 0, sampler_copy: bool = False,
+             rollout_copies: int = 0) -> MemoryEstimate:
     """The memory of an RL run of a decoder of ``model_config``'s shape, term by term (bytes).
 
     - weights: ``total_params x dtype_bytes`` (the policy, LoRA adapters included).
@@ -133,6 +136,8 @@ def estimate(model_config, *, trainable_params: int, total_params: int, dtype_by
       ``micro_batch_rows x response_tokens`` tokens x vocabulary.
     - kv_cache: the rollout's, ``layers x 2 x kv_heads x head_dim x rows x (prompt + response) x dtype_bytes``.
     - rollout_logits: one decoding step's float32 logits, ``rows x vocabulary x 4``.
+    - rollout_copies: ``rollout_copies`` bytes, given: the lean decode step's oneDNN copies of the projections and
+      the head for the rollout (``rlft.rollout.lean.pack_bytes``; float32 on a CPU only).
     """
     s = shape(model_config)
     for name, v in (("rows", rows), ("micro_batch_rows", micro_batch_rows), ("dtype_bytes", dtype_bytes)):
@@ -161,6 +166,7 @@ def estimate(model_config, *, trainable_params: int, total_params: int, dtype_by
         vocab_gradients=trained_vocab_matrices * s["vocab"] * s["hidden"] * dtype_bytes,
         kv_cache=s["layers"] * 2 * s["kv_heads"] * s["head_dim"] * rows * tokens * dtype_bytes,
         rollout_logits=rows * s["vocab"] * 4,
+        rollout_copies=rollout_copies,
     )
 
 

@@ -122,19 +122,38 @@ def pack(model, core, rows: int, steps: int, head: torch.nn.Linear | None = None
     the copies would take more than half the memory the system reports available. The copies live as long as the
     rollout's ``LeanDecoder``; in training the update's weights, gradients and optimizer state take more memory
     than the weights and these copies, so they do not raise the run's peak (they can in ``rlft eval`` or
-    ``rlft chat`` of a large model)."""
-    if (steps < PACK_MIN_STEPS or not torch.backends.mkldnn.is_available() or not torch.backends.mkldnn.enabled
-            or torch.is_autocast_enabled("cpu") or strategy().shards(model)
-            or not hasattr(torch.ops.mkldnn, "_reorder_linear_weight")):
+    ``rlft chat`` of a large model; ``pack_bytes`` sizes them for the memory estimate)."""
+    found = packable(model, core, head) if steps >= PACK_MIN_STEPS else []
+    if not found:
         return {}
-    found = [m for m in [*(m for layer in core.layers for m in _layer_projections(layer)), head]
-             if m is not None and _dense(m) and m.weight.device.type == "cpu" and m.weight.dtype == torch.float32
-             and m.weight.numel() >= PACK_MIN_WEIGHTS]
     free = available_bytes()
     if free is not None and 4 * sum(m.weight.numel() for m in found) > free / 2:
         return {}
     with torch.no_grad():
         return {m: torch.ops.mkldnn._reorder_linear_weight(m.weight, rows) for m in found}
+
+
+def packable(model, core, head: torch.nn.Linear | None = None) -> list[torch.nn.Linear]:
+    """The projections ``pack`` copies for a long enough rollout with room to spare: the dense float32 ones of at
+    least ``PACK_MIN_WEIGHTS`` weights on a CPU, none under autocast, for a sharded model or without oneDNN."""
+    if (not torch.backends.mkldnn.is_available() or not torch.backends.mkldnn.enabled
+            or torch.is_autocast_enabled("cpu") or strategy().shards(model)
+            or not hasattr(torch.ops.mkldnn, "_reorder_linear_weight")):
+        return []
+    return [m for m in [*(m for layer in core.layers for m in _layer_projections(layer)), head]
+            if m is not None and _dense(m) and m.weight.device.type == "cpu" and m.weight.dtype == torch.float32
+            and m.weight.numel() >= PACK_MIN_WEIGHTS]
+
+
+def pack_bytes(model) -> int:
+    """Bytes of the copies a long rollout of ``model`` makes (``packable``; float32, 4 bytes a weight), for the
+    memory estimate: 0 for a model the lean step does not decode (``MODEL_TYPES``), whether or not the system has
+    the room ``pack`` checks for last."""
+    causal = core_model(model)
+    core = getattr(causal, "model", None)
+    if getattr(causal.config, "model_type", None) not in MODEL_TYPES or core is None:
+        return 0
+    return 4 * sum(m.weight.numel() for m in packable(model, core, causal.get_output_embeddings()))
 
 
 def available_bytes() -> int | None:

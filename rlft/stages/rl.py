@@ -37,6 +37,7 @@ from rlft.parallel.launch import strategy
 from rlft.rewards.model import PIPELINE_RM
 from rlft.rewards.prm import PIPELINE_PRM
 from rlft.rewards.terms import reward_pool
+from rlft.rollout import lean
 from rlft.runs import checkpoint
 from rlft.runs.checkpoint import save_model
 from rlft.runs.start import removed_if_start_fails, seed_everything, stops_on_write_failure, write_json
@@ -164,7 +165,9 @@ def _memory_estimate(policy, train_prompts: list[list[int]], cfg: Config, n_para
         micro_batch_rows=memory.micro_batch_rows(t.micro_batch_size, t.micro_batch_tokens, row_tokens),
         logprob_chunk=t.logprob_chunk, lora=lora, reference=cfg.algo.needs_ref,
         critic=cfg.algo.needs_critic, gradient_checkpointing=cfg.model.gradient_checkpointing,
-        trained_vocab_matrices=vocab, teacher_params=teacher_params, sampler_copy=cfg.train.overlapped)
+        trained_vocab_matrices=vocab, teacher_params=teacher_params, sampler_copy=cfg.train.overlapped,
+        rollout_copies=lean.pack_bytes(policy) if cfg.rollout.sampler == "rlft" and cfg.model.autocast == "none"
+        else 0)
     available = memory.available_memory(str(resolve_device(cfg.model.device)))
     echo(est.line(available))
     if t.memory_check:
