@@ -203,7 +203,8 @@ class _HeadGrad:
 
 
 class _ChunkedLogprobs(torch.autograd.Function):
-    """log p_y and H of softmax((h W^T + b) / tau), block by block; the backward recomputes each block."""
+    """log p_y and H of softmax((h W^T + b) / tau), block by block; the backward recomputes each block, or, with a
+    frozen head (``frozen_head``), only scales the vectors the forward formed (``_HeadGrad``)."""
 
     @staticmethod
     def forward(ctx, h, weight, bias, targets, temperature, chunk, vocab_chunk, with_entropy, with_argmax,
