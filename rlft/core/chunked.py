@@ -103,10 +103,15 @@ def _block_logits(h: Tensor, weight: Tensor, bias: Tensor | None, cols: slice, t
     return z.div_(temperature) if temperature != 1.0 else z
 
 
+def _in_block(targets: Tensor, start: int, width: int) -> Tensor:
+    """Whether each target falls in the block of ``width`` columns starting at ``start`` (n,) bool."""
+    return (targets >= start) & (targets < start + width)
+
+
 def _picked(z: Tensor, targets: Tensor, start: int) -> tuple[Tensor, Tensor]:
     """(whether each row's target falls in the block of columns starting at ``start`` (n,), the block's logit at
     that column, junk where it does not (n,))."""
-    inside = (targets >= start) & (targets < start + z.shape[1])  # (n,)
+    inside = _in_block(targets, start, z.shape[1])  # (n,)
     col = (targets - start).clamp(0, z.shape[1] - 1)  # (n,)
     return inside, z.gather(1, col[:, None]).squeeze(1)
 
@@ -175,7 +180,7 @@ class _HeadGrad:
             w: Tensor) -> None:
         """Fold in a block: e = exp(z - m_new) (n, v) (overwritten), its logits z (overwritten), the maxima before
         and after it (n,), rescale = exp(m - m_new) (n,), its rows of W (v, H) in the compute dtype."""
-        inside = (targets >= start) & (targets < start + z.shape[1])  # (n,)
+        inside = _in_block(targets, start, z.shape[1])  # (n,)
         rows = inside.nonzero().squeeze(1)
         e[rows, targets[rows] - start] = 0  # the target's term is added once, in finish
         if self.B is not None:  # re-centre the sums on m_new (a first block has nothing to shift)
@@ -237,7 +242,7 @@ class _ChunkedLogprobs(torch.autograd.Function):
         else:
             ctx.save_for_backward(h, weight, bias, targets, lse, ent)
         ctx.settings = (temperature, chunk, vocab_chunk, compute, acc)
-        ctx.frozen_head = (h.dtype,) if grad_h is not None else None
+        ctx.frozen_dtype = h.dtype if grad_h is not None else None  # h's dtype on the frozen-head path
         ctx.set_materialize_grads(False)  # an output nobody differentiates gets None, and costs nothing
         if not with_entropy or (frozen_head and not entropy_grad):
             ctx.mark_non_differentiable(ent)
@@ -247,8 +252,8 @@ class _ChunkedLogprobs(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, g_logp, g_ent, g_hit):
-        if ctx.frozen_head is not None:
-            return (_frozen_head_grad(*ctx.saved_tensors, g_logp, g_ent, ctx.frozen_head[0]),
+        if ctx.frozen_dtype is not None:
+            return (_frozen_head_grad(*ctx.saved_tensors, g_logp, g_ent, ctx.frozen_dtype),
                     *(None,) * 10)
         h, weight, bias, targets, lse, ent = ctx.saved_tensors
         temperature, chunk, vocab_chunk, compute, acc = ctx.settings
@@ -298,7 +303,7 @@ def _logit_grad(z: Tensor, lse: Tensor, ent: Tensor | None, targets: Tensor, sta
     p = torch.exp(logp)
     if g_logp is not None:  # d log p_y / d z_j = 1[j = y] - p_j
         gz = p * -g_logp[:, None]
-        inside = (targets >= start) & (targets < start + z.shape[1])  # (n,)
+        inside = _in_block(targets, start, z.shape[1])  # (n,)
         rows = inside.nonzero().squeeze(1)
         gz[rows, targets[rows] - start] += g_logp[rows]
     else:
