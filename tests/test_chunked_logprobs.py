@@ -313,7 +313,7 @@ def _bug_excess(monkeypatch, bug) -> float:
 
 def _no_entropy_gradient(mp):
     real = chunked._logit_grad
-    mp.setattr(chunked, "_logit_grad", lambda z, lse, ent, y, s, gl, ge: real(z, lse, ent, y, s, gl, None))
+    mp.setattr(chunked, "_logit_grad", lambda z, lse, ent, y, s, gl, ge, work: real(z, lse, ent, y, s, gl, None, work))
 
 
 def _target_off_by_one_at_block_edges(mp):
@@ -329,8 +329,8 @@ class _TorchWithoutRescale:
         return getattr(torch, name)
 
     @staticmethod
-    def exp(x):
-        return torch.ones_like(x) if x.dim() == 1 else torch.exp(x)
+    def exp(x, **out):
+        return torch.ones_like(x) if x.dim() == 1 else torch.exp(x, **out)
 
 
 def _no_rescale(mp):

@@ -314,3 +314,16 @@ def test_draw_samples_the_distribution_and_never_a_zero_probability_token(monkey
     assert decode.draw(torch.tensor([[0.3, 0.7, 0.0], [1e-8, 1.0, 0.0]])).tolist() == [1, 1]
     monkeypatch.setattr(torch, "rand", lambda shape, generator=None, **kw: torch.zeros(shape, **kw))
     assert decode.draw(torch.tensor([[0.0, 0.7, 0.3]])).tolist() == [1]
+
+
+def test_draw_over_a_scratch_tensor_draws_the_same_tokens():
+    """``overwrite=True`` (the sampler's own scratch probabilities) gives the tokens of the copying draw from the
+    same random state, and leaves the cumulative sums in the tensor it was given."""
+    probs = torch.rand(16, 301, generator=torch.Generator().manual_seed(3))
+    probs[:, ::7] = 0.0
+    torch.manual_seed(5)
+    kept = decode.draw(probs)
+    scratch = probs.clone()
+    torch.manual_seed(5)
+    assert torch.equal(decode.draw(scratch, overwrite=True), kept)
+    assert torch.equal(scratch, probs.cumsum(-1))

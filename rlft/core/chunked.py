@@ -96,11 +96,36 @@ def _dtypes(h: Tensor, weight: Tensor) -> tuple[torch.dtype, torch.dtype]:
 
 
 def _block_logits(h: Tensor, weight: Tensor, bias: Tensor | None, cols: slice, temperature: float,
-                  compute: torch.dtype, acc: torch.dtype) -> Tensor:
-    """Logits (n, v) of the vocabulary entries ``cols`` for the rows ``h`` (n, H), in ``acc``."""
-    b = bias[cols].to(compute) if bias is not None else None
-    z = torch.nn.functional.linear(h, weight[cols].to(compute), b).to(acc)  # (n, v)
+                  compute: torch.dtype, acc: torch.dtype, work: _Workspace) -> Tensor:
+    """Logits (n, v) of the vocabulary entries ``cols`` for the rows ``h`` (n, H), in ``acc``, in ``work``'s
+    first buffer where they are computed in ``acc``."""
+    w = weight[cols].to(compute)
+    if compute != acc:  # a product in another dtype, then its copy in acc
+        b = bias[cols].to(compute) if bias is not None else None
+        z = torch.nn.functional.linear(h, w, b).to(acc)
+    else:
+        z = work.get(0, h.shape[0], w.shape[0])
+        if bias is not None:
+            torch.addmm(bias[cols].to(compute), h, w.T, out=z)
+        else:
+            torch.mm(h, w.T, out=z)
     return z.div_(temperature) if temperature != 1.0 else z
+
+
+class _Workspace:
+    """Blocks of (n, v) elements of one dtype, reused from vocabulary block to vocabulary block: the head's pass
+    allocates its few blocks once instead of at every block (which, with large blocks, costs a fresh mapping of
+    the memory each time where the C allocator hands large blocks back to the system, ``train.malloc=release``)."""
+
+    def __init__(self, size: int, dtype: torch.dtype, device):
+        self.size, self.dtype, self.device = size, dtype, device
+        self.flat: dict[int, Tensor] = {}
+
+    def get(self, slot: int, n: int, v: int) -> Tensor:
+        """Slot ``slot``'s buffer as an (n, v) contiguous tensor, its contents whatever they were."""
+        if slot not in self.flat:
+            self.flat[slot] = torch.empty(self.size, dtype=self.dtype, device=self.device)
+        return self.flat[slot][:n * v].view(n, v)
 
 
 def _in_block(targets: Tensor, start: int, width: int) -> Tensor:
@@ -118,7 +143,7 @@ def _picked(z: Tensor, targets: Tensor, start: int) -> tuple[Tensor, Tensor]:
 
 def _row_stats(h: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, temperature: float,
                vocab_chunk: int, with_entropy: bool, compute: torch.dtype, acc: torch.dtype,
-               with_argmax: bool = False, head_grad: _HeadGrad | None = None
+               work: _Workspace, with_argmax: bool = False, head_grad: _HeadGrad | None = None
                ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
     """(lse, z_y, H, argmax) (n,) each of a block of rows, over the vocabulary ``vocab_chunk`` entries at a time;
     argmax (the first column of the maximum) only ``with_argmax``. With ``head_grad``, each block is folded into
@@ -130,7 +155,7 @@ def _row_stats(h: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, 
     picked = torch.zeros(n, dtype=acc, device=h.device)
     arg = torch.zeros(n, dtype=torch.long, device=h.device) if with_argmax else None  # first column of the max
     for start in range(0, weight.shape[0], vocab_chunk):
-        z = _block_logits(h, weight, bias, slice(start, start + vocab_chunk), temperature, compute, acc)  # (n, v)
+        z = _block_logits(h, weight, bias, slice(start, start + vocab_chunk), temperature, compute, acc, work)
         inside, val = _picked(z, targets, start)
         picked = torch.where(inside, val, picked)
         if arg is None:
@@ -140,7 +165,7 @@ def _row_stats(h: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, 
             arg = torch.where(z_max > m, col + start, arg)  # a tie with an earlier block keeps the earlier column
         m_new = torch.maximum(m, z_max)  # (n,)
         rescale = torch.exp(m - m_new)  # exp(-inf) = 0 on the first block
-        e = torch.sub(z, m_new[:, None]).exp_()  # (n, v)
+        e = torch.sub(z, m_new[:, None], out=work.get(1, *z.shape)).exp_()  # (n, v)
         s = s * rescale + e.sum(1)
         if a is not None:
             a = a * rescale + torch.einsum("nv,nv->n", e, z)
@@ -154,9 +179,14 @@ def _row_stats(h: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, 
     return lse, picked, ent, arg
 
 
-def _add_product(out: Tensor, a: Tensor, b: Tensor) -> None:
-    """out += a @ b, with a @ b in a's dtype (the logits' compute dtype) and the sum in out's (float32)."""
-    if a.dtype == out.dtype:
+def _add_product(out: Tensor, a: Tensor, b: Tensor, first: bool = False) -> None:
+    """out += a @ b (``first``: out = a @ b, whatever out held), with a @ b in a's dtype (the logits' compute
+    dtype) and the sum in out's (float32)."""
+    if first and a.dtype == out.dtype:
+        torch.mm(a, b, out=out)
+    elif first:
+        out.copy_(a @ b)
+    elif a.dtype == out.dtype:
         out.addmm_(a, b)
     else:
         out += (a @ b).to(out.dtype)
@@ -221,6 +251,7 @@ class _ChunkedLogprobs(torch.autograd.Function):
         picked = torch.zeros(n, dtype=acc, device=h.device)
         ent = torch.zeros(n if with_entropy else 0, dtype=acc, device=h.device)
         hit = torch.zeros(n if with_argmax else 0, dtype=torch.bool, device=h.device)
+        work = _Workspace(min(chunk, n) * min(vocab_chunk, weight.shape[0]), acc, h.device)
         with torch.autocast(h.device.type, enabled=False):  # the dtypes are chosen above, once
             for start in range(0, n, chunk):
                 rows = slice(start, start + chunk)
@@ -228,7 +259,7 @@ class _ChunkedLogprobs(torch.autograd.Function):
                     if grad_h is not None else None
                 lse[rows], picked[rows], e, arg = _row_stats(h[rows].to(compute), weight, bias, targets[rows],
                                                              temperature, vocab_chunk, with_entropy, compute, acc,
-                                                             with_argmax, hg)
+                                                             work, with_argmax, hg)
                 if hg is not None:
                     grad_h.append((hg.u, hg.v))
                 if with_entropy:
@@ -259,9 +290,11 @@ class _ChunkedLogprobs(torch.autograd.Function):
         temperature, chunk, vocab_chunk, compute, acc = ctx.settings
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         grad_h = torch.zeros(h.shape, dtype=acc, device=h.device) if need_h else None
-        grad_w = torch.zeros(weight.shape, dtype=acc, device=h.device) if need_w else None
+        fresh = torch.empty if h.shape[0] else torch.zeros  # the first block of rows writes grad_w whole
+        grad_w = fresh(weight.shape, dtype=acc, device=h.device) if need_w else None
         grad_b = torch.zeros(weight.shape[0], dtype=acc, device=h.device) if need_b else None
         g_ent = g_ent if ent.numel() else None
+        work = _Workspace(min(chunk, h.shape[0]) * min(vocab_chunk, weight.shape[0]), acc, h.device)
         with torch.autocast(h.device.type, enabled=False):
             for start in range(0, h.shape[0], chunk):
                 rows = slice(start, start + chunk)
@@ -270,16 +303,16 @@ class _ChunkedLogprobs(torch.autograd.Function):
                 ge = g_ent[rows].to(acc) if g_ent is not None else None
                 for col in range(0, weight.shape[0], vocab_chunk):
                     cols = slice(col, col + vocab_chunk)
-                    z = _block_logits(hc, weight, bias, cols, temperature, compute, acc)  # (n, v)
+                    z = _block_logits(hc, weight, bias, cols, temperature, compute, acc, work)  # (n, v)
                     gz = _logit_grad(z, lse[rows], ent[rows] if ge is not None else None, targets[rows], col,
-                                     gl, ge)
+                                     gl, ge, work)
                     if temperature != 1.0:
                         gz.div_(temperature)  # dL/d(h W^T + b) = dL/dz / tau
                     gzc = gz.to(compute)
                     if grad_h is not None:
                         _add_product(grad_h[rows], gzc, weight[cols].to(compute))  # dL/dh = gz W
-                    if grad_w is not None:
-                        _add_product(grad_w[cols], gzc.T, hc)  # dL/dW = gz^T h
+                    if grad_w is not None:  # dL/dW = gz^T h, summed over the blocks of rows
+                        _add_product(grad_w[cols], gzc.T, hc, first=start == 0)
                     if grad_b is not None:
                         grad_b[cols] += gz.sum(0)  # dL/db = sum over rows of gz
         return (_as(grad_h, h), _as(grad_w, weight), _as(grad_b, bias), *(None,) * 8)
@@ -297,17 +330,19 @@ def _frozen_head_grad(u: Tensor, v: Tensor, g_logp: Tensor | None, g_ent: Tensor
 
 
 def _logit_grad(z: Tensor, lse: Tensor, ent: Tensor | None, targets: Tensor, start: int, g_logp: Tensor | None,
-                g_ent: Tensor | None) -> Tensor:
-    """dL/dz (n, v) of a block of logits, from the upstream gradients of log p_y (n,) and of H (n,)."""
+                g_ent: Tensor | None, work: _Workspace) -> Tensor:
+    """dL/dz (n, v) of a block of logits, from the upstream gradients of log p_y (n,) and of H (n,), in ``work``'s
+    third buffer (its second holds p)."""
     logp = z.sub_(lse[:, None])  # log p_j (n, v), in place: z is not needed any more
-    p = torch.exp(logp)
+    p = torch.exp(logp, out=work.get(1, *z.shape))
+    gz = work.get(2, *z.shape)
     if g_logp is not None:  # d log p_y / d z_j = 1[j = y] - p_j
-        gz = p * -g_logp[:, None]
+        torch.mul(p, -g_logp[:, None], out=gz)
         inside = _in_block(targets, start, z.shape[1])  # (n,)
         rows = inside.nonzero().squeeze(1)
         gz[rows, targets[rows] - start] += g_logp[rows]
     else:
-        gz = torch.zeros_like(z)
+        gz.zero_()
     if g_ent is not None:  # d H / d z_j = -p_j (log p_j + H)
         gz.sub_(logp.add_(ent[:, None]).mul_(p).mul_(g_ent[:, None]))
     return gz

@@ -164,11 +164,12 @@ def warp(logits: Tensor, *, temperature: float, top_k: int, top_p: float) -> Ten
     return scores
 
 
-def draw(probs: Tensor) -> Tensor:
+def draw(probs: Tensor, *, overwrite: bool = False) -> Tensor:
     """One token per row of ``probs`` (b, V), row i drawn with probability ``probs[i] / probs[i].sum()``: the
     first index whose cumulative probability exceeds a uniform draw times the row's total (inverse-CDF sampling;
-    the distribution of ``torch.multinomial(probs, 1)``, at about an eighth of its cost on a CPU)."""
-    cdf = probs.cumsum(-1)
+    the distribution of ``torch.multinomial(probs, 1)``, at about an eighth of its cost on a CPU). ``overwrite``:
+    the cumulative sums are written over ``probs`` (a scratch tensor of the caller's) instead of a new one."""
+    cdf = probs.cumsum_(-1) if overwrite else probs.cumsum(-1)
     total = cdf[:, -1:].contiguous()
     generator = getattr(_STREAM, "generator", None)  # this thread's own stream (random_stream), else the global one
     u = torch.rand(total.shape, device=probs.device, dtype=cdf.dtype, generator=generator) * total
@@ -184,9 +185,10 @@ def choose(logits: Tensor, *, temperature: float, top_k: int, top_p: float, gree
     if greedy:
         nxt = logits.argmax(-1)
     elif warped:
-        nxt = draw(torch.softmax(warp(logits, temperature=temperature, top_k=top_k, top_p=top_p), dim=-1))
+        nxt = draw(torch.softmax(warp(logits, temperature=temperature, top_k=top_k, top_p=top_p), dim=-1),
+                   overwrite=True)
     else:  # temperature alone: the sampling distribution is the one the log-probs are taken from
-        nxt = draw(logp.exp())
+        nxt = draw(logp.exp(), overwrite=True)
     return nxt, logp.gather(1, nxt[:, None]).squeeze(1)
 
 
