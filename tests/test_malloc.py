@@ -35,12 +35,6 @@ print(json.dumps({"applied": applied, "rounds": rounds}))
 """
 
 
-@pytest.fixture(autouse=True)
-def _restored_mode(monkeypatch):
-    """What apply() records for sampling() is put back after each test (tests here apply modes in-process)."""
-    monkeypatch.setitem(malloc._applied, "mode", malloc._applied["mode"])
-
-
 def probe(mode: str) -> dict:
     out = subprocess.run([sys.executable, "-c", PROBE, mode], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
@@ -113,78 +107,3 @@ def test_keep_reuses_freed_memory_and_release_returns_it():
     # posix_memalign asks a little more than the block freed before), each round reuses resident memory
     assert all(r["kept_mb"] > -8 for r in keep["rounds"]), keep
     assert sum(r["faults"] for r in keep["rounds"][-8:]) < 64, keep
-
-
-class _Recorder:
-    """A C library whose ``mallopt`` and ``malloc_trim`` only record their calls."""
-
-    def __init__(self):
-        self.calls = []
-        self.mallopt = lambda param, value: self.calls.append((param, value)) or 1
-        self.malloc_trim = lambda pad: self.calls.append(("trim", pad)) or 1
-
-
-@pytest.mark.parametrize("mode", ["release", "keep", "default"])
-def test_sampling_keeps_blocks_under_release_only_and_trims_after(monkeypatch, mode):
-    lib = _Recorder()
-    monkeypatch.setattr(malloc.ctypes, "CDLL", lambda *a: lib)
-    malloc.apply(mode, {})
-    before = list(lib.calls)
-    with malloc.sampling():
-        inside = lib.calls[len(before):]
-    after = lib.calls[len(before) + len(inside):]
-    if mode == "release":
-        assert inside == list(malloc.KEEP.items())
-        assert after == [*malloc.RELEASE.items(), ("trim", 0)]
-    else:
-        assert inside == after == []
-
-
-def test_sampling_restores_release_when_the_rollout_raises(monkeypatch):
-    lib = _Recorder()
-    monkeypatch.setattr(malloc.ctypes, "CDLL", lambda *a: lib)
-    malloc.apply("release", {})
-    with pytest.raises(RuntimeError), malloc.sampling():
-        raise RuntimeError("a rollout that fails")
-    assert lib.calls[-3:] == [*malloc.RELEASE.items(), ("trim", 0)]
-
-
-SAMPLING_PROBE = """
-import json, resource, sys
-import torch
-from rlft.runs import malloc
-
-def rss_mb():
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
-
-def faults():
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-
-malloc.apply("release", {})
-rss0 = rss_mb()
-with malloc.sampling():
-    rounds = []
-    for _ in range(16):  # a decode step's large tensors: allocated, filled and freed at every token
-        f0 = faults()
-        x = torch.ones(4 << 20)  # 16 MiB
-        rounds.append(faults() - f0)
-        del x
-    held = rss_mb() - rss0
-f0 = faults()
-x = torch.ones(4 << 20)
-mapped = faults() - f0
-del x
-print(json.dumps({"rounds": rounds, "held_mb": held, "after_mb": rss_mb() - rss0, "mapped": mapped}))
-"""
-
-
-@pytest.mark.skipif(not GLIBC, reason="train.malloc sets glibc's malloc; this C library is not glibc")
-def test_release_keeps_the_rollouts_blocks_and_hands_them_back_after():
-    out = subprocess.run([sys.executable, "-c", SAMPLING_PROBE], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    got = json.loads(out.stdout.strip().splitlines()[-1])
-    # inside: the freed 16 MiB stays resident and the later rounds reuse it (4096 pages of 4 KiB when mapped anew)
-    assert got["held_mb"] > 8 and sum(got["rounds"][-8:]) < 64, got
-    # after: trimmed back to the system, and a new 16 MiB block is mapped and faulted in again (release's setting)
-    assert got["after_mb"] < 8 and got["mapped"] >= 8, got

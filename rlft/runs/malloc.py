@@ -8,20 +8,15 @@ glibc maps each block above a threshold with ``mmap`` and unmaps it when freed, 
 each instead of 9,000-96,000, and 0.77 s instead of 0.82 s (medians of 3 interleaved runs), at the same peak.
 ``release`` fixes the mmap threshold at glibc's initial 128 KiB, so that every large freed block goes back to
 the system at once: the lowest peak where a process frees large blocks of varying size, as FSDP and DeepSpeed
-do when they gather and free whole weights (benchmarks/README.md, memory per process). Except while an RL step
-samples (``sampling``): a decode step allocates a few tensors over 128 KiB per layer and the vocabulary's logits,
-each mapped and faulted in anew at every token under ``release``, and the rollout's peak is below the update's
-anyway, so its blocks are kept for reuse and handed back in one ``malloc_trim`` when it ends (Qwen2-0.5B shape,
-2 layers, LoRA, 64 rows x 128 tokens: a rollout of 22.6-22.9 s under plain ``release`` against 15.8-15.9 s with
-``keep``). Neither changes any number the run computes.
+do when they gather and free whole weights (benchmarks/README.md, memory per process). Neither changes any
+number the run computes.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 
 from rlft.parallel.launch import splits_models
 
@@ -29,7 +24,6 @@ M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt parameters (malloc.h)
 KEEP = {M_MMAP_THRESHOLD: 1 << 30, M_TRIM_THRESHOLD: 2**31 - 1}  # blocks under 1 GiB from the heap, kept
 RELEASE = {M_MMAP_THRESHOLD: 128 * 1024, M_TRIM_THRESHOLD: 128 * 1024}  # glibc's initial values, held fixed
 _USER_SET = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_")
-_applied = {"mode": "default"}  # what apply() last set in this process
 
 
 def resolve(mode: str, env: Mapping[str, str] = os.environ) -> str:
@@ -53,35 +47,14 @@ def apply(mode: str, env: Mapping[str, str] = os.environ) -> str:
     what was set: ``keep``, ``release``, or ``default`` when nothing was (that mode, or a C library without
     glibc's ``mallopt``)."""
     mode = resolve(mode, env)
-    _applied["mode"] = "default"
     if mode == "default":
         return mode
-    if not _set(KEEP if mode == "keep" else RELEASE):
-        return "default"
-    _applied["mode"] = mode
-    return mode
-
-
-@contextmanager
-def sampling() -> Iterator[None]:
-    """An RL step's rollout: under ``release`` (as ``apply`` last set it) its freed blocks are kept for reuse
-    (``keep``'s settings) and handed back to the system when it ends (``malloc_trim``), then ``release``'s settings
-    return; under any other mode nothing changes."""
-    if _applied["mode"] != "release" or not _set(KEEP):
-        yield
-        return
-    try:
-        yield
-    finally:
-        _set(RELEASE)
-        ctypes.CDLL(None).malloc_trim(0)  # the free pages of the heap, wherever they lie in it
-
-
-def _set(settings: dict[int, int]) -> bool:
-    """Give glibc's ``mallopt`` each of ``settings``; whether this C library has it and took them all."""
     try:
         mallopt = ctypes.CDLL(None).mallopt  # the process's own C library
     except (OSError, AttributeError):
-        return False
+        return "default"
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    return all(mallopt(param, value) == 1 for param, value in settings.items())  # 1: accepted
+    settings = KEEP if mode == "keep" else RELEASE
+    if not all(mallopt(param, value) == 1 for param, value in settings.items()):  # 1: accepted
+        return "default"
+    return mode

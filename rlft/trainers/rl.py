@@ -35,7 +35,6 @@ from rlft.rollout.hf import generate, samples_exactly, sampling_args, turn_sampl
 from rlft.rollout.episodes import episode_metrics
 from rlft.rollout.multiturn import rollout_env
 from rlft.rollout.partial import finished_batch, partial_metrics
-from rlft.runs import malloc
 from rlft.trainers import hacking
 from rlft.trainers.distill import distill_advantages, distill_logprobs
 from rlft.trainers.roles import role_advantages, role_metrics, score_roles
@@ -61,7 +60,7 @@ def rl_step(state: RLState, cfg: Config, *, train_policy: bool = True) -> dict[s
     if state.rollouts is not None and train_policy:  # one-step-off: the batch sampled during the last update
         batch, metrics = state.rollouts.next(state, cfg, t)
     else:
-        with strategy().gathered(state.policy), malloc.sampling():  # a sharded policy: whole weights to sample
+        with strategy().gathered(state.policy):  # a sharded policy: whole weights for sampling
             batch, metrics = collect(state, cfg, t)
     with _timed(t, "logprob"):  # each sharded model whole for its own pass only, one at a time
         metrics.update(fill_logprobs(state, batch, cfg))
