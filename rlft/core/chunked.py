@@ -117,8 +117,10 @@ class _Workspace:
     allocates its few blocks once instead of at every block (which, with large blocks, costs a fresh mapping of
     the memory each time where the C allocator hands large blocks back to the system, ``train.malloc=release``)."""
 
-    def __init__(self, size: int, dtype: torch.dtype, device):
-        self.size, self.dtype, self.device = size, dtype, device
+    def __init__(self, h: Tensor, weight: Tensor, chunk: int, vocab_chunk: int, dtype: torch.dtype):
+        """Room for the largest block a pass over ``h``'s rows and ``weight``'s vocabulary meets."""
+        self.size = min(chunk, h.shape[0]) * min(vocab_chunk, weight.shape[0])
+        self.dtype, self.device = dtype, h.device
         self.flat: dict[int, Tensor] = {}
 
     def get(self, slot: int, n: int, v: int) -> Tensor:
@@ -251,7 +253,7 @@ class _ChunkedLogprobs(torch.autograd.Function):
         picked = torch.zeros(n, dtype=acc, device=h.device)
         ent = torch.zeros(n if with_entropy else 0, dtype=acc, device=h.device)
         hit = torch.zeros(n if with_argmax else 0, dtype=torch.bool, device=h.device)
-        work = _Workspace(min(chunk, n) * min(vocab_chunk, weight.shape[0]), acc, h.device)
+        work = _Workspace(h, weight, chunk, vocab_chunk, acc)
         with torch.autocast(h.device.type, enabled=False):  # the dtypes are chosen above, once
             for start in range(0, n, chunk):
                 rows = slice(start, start + chunk)
@@ -294,7 +296,7 @@ class _ChunkedLogprobs(torch.autograd.Function):
         grad_w = fresh(weight.shape, dtype=acc, device=h.device) if need_w else None
         grad_b = torch.zeros(weight.shape[0], dtype=acc, device=h.device) if need_b else None
         g_ent = g_ent if ent.numel() else None
-        work = _Workspace(min(chunk, h.shape[0]) * min(vocab_chunk, weight.shape[0]), acc, h.device)
+        work = _Workspace(h, weight, chunk, vocab_chunk, acc)
         with torch.autocast(h.device.type, enabled=False):
             for start in range(0, h.shape[0], chunk):
                 rows = slice(start, start + chunk)
