@@ -185,20 +185,33 @@ def test_weights_are_packed_only_where_it_pays_and_is_allowed(tmp_path, monkeypa
 
 
 def test_pack_bytes_are_the_bytes_a_long_rollout_copies(tmp_path, monkeypatch):
-    """``pack_bytes`` (the memory estimate's rollout copies) is what ``LeanDecoder.build`` copies for a long
-    rollout: the packed projections' and head's float32 weights; 0 under autocast and for a model type the lean
-    step does not decode."""
+    """``pack_bytes`` (the memory estimate's rollout copies) is what ``LeanDecoder.build`` copies for the same
+    rollout: the packed projections' and head's float32 weights, and 0 wherever the build steps aside or packs
+    nothing: under autocast, for a rollout too short to pack, for a model type the lean step does not decode, with
+    a hook on a module, with a sliding window shorter than the rollout."""
     from rlft.rollout import lean
 
+    def copied(capacity: int, steps: int) -> int:
+        built = LeanDecoder.build(model, capacity, rows=6, steps=steps)
+        return 0 if built is None else 4 * sum(m.weight.numel() for m in built.packed)
+
     packing_everything(monkeypatch)
+    monkeypatch.setattr(lean, "PACK_MIN_STEPS", 4)
     model = saved_model(tmp_path, make_config("qwen2"))
-    built = LeanDecoder.build(model, 16, rows=6, steps=8).packed
-    assert len(built) == 7 * SIZES["num_hidden_layers"] + 1
-    assert lean.pack_bytes(model) == 4 * sum(m.weight.numel() for m in built)
+    assert len(LeanDecoder.build(model, 16, rows=6, steps=8).packed) == 7 * SIZES["num_hidden_layers"] + 1
+    assert lean.pack_bytes(model, 16, 8) == copied(16, 8) > 0
+    assert lean.pack_bytes(model, 16, 3) == copied(16, 3) == 0
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert lean.pack_bytes(model) == 0
+        assert lean.pack_bytes(model, 16, 8) == copied(16, 8) == 0
+    hook = model.model.layers[0].mlp.register_forward_hook(lambda *args: None)
+    assert lean.pack_bytes(model, 16, 8) == copied(16, 8) == 0
+    hook.remove()
+    monkeypatch.setattr(model.config, "sliding_window", 12)
+    monkeypatch.setattr(model.config, "use_sliding_window", True, raising=False)
+    assert lean.pack_bytes(model, 16, 8) == copied(16, 8) == 0
+    assert lean.pack_bytes(model, 12, 8) == copied(12, 8) > 0
     monkeypatch.setattr(model.config, "model_type", "gpt2")
-    assert lean.pack_bytes(model) == 0
+    assert lean.pack_bytes(model, 16, 8) == copied(16, 8) == 0
 
 
 @pytest.mark.gpu

@@ -145,15 +145,15 @@ def packable(model, core, head: torch.nn.Linear | None = None) -> list[torch.nn.
             and m.weight.numel() >= PACK_MIN_WEIGHTS]
 
 
-def pack_bytes(model) -> int:
-    """Bytes of the copies a long rollout of ``model`` makes (``packable``; float32, 4 bytes a weight), for the
-    memory estimate: 0 for a model the lean step does not decode (``MODEL_TYPES``), whether or not the system has
-    the room ``pack`` checks for last."""
-    causal = core_model(model)
-    core = getattr(causal, "model", None)
-    if getattr(causal.config, "model_type", None) not in MODEL_TYPES or core is None:
+def pack_bytes(model, capacity: int, steps: int) -> int:
+    """Bytes of the copies a rollout of ``steps`` decode steps, positions below ``capacity``, makes of ``model``'s
+    weights (``packable``; float32, 4 bytes a weight), for the memory estimate: 0 where the lean step steps aside
+    (``supports``) or the rollout is too short to pack (``PACK_MIN_STEPS``), whether or not the system has the room
+    ``pack`` checks for last."""
+    if steps < PACK_MIN_STEPS or not supports(model, capacity):
         return 0
-    return 4 * sum(m.weight.numel() for m in packable(model, core, causal.get_output_embeddings()))
+    causal = core_model(model)
+    return 4 * sum(m.weight.numel() for m in packable(model, causal.model, causal.get_output_embeddings()))
 
 
 def available_bytes() -> int | None:
@@ -184,6 +184,45 @@ def _mlp(mlp, h: Tensor, packed: dict) -> Tensor:
     return _linear(down, F.silu(_linear(gate, h)) * _linear(up, h))
 
 
+def supports(model, capacity: int) -> bool:
+    """Whether ``LeanDecoder.step`` reproduces ``model``'s own forward exactly at positions below ``capacity`` (the
+    layouts of the module's docstring); where it does not, ``LeanDecoder.build`` returns None and the sampler calls
+    the model."""
+    if getattr(model, "training", False) and getattr(model.config, "attention_dropout", 0.0):
+        return False
+    causal = core_model(model)
+    config = causal.config
+    core, head = getattr(causal, "model", None), causal.get_output_embeddings()
+    if (config.model_type not in MODEL_TYPES or core is None or getattr(config, "hidden_act", None) != "silu"
+            or not _dense(head) or type(getattr(core, "embed_tokens", None)) is not torch.nn.Embedding
+            or _hooked(model)):
+        return False
+    if any(t != "full_attention" for t in getattr(config, "layer_types", None) or ()):
+        return False
+    window = getattr(config, "sliding_window", None)
+    if window is not None and window < capacity and getattr(config, "use_sliding_window", True):
+        return False
+    rotary = getattr(core, "rotary_emb", None)
+    if rotary is None or getattr(rotary, "rope_type", None) not in STATIC_ROPE:
+        return False
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    qk_norms = config.model_type == "qwen3"
+    norms = [core.norm]
+    for layer in core.layers:
+        a = layer.self_attn
+        if not _projections(*_layer_projections(layer)):
+            return False
+        if (a.q_proj.weight.shape[0] != heads * head_dim or a.k_proj.weight.shape[0] != kv_heads * head_dim
+                or a.q_proj.weight.device != core.embed_tokens.weight.device or hasattr(a, "q_norm") != qk_norms
+                or not isinstance(getattr(a, "scaling", None), float)):
+            return False
+        norms += [layer.input_layernorm, layer.post_attention_layernorm]
+        norms += [a.q_norm, a.k_norm] if qk_norms else []
+    return all(isinstance(getattr(n, "variance_epsilon", None), float) and type(n).__name__.endswith("RMSNorm")
+               for n in norms)  # transformers' own norms, not wrapped (PEFT's modules_to_save)
+
+
 @dataclass
 class LeanDecoder:
     core: torch.nn.Module  # the transformers ``*Model`` (embeddings, layers, final norm)
@@ -200,41 +239,14 @@ class LeanDecoder:
         """The lean step for ``model`` with positions below ``capacity``, or None when it cannot reproduce the
         model's own forward exactly; for a rollout of ``steps`` decode steps over about ``rows`` rows (whether its
         large projections are worth copying into oneDNN's layout, ``pack``)."""
-        if getattr(model, "training", False) and getattr(model.config, "attention_dropout", 0.0):
+        if not supports(model, capacity):
             return None
         causal = core_model(model)
-        config = causal.config
-        core, head = getattr(causal, "model", None), causal.get_output_embeddings()
-        if (config.model_type not in MODEL_TYPES or core is None or getattr(config, "hidden_act", None) != "silu"
-                or not _dense(head) or type(getattr(core, "embed_tokens", None)) is not torch.nn.Embedding
-                or _hooked(model)):
-            return None
-        if any(t != "full_attention" for t in getattr(config, "layer_types", None) or ()):
-            return None
-        window = getattr(config, "sliding_window", None)
-        if window is not None and window < capacity and getattr(config, "use_sliding_window", True):
-            return None
-        rotary = getattr(core, "rotary_emb", None)
-        if rotary is None or getattr(rotary, "rope_type", None) not in STATIC_ROPE:
-            return None
+        config, core, head = causal.config, causal.model, causal.get_output_embeddings()
         embed = core.embed_tokens.weight
         heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-        qk_norms = config.model_type == "qwen3"
-        norms = [core.norm]
-        for layer in core.layers:
-            a = layer.self_attn
-            if not _projections(*_layer_projections(layer)):
-                return None
-            if (a.q_proj.weight.shape[0] != heads * head_dim or a.k_proj.weight.shape[0] != kv_heads * head_dim
-                    or a.q_proj.weight.device != embed.device or hasattr(a, "q_norm") != qk_norms
-                    or not isinstance(getattr(a, "scaling", None), float)):
-                return None
-            norms += [layer.input_layernorm, layer.post_attention_layernorm]
-            norms += [a.q_norm, a.k_norm] if qk_norms else []
-        if any(not isinstance(getattr(n, "variance_epsilon", None), float) or not type(n).__name__.endswith("RMSNorm")
-               for n in norms):  # transformers' own norms, not wrapped (PEFT's modules_to_save)
-            return None
+        rotary = core.rotary_emb
         with torch.no_grad():
             positions = torch.arange(capacity, device=embed.device)[None]
             cos, sin = rotary(embed[:1], positions)  # the model's own tables, in its dtype

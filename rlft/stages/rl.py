@@ -166,8 +166,8 @@ def _memory_estimate(policy, train_prompts: list[list[int]], cfg: Config, n_para
         logprob_chunk=t.logprob_chunk, lora=lora, reference=cfg.algo.needs_ref,
         critic=cfg.algo.needs_critic, gradient_checkpointing=cfg.model.gradient_checkpointing,
         trained_vocab_matrices=vocab, teacher_params=teacher_params, sampler_copy=cfg.train.overlapped,
-        rollout_copies=lean.pack_bytes(policy) if cfg.rollout.sampler == "rlft" and cfg.model.autocast == "none"
-        else 0)
+        rollout_copies=lean.pack_bytes(policy, row_tokens, cfg.rollout.max_new_tokens - 1)
+        if cfg.rollout.sampler == "rlft" and cfg.model.autocast == "none" else 0)
     available = memory.available_memory(str(resolve_device(cfg.model.device)))
     echo(est.line(available))
     if t.memory_check:
