@@ -49,16 +49,17 @@ def done(run: Path) -> bool:
     return (run / "eval.json").exists() and "after_rl" in json.loads((run / "eval.json").read_text())
 
 
-def build_teacher(out: Path, threads: int, extra: list[str]) -> tuple[Path, float | None, float]:
-    """(teacher policy dir, seconds its build took or None when it was built before, its held-out exact match)."""
+def build_teacher(out: Path, threads: int, extra: list[str]) -> tuple[Path, float, float]:
+    """(teacher policy dir, seconds its build took, its held-out exact match); the build time is kept in
+    ``teacher/build.json``, so a later call that finds the teacher built reports the same seconds."""
     run = out / "teacher"
-    t0 = time.perf_counter()
+    record = run / "build.json"
     if not done(run / "1-grpo"):
+        t0 = time.perf_counter()
         rlft([str(ROOT / "recipes" / "sft_grpo_demo.yaml"), *TEACHER, f"log.run_dir={out}", "log.name=teacher",
               *extra], threads)
-        took = time.perf_counter() - t0
-    else:
-        took = None
+        record.write_text(json.dumps({"seconds": time.perf_counter() - t0, "threads": threads, "overrides": extra}))
+    took = json.loads(record.read_text())["seconds"] if record.exists() else float("nan")
     return run / "1-grpo" / "policy", took, exact_match(run / "1-grpo")
 
 
@@ -146,10 +147,14 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("runs/distill_table"))
     ap.add_argument("--teacher-overrides", nargs="*", default=[],
                     help="extra overrides of the teacher's build (a smoke test: sft.steps=5 train.steps=2)")
+    ap.add_argument("--teacher-only", action="store_true", help="build the teacher (step 1) and stop")
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(a.teacher_threads)
     teacher, teacher_s, teacher_em = build_teacher(a.out, a.teacher_threads, a.teacher_overrides)
+    if a.teacher_only:
+        print(f"teacher {teacher}: exact match {teacher_em:.3f}; build {teacher_s:.0f} s")
+        return
     starts = {s: a.sft_from / f"sft_s{s}" / "policy" for s in a.seeds}
     data = {s: a.out / f"teacher_samples_s{s}.jsonl" for s in a.seeds}
     sample_s = {s: teacher_samples(teacher, s, data[s]) for s in a.seeds}
@@ -165,7 +170,7 @@ def main() -> None:
          "teacher_sampling_s": sample_s, "sft_teacher_steps": steps, "post_sft": base, "runs": rows,
          "budget_s": a.budget}, indent=2))
     med = statistics.median
-    print(f"teacher: exact match {teacher_em:.3f}; build {teacher_s if teacher_s is None else round(teacher_s)} s")
+    print(f"teacher: exact match {teacher_em:.3f}; build {teacher_s:.0f} s")
     print("| method | greedy EM (median) | change vs post-SFT (median) | per seed | steps per seed |")
     print("|---|---:|---:|---|---|")
     print(f"| post-SFT student | {med(base.values()):.3f} | | {' / '.join(f'{base[s]:.3f}' for s in a.seeds)} | |")

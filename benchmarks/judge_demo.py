@@ -107,7 +107,8 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--budget", type=float, default=300.0)
     ap.add_argument("--jobs", type=int, default=2)
-    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads of each RL run")
+    ap.add_argument("--judge-threads", type=int, default=1, help="torch threads of the judge's SFT and agreement")
     ap.add_argument("--problems", type=int, default=200)
     ap.add_argument("--samples", type=int, default=4)
     ap.add_argument("--out", type=Path, default=Path("runs/judge_table"))
@@ -116,8 +117,8 @@ def main() -> None:
                     "the judge's SFT, e.g. model.tiny_hidden_size=256 model.tiny_layers=6 sft.steps=3000")
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
-    torch.set_num_threads(a.threads)
-    judge_dir, judge_s = build_judge(a.out, a.threads, a.judge_overrides)
+    torch.set_num_threads(a.judge_threads)
+    judge_dir, judge_s = build_judge(a.out, a.judge_threads, a.judge_overrides)
     agree = agreement(judge_dir, a.sft_from / "sft_s0" / "policy", a.problems, a.samples, seed=0)
     base = {s: json.loads((a.sft_from / f"sft_s{s}" / "eval.json").read_text())["after_rl"]["exact_match"]
             for s in a.seeds}
