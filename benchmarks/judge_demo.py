@@ -16,6 +16,10 @@
    the held-out problems after RL against the post-SFT score, and the reward-hacking metrics against the rule
    (``reward_hacking/*``) of the last step.
 
+``--think-tokens N`` (N > 0): a judge that works the problem out before its verdict: its SFT rows write the
+problem's reference response before the label (``sft.judge_think=true``), and it is asked with ``think_tokens: N``
+in step 2 and as the reward of step 3.
+
 ``--no-rl`` stops after step 2. Writes ``judge_table.json`` under ``--out`` and prints the tables.
 """
 
@@ -50,7 +54,8 @@ def build_judge(out: Path, threads: int, extra: list[str] = ()) -> tuple[Path, f
     return policy, time.perf_counter() - t0
 
 
-def agreement(judge_dir: Path, policy_dir: Path, problems: int, samples: int, seed: int) -> dict:
+def agreement(judge_dir: Path, policy_dir: Path, problems: int, samples: int, seed: int,
+              think_tokens: int = 0) -> dict:
     """The judge's verdicts against the rule's on the policy's completions for seed 0's held-out problems."""
     from rlft.data.task import load_task
     from rlft.data.templates import encode_prompts
@@ -72,7 +77,8 @@ def agreement(judge_dir: Path, policy_dir: Path, problems: int, samples: int, se
                          **sampling_args(cfg.rollout, temperature=1.0))
         texts.extend(batch.texts)
     rows = [ex.to_mapping() for ex in held_out for _ in range(samples)]
-    judged = score_batch(texts, rows, [("judge", Judge(path=str(judge_dir)))], [1.0], timeout_s=3600).total
+    judge = Judge(path=str(judge_dir), think_tokens=think_tokens)
+    judged = score_batch(texts, rows, [("judge", judge)], [1.0], timeout_s=3600).total
     rule = rule_hits(texts, rows, cfg.eval.correct_fn, timeout_s=60)
     pairs = [(j > 0.5, r) for j, r in zip(judged, rule) if j is not None]
     n = len(pairs)
@@ -86,11 +92,13 @@ def agreement(judge_dir: Path, policy_dir: Path, problems: int, samples: int, se
             "recall_right": tp / max(tp + fn, 1), "recall_wrong": tn / max(tn + fp, 1)}
 
 
-def rl_run(out: Path, sft_from: Path, judge_dir: Path, seed: int, budget: float, threads: int) -> dict:
+def rl_run(out: Path, sft_from: Path, judge_dir: Path, seed: int, budget: float, threads: int,
+           think_tokens: int = 0) -> dict:
     name = f"rl_judge_s{seed}"
     error = rl_once(out, name, [f"model.path={sft_from / f'sft_s{seed}' / 'policy'}", "sft.steps=0",
                                 "eval.before_rl=false", "eval.ks=[]", f"train.seed={seed}", "train.steps=100000",
-                                f"train.time_budget_s={budget}", f"reward.fns=[{{name: judge, path: {judge_dir}}}]",
+                                f"train.time_budget_s={budget}", 
+                                f"reward.fns=[{{name: judge, path: {judge_dir}, think_tokens: {think_tokens}}}]",
                                 "reward.weights=[1.0]"], threads)
     if error:
         return {"seed": seed, "error": error}
@@ -112,22 +120,28 @@ def main() -> None:
     ap.add_argument("--problems", type=int, default=200)
     ap.add_argument("--samples", type=int, default=4)
     ap.add_argument("--out", type=Path, default=Path("runs/judge_table"))
+    ap.add_argument("--think-tokens", type=int, default=0, help="a judge that writes up to this many tokens of its "
+                    "own working before its verdict (its SFT with sft.judge_think=true); 0: the verdict at once")
     ap.add_argument("--no-rl", action="store_true", help="build the judge and measure its agreement only")
     ap.add_argument("--judge-overrides", nargs="*", default=[], help="overrides of recipes/judge_demo.yaml for "
                     "the judge's SFT, e.g. model.tiny_hidden_size=256 model.tiny_layers=6 sft.steps=3000")
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(a.judge_threads)
-    judge_dir, judge_s = build_judge(a.out, a.judge_threads, a.judge_overrides)
-    agree = agreement(judge_dir, a.sft_from / "sft_s0" / "policy", a.problems, a.samples, seed=0)
+    overrides = [*a.judge_overrides, *(["sft.judge_think=true"] if a.think_tokens else [])]
+    judge_dir, judge_s = build_judge(a.out, a.judge_threads, overrides)
+    agree = agreement(judge_dir, a.sft_from / "sft_s0" / "policy", a.problems, a.samples, seed=0,
+                      think_tokens=a.think_tokens)
     base = {s: json.loads((a.sft_from / f"sft_s{s}" / "eval.json").read_text())["after_rl"]["exact_match"]
             for s in a.seeds}
     runs = []
     if not a.no_rl:
         with ThreadPoolExecutor(a.jobs) as pool:
-            runs = list(pool.map(lambda s: rl_run(a.out, a.sft_from, judge_dir, s, a.budget, a.threads), a.seeds))
+            runs = list(pool.map(lambda s: rl_run(a.out, a.sft_from, judge_dir, s, a.budget, a.threads,
+                                                  a.think_tokens), a.seeds))
     (a.out / "judge_table.json").write_text(json.dumps(
-        {"judge_sft_s": judge_s, "judge_overrides": a.judge_overrides, "agreement": agree, "post_sft": base,
+        {"judge_sft_s": judge_s, "judge_overrides": overrides, "think_tokens": a.think_tokens, "agreement": agree,
+         "post_sft": base,
          "rl_vs_judge": runs, "budget_s": a.budget},
         indent=2))
     print(f"judge SFT: {judge_s if judge_s is None else round(judge_s, 1)} s")

@@ -93,3 +93,26 @@ def test_the_reward_recipe_holds_both_sets():
     assert params["cor_improved"]["confidence"] is True and params["cor_improved"]["reading"] == "combined"
     tutorial = load_config(RECIPES / "sft_vs_rl_tutorial.yaml")
     assert tutorial.stages == ("sft", "grpo") and tutorial.reward.keys == ("cor_reward", "xml_format")
+
+
+DEMO_SIDES = ["stages=[grpo]", "stages=[sft,grpo]", "reward.weights=[0,1,0,1]", "reward.weights=[0,0,1,1]"]
+
+
+@pytest.mark.parametrize("side", DEMO_SIDES)
+def test_each_side_of_the_embedded_comparisons_runs(tmp_path, tiny_size_overrides, side):
+    """recipes/sft_vs_rl_demo.yaml, the two comparisons on the embedded task (no data needed): each side of its
+    header's sweeps trains on its own term and logs all four, every one scoring every sample."""
+    cfg = load_config(RECIPES / "sft_vs_rl_demo.yaml", tiny_size_overrides(
+        tmp_path / "runs", "sft.steps=2", "train.steps=2", "log.name=r", side))
+    assert cfg.reward.keys == ("cor_completion", "cor_as_written", "cor_improved", "format_final")
+    result = run_pipeline(cfg, echo=quiet)
+    assert [e["stage"] for e in result.stages] == list(cfg.stages)
+    [metrics] = list(result.run_dir.rglob("metrics.jsonl"))
+    records = [json.loads(x) for x in metrics.read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2]
+    for rec in records:
+        for key in cfg.reward.keys:
+            assert rec[f"reward/{key}/errors"] == 0.0 and math.isfinite(rec[f"reward/{key}/mean"])
+        trained = [k for k, w in zip(cfg.reward.keys, cfg.reward.resolved_weights) if w]
+        assert rec["reward/mean"] == pytest.approx(sum(rec[f"reward/{k}/mean"] for k in trained), abs=1e-6)
+    assert "exact_match" in result.eval["after_rl"]

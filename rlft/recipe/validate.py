@@ -41,6 +41,9 @@ def validate(cfg: Config) -> Config:
     _check(not cfg.sft.judge_policy or cfg.sft.source.startswith("judge:"), "sft.judge_policy",
            f"adds a policy's answers to a judge's demonstrations; set sft.source=judge:synthetic:<task> (got "
            f"sft.source={cfg.sft.source!r}) or leave it empty")
+    _check(not cfg.sft.judge_think or cfg.sft.source.startswith("judge:"), "sft.judge_think",
+           f"writes a judge's working before its verdict; set sft.source=judge:synthetic:<task> (got "
+           f"sft.source={cfg.sft.source!r}) or leave it false")
     _check_rewards(cfg)
     _check_eval(cfg)
     _check(cfg.prm.labels in REWARDS and is_step_level(REWARDS.factory(cfg.prm.labels)), "prm.labels",

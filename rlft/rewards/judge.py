@@ -15,6 +15,19 @@ template's generation prompt); otherwise the question is plain text followed dir
 tokenized on their own, so a separating space belongs in the template or the label, consistently with how the
 judge was trained.
 
+Thinking first (a generative verifier): with ``think_tokens`` > 0 the judge first writes up to that many tokens
+after the question, greedily (its own working: for a task with a checkable answer, its own solution), stopped at
+its end of turn or where it starts writing ``verdict_prompt`` itself; the labels are then scored after the question,
+that writing and ``verdict_prompt``::
+
+    value = sum_j p(label_j | question, writing, verdict_prompt) * scores[j]
+
+so a small judge compares a proposed answer with one it worked out, instead of deciding in one token (Zhang et al.
+2024, "Generative Verifiers: Reward Modeling as Next-Token Prediction", GenRM-CoT, verify after a rationale the
+same way, with greedy or sampled rationales). The writing is decoded and tokenized again with ``verdict_prompt``
+(as a trained judge saw the text), and a judge is trained for it on demonstrations that write the working before
+``verdict_prompt`` and the label (``sft.judge_think``, ``rlft.data.judge_data``).
+
 Pairs: :meth:`Judge.compare` asks ``pair_template`` (``{prompt}``, ``{first}``, ``{second}``) with the two
 ``pair_labels`` (first better, second better) and returns P(a better than b) **averaged over both orders**,
 ``(p_first(a, b) + p_second(b, a)) / 2``: an LLM judge tends to favour one position, and asking both ways cancels
@@ -77,6 +90,10 @@ class Judge:
     """The question about two completions (pairs, the label stage): {prompt}, {first} and {second} replaced."""
     pair_labels: tuple[str, ...] = ("1", "2")
     """The two answers of pair_template: the first completion is better, the second is."""
+    think_tokens: int = 0
+    """Tokens the judge may write (greedily) before its verdict; 0: the label right after the question; N > 0: its own working first, cut where it writes verdict_prompt or ends its turn (an end that is verdict_prompt's start is dropped), then verdict_prompt, then the label."""
+    verdict_prompt: str = "\nVerdict: "
+    """With think_tokens > 0: the text between the judge's writing and the label (as its demonstrations put it)."""
     chat: bool = True
     """Ask through the tokenizer's chat template (the question as the user message, the label as the reply's start); false, or no template: plain text."""
     batch_size: int = 8
@@ -112,6 +129,11 @@ class Judge:
         for key in ("batch_size", "max_length"):
             if getattr(self, key) < 1:
                 raise ValueError(f"{key}: must be >= 1, got {getattr(self, key)}")
+        if self.think_tokens < 0:
+            raise ValueError(f"think_tokens: must be >= 0 (0: no writing before the verdict), got {self.think_tokens}")
+        if self.think_tokens and not self.verdict_prompt.strip():
+            raise ValueError("verdict_prompt: must hold some text when think_tokens > 0 (it marks where the judge's "
+                             f"writing ends and its verdict starts), got {self.verdict_prompt!r}")
         if self.cache < 0:
             raise ValueError(f"cache: must be >= 0 (0: no cache), got {self.cache}")
         if not self.timeout_s > 0:
@@ -149,8 +171,13 @@ class Judge:
         if todo:
             model, tok = self._load()
             label_ids = encode_labels(tok, labels, "labels" if labels == self.labels else "pair_labels")
-            keep = max(self.max_length - max(map(len, label_ids)), 1)  # question + longest label fit max_length
-            ids = [self._encode(tok, q)[-keep:] for q in todo]
+            room = max(map(len, label_ids)) + (self.think_tokens and self.think_tokens + len(
+                tok(self.verdict_prompt, add_special_tokens=False)["input_ids"]))  # what follows the question
+            ids = [self._encode(tok, q)[-max(self.max_length - room, 1):] for q in todo]
+            if self.think_tokens:  # the judge's own working, then the verdict's cue
+                written = greedy_writing(model, tok, ids, self.think_tokens, self.batch_size)
+                ids = [q + tok(until_verdict(w, self.verdict_prompt) + self.verdict_prompt,
+                               add_special_tokens=False)["input_ids"] for q, w in zip(ids, written)]
             lp = sequence_logprobs(model, ids, label_ids, tok.pad_token_id, self.batch_size)  # (Q, L)
             fresh = dict(zip(todo, map(tuple, torch.log_softmax(lp, dim=-1).tolist())))
         else:
@@ -245,6 +272,48 @@ def encode_labels(tok, labels: Sequence[str], key: str = "labels") -> list[list[
             raise ValueError(f"{key}: {seen[tuple(i)]!r} and {x!r} are the same tokens for this judge's tokenizer")
         seen[tuple(i)] = x
     return ids
+
+
+def until_verdict(text: str, verdict_prompt: str) -> str:
+    """The judge's writing up to where it starts ``verdict_prompt`` itself (its leading whitespace included); when
+    it never does, all of it less an end that is the start of ``verdict_prompt`` (the token budget ran out inside
+    the cue).
+
+    >>> until_verdict("#### 7\\nVerdict: yes", "\\nVerdict: ")
+    '#### 7'
+    >>> until_verdict("#### 7\\nVer", "\\nVerdict: ")
+    '#### 7'
+    >>> until_verdict("#### 7", "\\nVerdict: ")
+    '#### 7'
+    """
+    cue = verdict_prompt.strip()
+    at = text.find(cue)
+    if at < 0:
+        part = next((k for k in range(len(verdict_prompt) - 1, 0, -1) if text.endswith(verdict_prompt[:k])), 0)
+        return text[:len(text) - part]
+    head, lead = text[:at], verdict_prompt[:len(verdict_prompt) - len(verdict_prompt.lstrip())]
+    return head[:len(head) - len(lead)] if lead and head.endswith(lead) else head
+
+
+def greedy_writing(model, tok, question_ids: list[list[int]], max_new_tokens: int, batch_size: int) -> list[str]:
+    """What the judge writes after each question, greedily, up to ``max_new_tokens`` tokens or its end of turn
+    (the tokenizer's eos and the model's generation eos ids), decoded without special tokens."""
+    gen = getattr(model, "generation_config", None)
+    extra = getattr(gen, "eos_token_id", None)
+    stops = {tok.eos_token_id} | ({extra} if isinstance(extra, int) else set(extra or ()))
+    stops.discard(None)
+    device = next(model.parameters()).device
+    out: list[str] = []
+    for start in range(0, len(question_ids), batch_size):
+        p_ids, p_mask, _ = pad_batch(question_ids[start:start + batch_size], tok.pad_token_id, "left")  # (b, T)
+        with torch.inference_mode():
+            rows = model.generate(input_ids=p_ids.to(device), attention_mask=p_mask.to(device), do_sample=False,
+                                  max_new_tokens=max_new_tokens, eos_token_id=sorted(stops),
+                                  pad_token_id=tok.pad_token_id)[:, p_ids.shape[1]:].tolist()  # (b, <= N)
+        for row in rows:
+            ends = [i for i, t in enumerate(row) if t in stops]
+            out.append(tok.decode(row[:ends[0]] if ends else row, skip_special_tokens=True))
+    return out
 
 
 def sequence_logprobs(model, question_ids: list[list[int]], label_ids: list[list[int]], pad_id: int,
