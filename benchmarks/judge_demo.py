@@ -16,9 +16,9 @@
    the held-out problems after RL against the post-SFT score, and the reward-hacking metrics against the rule
    (``reward_hacking/*``) of the last step.
 
-``--think-tokens N`` (N > 0): a judge that works the problem out before its verdict: its SFT rows write the
-problem's reference response before the label (``sft.judge_think=true``), and it is asked with ``think_tokens: N``
-in step 2 and as the reward of step 3.
+``--reference-tokens N`` (N > 0): a reference-guided judge, which answers each prompt itself first (at most N
+tokens) and is shown its answer beside the proposed one: its SFT with ``sft.judge_reference=true``, asked with
+``reference_tokens: N`` in step 2 and as the reward of step 3.
 
 ``--no-rl`` stops after step 2. Writes ``judge_table.json`` under ``--out`` and prints the tables.
 """
@@ -55,7 +55,7 @@ def build_judge(out: Path, threads: int, extra: list[str] = ()) -> tuple[Path, f
 
 
 def agreement(judge_dir: Path, policy_dir: Path, problems: int, samples: int, seed: int,
-              think_tokens: int = 0) -> dict:
+              reference_tokens: int = 0) -> dict:
     """The judge's verdicts against the rule's on the policy's completions for seed 0's held-out problems."""
     from rlft.data.task import load_task
     from rlft.data.templates import encode_prompts
@@ -77,7 +77,7 @@ def agreement(judge_dir: Path, policy_dir: Path, problems: int, samples: int, se
                          **sampling_args(cfg.rollout, temperature=1.0))
         texts.extend(batch.texts)
     rows = [ex.to_mapping() for ex in held_out for _ in range(samples)]
-    judge = Judge(path=str(judge_dir), think_tokens=think_tokens)
+    judge = Judge(path=str(judge_dir), reference_tokens=reference_tokens)
     judged = score_batch(texts, rows, [("judge", judge)], [1.0], timeout_s=3600).total
     rule = rule_hits(texts, rows, cfg.eval.correct_fn, timeout_s=60)
     pairs = [(j > 0.5, r) for j, r in zip(judged, rule) if j is not None]
@@ -93,12 +93,13 @@ def agreement(judge_dir: Path, policy_dir: Path, problems: int, samples: int, se
 
 
 def rl_run(out: Path, sft_from: Path, judge_dir: Path, seed: int, budget: float, threads: int,
-           think_tokens: int = 0) -> dict:
+           reference_tokens: int = 0) -> dict:
     name = f"rl_judge_s{seed}"
     error = rl_once(out, name, [f"model.path={sft_from / f'sft_s{seed}' / 'policy'}", "sft.steps=0",
                                 "eval.before_rl=false", "eval.ks=[]", f"train.seed={seed}", "train.steps=100000",
                                 f"train.time_budget_s={budget}", 
-                                f"reward.fns=[{{name: judge, path: {judge_dir}, think_tokens: {think_tokens}}}]",
+                                f"reward.fns=[{{name: judge, path: {judge_dir}, "
+                                f"reference_tokens: {reference_tokens}}}]",
                                 "reward.weights=[1.0]"], threads)
     if error:
         return {"seed": seed, "error": error}
@@ -120,27 +121,28 @@ def main() -> None:
     ap.add_argument("--problems", type=int, default=200)
     ap.add_argument("--samples", type=int, default=4)
     ap.add_argument("--out", type=Path, default=Path("runs/judge_table"))
-    ap.add_argument("--think-tokens", type=int, default=0, help="a judge that writes up to this many tokens of its "
-                    "own working before its verdict (its SFT with sft.judge_think=true); 0: the verdict at once")
+    ap.add_argument("--reference-tokens", type=int, default=0, help="a judge that answers each prompt itself first "
+                    "(at most this many tokens) and compares (its SFT with sft.judge_reference=true); 0: no reference")
     ap.add_argument("--no-rl", action="store_true", help="build the judge and measure its agreement only")
     ap.add_argument("--judge-overrides", nargs="*", default=[], help="overrides of recipes/judge_demo.yaml for "
                     "the judge's SFT, e.g. model.tiny_hidden_size=256 model.tiny_layers=6 sft.steps=3000")
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(a.judge_threads)
-    overrides = [*a.judge_overrides, *(["sft.judge_think=true"] if a.think_tokens else [])]
+    overrides = [*a.judge_overrides, *(["sft.judge_reference=true"] if a.reference_tokens else [])]
     judge_dir, judge_s = build_judge(a.out, a.judge_threads, overrides)
     agree = agreement(judge_dir, a.sft_from / "sft_s0" / "policy", a.problems, a.samples, seed=0,
-                      think_tokens=a.think_tokens)
+                      reference_tokens=a.reference_tokens)
     base = {s: json.loads((a.sft_from / f"sft_s{s}" / "eval.json").read_text())["after_rl"]["exact_match"]
             for s in a.seeds}
     runs = []
     if not a.no_rl:
         with ThreadPoolExecutor(a.jobs) as pool:
             runs = list(pool.map(lambda s: rl_run(a.out, a.sft_from, judge_dir, s, a.budget, a.threads,
-                                                  a.think_tokens), a.seeds))
+                                                  a.reference_tokens), a.seeds))
     (a.out / "judge_table.json").write_text(json.dumps(
-        {"judge_sft_s": judge_s, "judge_overrides": overrides, "think_tokens": a.think_tokens, "agreement": agree,
+        {"judge_sft_s": judge_s, "judge_overrides": overrides, "reference_tokens": a.reference_tokens,
+         "agreement": agree,
          "post_sft": base,
          "rl_vs_judge": runs, "budget_s": a.budget},
         indent=2))

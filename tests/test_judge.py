@@ -280,11 +280,11 @@ def test_a_judge_policy_without_a_judge_source_is_refused():
         load_config(None, ["sft.judge_policy=/some/policy"])
 
 
-# --- a judge that works the problem out before its verdict (think_tokens) -----------------------------------------
+# --- a reference-guided judge: its own answer first (reference_tokens) --------------------------------------------
 
 
-def _naive_writing(model, tok, question_ids: list[int], n: int) -> tuple[str, float]:
-    """Greedy writing by hand: one full unpadded forward per new token, the argmax of the last position, stopped at
+def _naive_answer(model, tok, question_ids: list[int], n: int) -> tuple[str, float]:
+    """Greedy answer by hand: one full unpadded forward per new token, the argmax of the last position, stopped at
     the tokenizer's eos; and the smallest margin between the top two logits over the steps, relative to the
     rounding bound of those logits (a margin well above it means any correct greedy decoder picks the same)."""
     from numerics import rounding_tol
@@ -303,99 +303,101 @@ def _naive_writing(model, tok, question_ids: list[int], n: int) -> tuple[str, fl
     return tok.decode(ids[len(question_ids):], skip_special_tokens=True), margin
 
 
-@pytest.mark.parametrize("think_tokens", [1, 7])
-def test_a_thinking_judge_reads_its_labels_after_its_own_greedy_writing(tiny_model_dir, fresh_cache, think_tokens):
-    """The value with think_tokens: the labels' log-probs after question + the greedy writing (by hand, one token
-    at a time) + verdict_prompt, normalised, as the naive loop computes them; batched questions of different
-    lengths get what each gets alone."""
-    j = Judge(path=str(tiny_model_dir), think_tokens=think_tokens)
+PROMPTS = [PROMPT, ({"role": "user", "content": "a much longer question: max(40,3,41)=? Answer after ####."},)]
+
+
+@pytest.mark.parametrize("reference_tokens", [1, 7])
+def test_a_reference_guided_judge_shows_its_own_greedy_answer_beside_the_proposed_one(tiny_model_dir, fresh_cache,
+                                                                                      monkeypatch, reference_tokens):
+    """reference_tokens: the judge answers each prompt alone (by hand: greedy, one token at a time, asked the
+    prompt as is), that answer fills {reference} of REFERENCE_TEMPLATE, and the labels are read after that
+    question, as the naive loop computes them; batched prompts of different lengths get what each gets alone."""
+    j = Judge(path=str(tiny_model_dir), reference_tokens=reference_tokens)
+    assert j.template == judge_mod.REFERENCE_TEMPLATE
     model, tok = j._load()
-    completions = ["#### 7", "#### 3", "a much longer proposed answer: #### 7"]
-    questions = [judge_mod.fill(j.template, prompt=judge_mod.prompt_text(PROMPT), completion=c) for c in completions]
-    label_ids = encode_labels(tok, j.labels)
-    got = j.distributions(questions, j.labels)  # one padded batch of three
-    for i, q in enumerate(questions):
-        q_ids = j._encode(tok, q)
-        writing, margin = _naive_writing(model, tok, q_ids, think_tokens)
-        assert margin > 4, f"question {i}: greedy near-tie ({margin:.2f}x the rounding bound); pick another fixture"
-        assert judge_mod.greedy_writing(model, tok, [q_ids], think_tokens, 1) == [writing]
-        full = q_ids + tok(judge_mod.until_verdict(writing, j.verdict_prompt) + j.verdict_prompt,
-                           add_special_tokens=False)["input_ids"]
-        assert tok.decode(full).endswith("\nA: " + writing + "\nVerdict: ")  # the tiny model never writes the cue
-        lp, scale = _hand_logprobs(model, full, label_ids)
-        assert_rounding_close(torch.tensor(got[i], dtype=torch.float64), torch.log_softmax(lp, 0),
-                              n_terms=_tol(model, len(full) + 5), scale=2 * scale, depth=FORWARD_DEPTH + 1,
-                              what=f"question {i}, thinking judge")
-    j0 = Judge(path=str(tiny_model_dir))  # no thinking: the label right after the question, a different value
-    assert j0.distributions(questions[:1], j0.labels)[0] != pytest.approx(got[0], abs=1e-6)
-
-
-def test_a_thinking_judge_stops_where_it_writes_the_verdict_cue_itself(tiny_model_dir, fresh_cache, monkeypatch):
-    """A judge trained on "<working>\\nVerdict: <label>" writes the cue and the label itself; its writing is cut
-    before the cue, so the label is scored once, after the one verdict_prompt, and not after its own guess."""
-    seen: list[str] = []
+    samples = [{"prompt": p} for p in PROMPTS for _ in range(2)]
+    completions = ["#### 7", "#### 3", "#### 41", "41"]
+    scored: list[list[int]] = []  # the question ids the labels are read after
     real = judge_mod.sequence_logprobs
-
-    def recording(model, question_ids, label_ids, pad_id, batch_size):
-        seen.extend(tok.decode(q) for q in question_ids)
-        return real(model, question_ids, label_ids, pad_id, batch_size)
-
-    writings = {"#### 7": "#### 7\nVerdict: yes", "#### 3": "#### 7\nVerdict:no", "7": "#### 7 and more"}
-    monkeypatch.setattr(judge_mod, "greedy_writing",
-                        lambda model, tok, ids, n, b: [writings[next(c for c in writings if tok.decode(q).endswith(
-                            f"Proposed answer: {c}\nIs the proposed answer right? Say yes or no.\nA: "))] for q in ids])
-    monkeypatch.setattr(judge_mod, "sequence_logprobs", recording)
-    j = Judge(path=str(tiny_model_dir), think_tokens=8)
-    _, tok = j._load()
-    j(list(writings), [{"prompt": PROMPT}] * 3)
-    assert [s[s.rindex("\nA: ") + 4:] for s in seen] == ["#### 7\nVerdict: ", "#### 7\nVerdict: ",
-                                                         "#### 7 and more\nVerdict: "]
-
-
-@pytest.mark.parametrize("text, prompt, want", [
-    ("#### 7\nVerdict: yes", "\nVerdict: ", "#### 7"),
-    ("#### 7 Verdict: yes", "\nVerdict: ", "#### 7 "),  # the cue without its newline: the text before it stays
-    ("#### 7\nVerdict: yes", "Verdict: ", "#### 7\n"),  # a cue without leading whitespace cuts right before it
-    ("Verdict: no", "\nVerdict: ", ""),
-    ("#### 7", "\nVerdict: ", "#### 7"),  # never written: all of it
-    ("#### 7\nVerd", "\nVerdict: ", "#### 7"),  # the budget ran out inside the cue: that start is dropped
-    ("#### 7\n", "\nVerdict: ", "#### 7"),
-    ("#### 7\nV!", "\nVerdict: ", "#### 7\nV!"),  # not the cue's start
-    ("", "\nVerdict: ", ""),
-])
-def test_the_writing_ends_where_the_verdict_cue_starts(text, prompt, want):
-    assert judge_mod.until_verdict(text, prompt) == want
+    monkeypatch.setattr(judge_mod, "sequence_logprobs", lambda m, q, *a: scored.extend(q) or real(m, q, *a))
+    values = j(completions, samples)  # one batch: two prompts, two completions each
+    monkeypatch.undo()
+    label_ids = encode_labels(tok, j.labels)
+    for i, (c, s) in enumerate(zip(completions, samples)):
+        text = judge_mod.prompt_text(s["prompt"])
+        answer, margin = _naive_answer(model, tok, j._encode(tok, text), reference_tokens)
+        assert margin > 4, f"sample {i}: greedy near-tie ({margin:.2f}x the rounding bound); pick another fixture"
+        question = judge_mod.fill(j.template, prompt=text, completion=c, reference=answer)
+        assert f"\nReference answer: {answer}\nProposed answer: {c}\n" in question
+        assert scored[i] == j._encode(tok, question)  # exactly the question with the hand-made reference
+        lp, scale = _hand_logprobs(model, j._encode(tok, question), label_ids)
+        want = torch.log_softmax(lp, 0)
+        assert_rounding_close(torch.tensor(j.distributions([question], j.labels)[0], dtype=torch.float64), want,
+                              n_terms=_tol(model, len(question) + 5), scale=2 * scale, depth=FORWARD_DEPTH + 1,
+                              what=f"sample {i}, reference-guided judge")
+        assert values[i] == pytest.approx(float(want.exp()[0]), abs=1e-5)
+    assert j.references([judge_mod.prompt_text(PROMPTS[1])]) == [_naive_answer(
+        model, tok, j._encode(tok, judge_mod.prompt_text(PROMPTS[1])), reference_tokens)[0]]
 
 
-def test_a_thinking_judge_needs_a_verdict_cue(tiny_model_dir):
-    with pytest.raises(ValueError, match="think_tokens: must be >= 0"):
-        Judge(path=str(tiny_model_dir), think_tokens=-1)
-    with pytest.raises(ValueError, match="verdict_prompt: must hold some text when think_tokens > 0"):
-        Judge(path=str(tiny_model_dir), think_tokens=4, verdict_prompt=" \n")
-    assert Judge(path=str(tiny_model_dir), verdict_prompt="").think_tokens == 0  # unused without thinking
+def test_the_reference_is_answered_once_per_prompt_without_the_completion(tiny_model_dir, fresh_cache, monkeypatch):
+    """The judge's own answer depends on the prompt alone: asked once per distinct prompt (a group shares it), kept
+    for later calls, and never shown the completion it will grade."""
+    asked: list[str] = []
+    real = judge_mod.greedy_answers
+
+    def recording(model, tok, ids, n, b):
+        asked.extend(tok.decode(q) for q in ids)
+        return real(model, tok, ids, n, b)
+
+    monkeypatch.setattr(judge_mod, "greedy_answers", recording)
+    j = Judge(path=str(tiny_model_dir), reference_tokens=4)
+    j(["#### 7", "#### 3", "#### 41"], [{"prompt": PROMPTS[0]}, {"prompt": PROMPTS[0]}, {"prompt": PROMPTS[1]}])
+    assert len(asked) == 2 and all("Proposed answer" not in a and "####." in a for a in asked)
+    assert asked[0].startswith("Q: max(1,7,3)=?") and asked[0].endswith("\nA: ")  # the prompt as is, chat template
+    j(["#### 1"], [{"prompt": PROMPTS[1]}])
+    assert len(asked) == 2  # kept
+    Judge(path=str(tiny_model_dir), reference_tokens=4, cache=0)(["#### 1"], [{"prompt": PROMPTS[1]}])
+    assert len(asked) == 3  # cache=0 keeps nothing
+
+
+def test_a_reference_guided_judge_needs_the_reference_in_its_question(tiny_model_dir):
+    with pytest.raises(ValueError, match="reference_tokens: must be >= 0"):
+        Judge(path=str(tiny_model_dir), reference_tokens=-1)
+    with pytest.raises(ValueError, match=r"template: must contain .*\{reference\} missing"):
+        Judge(path=str(tiny_model_dir), reference_tokens=4, template=judge_mod.TEMPLATE)
+    with pytest.raises(ValueError, match=r"reference_template: must contain \{prompt\}"):
+        Judge(path=str(tiny_model_dir), reference_tokens=4, reference_template="answer this")
+    with pytest.raises(ValueError, match="template: {reference} is the judge's own answer"):
+        Judge(path=str(tiny_model_dir), template=judge_mod.REFERENCE_TEMPLATE)
+    assert Judge(path=str(tiny_model_dir)).template == judge_mod.TEMPLATE
 
 
 @pytest.mark.parametrize("with_policy", [False, True])
-def test_a_thinking_judges_demonstrations_work_the_problem_out_before_the_verdict(tiny_model_dir, with_policy):
-    """sft.judge_think: every judge row's reply is the problem's reference response, the judge's verdict cue and
-    the rule's label; without it the same rows reply with the label alone (same questions, same labels)."""
+def test_a_reference_guided_judges_demonstrations_show_the_problems_reference_answer(tiny_model_dir, with_policy):
+    """sft.judge_reference: the same questions and rule labels, each showing the problem's reference response as
+    the reference answer, and the task's own demonstrations added (the judge learns to write its reference)."""
     from rlft.data.synthetic import configured_task
     from rlft.trainers.sft import sft_examples
 
     base = ["sft.source=judge:synthetic:max", "data.synth_train_size=6", "sft.judge_samples=2",
             "rollout.max_new_tokens=8", *([f"sft.judge_policy={tiny_model_dir}"] if with_policy else [])]
     plain = sft_examples(load_config(None, base), [])
-    cfg = load_config(None, [*base, "sft.judge_think=true"])
-    thinking = sft_examples(cfg, [])
+    cfg = load_config(None, [*base, "sft.judge_reference=true"])
+    guided = sft_examples(cfg, [])
     problems = configured_task("synthetic:max", cfg.data, cfg.train.seed, 0)[0]
-    assert len(thinking) == len(plain) == 6 * (2 + 2 * with_policy)
-    assert {r.response for r in plain} == {"yes", "no"}
-    for p, t in zip(plain, thinking):
-        assert t.prompt == p.prompt
-        assert t.response == problems[t.extra["index"]].response + "\nVerdict: " + p.response
-    assert all(t.response.startswith("#### ") for t in thinking)
+    n = 6 * (2 + 2 * with_policy)
+    assert len(plain) == n and len(guided) == n + 6
+    assert guided[n:] == problems  # the task's demonstrations, as SFT on the task trains on them
+    for p, g in zip(plain, guided):
+        assert g.response == p.response in ("yes", "no")
+        ex = problems[g.extra["index"]]
+        question = p.prompt[0]["content"]
+        completion = question[question.index("\nProposed answer: ") + 18:question.rindex("\nIs the proposed")]
+        assert g.prompt[0]["content"] == judge_mod.fill(judge_mod.REFERENCE_TEMPLATE, prompt=ex.prompt[0]["content"],
+                                                        completion=completion, reference=ex.response)
 
 
-def test_judge_think_without_a_judge_source_is_refused():
-    with pytest.raises(ConfigError, match="sft.judge_think"):
-        load_config(None, ["sft.judge_think=true"])
+def test_judge_reference_without_a_judge_source_is_refused():
+    with pytest.raises(ConfigError, match="sft.judge_reference"):
+        load_config(None, ["sft.judge_reference=true"])

@@ -193,8 +193,8 @@ class SFTConfig:
     """sft.source=judge:synthetic:<task>: a policy directory whose own answers join the judge's demonstrations: sft.judge_samples completions per training problem, sampled with the rollout.* settings, each put in the judge's question and answered yes/no by eval.correct_fn, so the judge learns the mistakes it will be shown (empty: the task's made-up answers only)."""
     judge_samples: int = 4
     """Completions sampled per training problem from sft.judge_policy."""
-    judge_think: bool = False
-    """sft.source=judge:synthetic:<task>: each judge reply first writes the problem's reference response (its working and answer), then "\nVerdict: " and yes/no: demonstrations for a judge reward with think_tokens > 0, which works the problem out before its verdict."""
+    judge_reference: bool = False
+    """sft.source=judge:synthetic:<task>: the judge's questions show the problem's reference response as the reference answer (rlft.rewards.judge.REFERENCE_TEMPLATE), and the task's own demonstrations join them: a judge that answers the prompt itself first and compares (the judge reward with reference_tokens > 0)."""
 
     def __post_init__(self) -> None:
         _check(self.steps >= 0, "sft.steps", "must be >= 0")

@@ -8,9 +8,9 @@ the reference response is the judge's default label for the rule's verdict (``ev
 else ``no``). The labels come from the rule, not from how the answer was made, so a rule that accepts more than one
 form is followed. Half the rows say yes, half no.
 
-With ``think`` (``sft.judge_think``) each reference response first writes the problem's own reference response (its
-working and ``#### <truth>``), then the judge's default ``verdict_prompt`` and the label: the demonstrations of a
-judge that works the problem out before it answers (``judge`` with ``think_tokens``, a generative verifier).
+With ``reference`` (``sft.judge_reference``) each question is the reference-guided judge's
+(``rlft.rewards.judge.REFERENCE_TEMPLATE``), its ``{reference}`` the problem's own reference response (its working
+and ``#### <truth>``), as the judge will show its own answer there (``judge`` with ``reference_tokens``).
 """
 
 from __future__ import annotations
@@ -20,23 +20,24 @@ from collections.abc import Sequence
 from rlft.data.preferences import synthetic_preferences
 from rlft.data.schema import Example
 from rlft.rewards import REWARDS
-from rlft.rewards.judge import TEMPLATE, Judge, fill, prompt_text
+from rlft.rewards.judge import REFERENCE_TEMPLATE, TEMPLATE, Judge, fill, prompt_text
 
 PREFIX = "judge:"
 YES, NO = Judge.__dataclass_fields__["labels"].default  # the judge's default labels: right, wrong
-VERDICT = Judge.__dataclass_fields__["verdict_prompt"].default  # between a thinking judge's working and its label
 
 
-def judge_examples(problems: Sequence[Example], correct_fn: str, seed: int = 0, think: bool = False) -> list[Example]:
+def judge_examples(problems: Sequence[Example], correct_fn: str, seed: int = 0,
+                   reference: bool = False) -> list[Example]:
     """Two judge demonstrations per problem (its right answer and a wrong one), labelled by ``correct_fn``;
-    ``think``: each reply works the problem out first (its reference response), then ``VERDICT`` and the label.
+    ``reference``: asked with the problem's reference response as the reference answer.
 
     >>> rows = judge_examples([Example(prompt="max(1,7,3)=?", ground_truth="7")], "final_answer")
     >>> [(r.prompt[0]["content"].split("Proposed answer: ")[1].split("\\n")[0], r.response) for r in rows]
     [('#### 7', 'yes'), ('#### 12', 'no')]
-    >>> [r.response for r in judge_examples([Example(prompt="max(1,7,3)=?", ground_truth="7", response="#### 7")],
-    ...                                     "final_answer", think=True)]
-    ['#### 7\\nVerdict: yes', '#### 7\\nVerdict: no']
+    >>> rows = judge_examples([Example(prompt="max(1,7,3)=?", ground_truth="7", response="#### 7")], "final_answer",
+    ...                       reference=True)
+    >>> [(r.prompt[0]["content"].split("\\n")[1:3], r.response) for r in rows]
+    [(['Reference answer: #### 7', 'Proposed answer: #### 7'], 'yes'), (['Reference answer: #### 7', 'Proposed answer: #### 12'], 'no')]
     """
     rule = REWARDS.get(correct_fn)
     pairs = synthetic_preferences(problems, seed=seed, distractor_share=0.5)
@@ -44,30 +45,29 @@ def judge_examples(problems: Sequence[Example], correct_fn: str, seed: int = 0, 
     for i, (ex, ranking) in enumerate(zip(problems, pairs)):
         for completion in ranking.responses:
             verdict = rule(completion, ex.to_mapping())
-            out.append(_question(ex, completion, bool(verdict and verdict >= 1), i, think))
+            out.append(_question(ex, completion, bool(verdict and verdict >= 1), i, reference))
     return out
 
 
 def judged_samples(samples: Sequence[tuple[Example, Sequence[str], Sequence[bool]]],
-                   think: bool = False) -> list[Example]:
+                   reference: bool = False) -> list[Example]:
     """One judge demonstration per sampled completion: (problem, its completions, the rule's verdicts) ->
     the judge's question about each completion, answered ``yes`` where the verdict is right (``sft.judge_policy``:
-    the mistakes the judge will be shown, as a policy makes them); ``think`` as for :func:`judge_examples`.
+    the mistakes the judge will be shown, as a policy makes them); ``reference`` as for :func:`judge_examples`.
 
     >>> ex = Example(prompt="max(1,7,3)=?", ground_truth="7")
     >>> [r.response for r in judged_samples([(ex, ["#### 7", "#### 3", "7"], [True, False, False])])]
     ['yes', 'no', 'no']
     """
-    return [_question(ex, completion, right, i, think) for i, (ex, completions, verdicts) in enumerate(samples)
+    return [_question(ex, completion, right, i, reference) for i, (ex, completions, verdicts) in enumerate(samples)
             for completion, right in zip(completions, verdicts, strict=True)]
 
 
-def _question(ex: Example, completion: str, right: bool, index: int, think: bool) -> Example:
-    question = fill(TEMPLATE, prompt=prompt_text(ex.prompt), completion=completion)
-    label = YES if right else NO
-    if think and not ex.response:
-        raise ValueError(f"sft.judge_think: problem {index} ({ex.data_source}) has no reference response for the "
-                         "judge to work out before its verdict")
+def _question(ex: Example, completion: str, right: bool, index: int, reference: bool) -> Example:
+    if reference and not ex.response:
+        raise ValueError(f"sft.judge_reference: problem {index} ({ex.data_source}) has no reference response to show "
+                         "as the reference answer")
+    question = (fill(REFERENCE_TEMPLATE, prompt=prompt_text(ex.prompt), completion=completion, reference=ex.response)
+                if reference else fill(TEMPLATE, prompt=prompt_text(ex.prompt), completion=completion))
     return Example(prompt=({"role": "user", "content": question},), ground_truth="",
-                   data_source=f"{ex.data_source}/judge", response=f"{ex.response}{VERDICT}{label}" if think else label,
-                   extra={"index": index})
+                   data_source=f"{ex.data_source}/judge", response=YES if right else NO, extra={"index": index})

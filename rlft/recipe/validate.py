@@ -41,8 +41,8 @@ def validate(cfg: Config) -> Config:
     _check(not cfg.sft.judge_policy or cfg.sft.source.startswith("judge:"), "sft.judge_policy",
            f"adds a policy's answers to a judge's demonstrations; set sft.source=judge:synthetic:<task> (got "
            f"sft.source={cfg.sft.source!r}) or leave it empty")
-    _check(not cfg.sft.judge_think or cfg.sft.source.startswith("judge:"), "sft.judge_think",
-           f"writes a judge's working before its verdict; set sft.source=judge:synthetic:<task> (got "
+    _check(not cfg.sft.judge_reference or cfg.sft.source.startswith("judge:"), "sft.judge_reference",
+           f"shows a reference answer in a judge's questions; set sft.source=judge:synthetic:<task> (got "
            f"sft.source={cfg.sft.source!r}) or leave it false")
     _check_rewards(cfg)
     _check_eval(cfg)

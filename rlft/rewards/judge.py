@@ -2,7 +2,7 @@
 
 The judge reads a question built from ``template`` (``{prompt}`` and ``{completion}`` replaced by the sample's
 prompt and the completion; a chat prompt's message contents joined by newlines) and answers with one of
-``labels``. It never writes free text: for each label the log-probability of its tokens after the question is
+``labels``. Its verdict is never free text: for each label the log-probability of its tokens after the question is
 summed (a multi-token label is scored token by token, teacher-forced), the labels' probabilities are normalised
 over the allowed set (a softmax of those sums), and the value is the expected score::
 
@@ -15,18 +15,20 @@ template's generation prompt); otherwise the question is plain text followed dir
 tokenized on their own, so a separating space belongs in the template or the label, consistently with how the
 judge was trained.
 
-Thinking first (a generative verifier): with ``think_tokens`` > 0 the judge first writes up to that many tokens
-after the question, greedily (its own working: for a task with a checkable answer, its own solution), stopped at
-its end of turn or where it starts writing ``verdict_prompt`` itself; the labels are then scored after the question,
-that writing and ``verdict_prompt``::
+Its own answer first (a reference-guided judge): with ``reference_tokens`` > 0 the judge first answers the prompt
+itself, asked ``reference_template`` (``{prompt}``: the prompt as the policy sees it), greedily, up to that many
+tokens or its end of turn, **without seeing the completion**; that answer fills ``{reference}`` in the question,
+which then shows the judge's answer beside the proposed one::
 
-    value = sum_j p(label_j | question, writing, verdict_prompt) * scores[j]
+    reference = greedy answer of the judge to reference_template(prompt)
+    value = sum_j p(label_j | template(prompt, reference, completion)) * scores[j]
 
-so a small judge compares a proposed answer with one it worked out, instead of deciding in one token (Zhang et al.
-2024, "Generative Verifiers: Reward Modeling as Next-Token Prediction", GenRM-CoT, verify after a rationale the
-same way, with greedy or sampled rationales). The writing is decoded and tokenized again with ``verdict_prompt``
-(as a trained judge saw the text), and a judge is trained for it on demonstrations that write the working before
-``verdict_prompt`` and the label (``sft.judge_think``, ``rlft.data.judge_data``).
+Zheng et al. 2023 ("Judging LLM-as-a-Judge with MT-Bench and Chatbot Arena", section 3.4) found judges misled by
+the answer they grade when they solve a problem in the same prompt, and generate the judge's own answer separately
+first, then show it as the reference: the same here. The reference is computed once per distinct prompt (a group's
+completions share it) and kept with the verdicts. A judge is trained for it on questions whose reference is the
+task's own reference response, together with those demonstrations (``sft.judge_reference``,
+``rlft.data.judge_data``).
 
 Pairs: :meth:`Judge.compare` asks ``pair_template`` (``{prompt}``, ``{first}``, ``{second}``) with the two
 ``pair_labels`` (first better, second better) and returns P(a better than b) **averaged over both orders**,
@@ -64,11 +66,14 @@ from rlft.rewards.base import REWARDS, batched, check_choices
 from rlft.rewards.model import read_checkpoint_config
 
 TEMPLATE = "{prompt}\nProposed answer: {completion}\nIs the proposed answer right? Say yes or no."
+REFERENCE_TEMPLATE = ("{prompt}\nReference answer: {reference}\nProposed answer: {completion}\n"
+                      "Is the proposed answer right? Say yes or no.")
 PAIR_TEMPLATE = ("{prompt}\nAnswer 1: {first}\nAnswer 2: {second}\n"
                  "Which answer is better? Say 1 or 2.")
-_FIELDS = re.compile(r"\{(prompt|completion|first|second)\}")
+_FIELDS = re.compile(r"\{(prompt|completion|first|second|reference)\}")
 _LOADED: dict[tuple, tuple] = {}  # (path, device, dtype, trust_remote_code) -> (model, tokenizer)
 _CACHES: dict[tuple, OrderedDict] = {}  # (judge, label set) -> question -> normalised label log-probs
+_REFERENCES: dict = {}  # judge -> prompt text -> its own answer (reference_tokens > 0)
 _LOCK = threading.Lock()
 
 
@@ -80,8 +85,8 @@ class Judge:
 
     path: str
     """Directory of a causal LM checkpoint (save_pretrained layout) that answers the template's question."""
-    template: str = TEMPLATE
-    """The question about one completion: {prompt} and {completion} are replaced (both must appear)."""
+    template: str = ""
+    """The question about one completion: {prompt} and {completion} are replaced (both must appear), and {reference} by the judge's own answer (reference_tokens > 0, where it must appear); empty: TEMPLATE, or REFERENCE_TEMPLATE with reference_tokens."""
     labels: tuple[str, ...] = ("yes", "no")
     """The allowed answers; their probabilities are normalised over this set (at least 2, distinct)."""
     scores: tuple[float, ...] = (1.0, 0.0)
@@ -90,10 +95,10 @@ class Judge:
     """The question about two completions (pairs, the label stage): {prompt}, {first} and {second} replaced."""
     pair_labels: tuple[str, ...] = ("1", "2")
     """The two answers of pair_template: the first completion is better, the second is."""
-    think_tokens: int = 0
-    """Tokens the judge may write (greedily) before its verdict; 0: the label right after the question; N > 0: its own working first, cut where it writes verdict_prompt or ends its turn (an end that is verdict_prompt's start is dropped), then verdict_prompt, then the label."""
-    verdict_prompt: str = "\nVerdict: "
-    """With think_tokens > 0: the text between the judge's writing and the label (as its demonstrations put it)."""
+    reference_tokens: int = 0
+    """With N > 0 the judge first answers the prompt itself (greedy, at most N tokens, without seeing the completion) and that answer fills {reference} in template; 0: no reference."""
+    reference_template: str = "{prompt}"
+    """What the judge is asked for its own answer ({prompt} replaced): by default the prompt as the policy sees it."""
     chat: bool = True
     """Ask through the tokenizer's chat template (the question as the user message, the label as the reply's start); false, or no template: plain text."""
     batch_size: int = 8
@@ -116,7 +121,7 @@ class Judge:
         check_choices(self)
         if self.device != "auto" and self.device.split(":")[0] not in ("cpu", "cuda"):
             raise ValueError(f"device: must be auto, cpu, cuda or cuda:N, got {self.device!r}")
-        _check_template(self.template, "template", ("prompt", "completion"))
+        _check_template(self.template or TEMPLATE, "template", ("prompt", "completion"))
         _check_template(self.pair_template, "pair_template", ("prompt", "first", "second"))
         _check_labels(self.labels, "labels")
         _check_labels(self.pair_labels, "pair_labels")
@@ -129,11 +134,15 @@ class Judge:
         for key in ("batch_size", "max_length"):
             if getattr(self, key) < 1:
                 raise ValueError(f"{key}: must be >= 1, got {getattr(self, key)}")
-        if self.think_tokens < 0:
-            raise ValueError(f"think_tokens: must be >= 0 (0: no writing before the verdict), got {self.think_tokens}")
-        if self.think_tokens and not self.verdict_prompt.strip():
-            raise ValueError("verdict_prompt: must hold some text when think_tokens > 0 (it marks where the judge's "
-                             f"writing ends and its verdict starts), got {self.verdict_prompt!r}")
+        if self.reference_tokens < 0:
+            raise ValueError(f"reference_tokens: must be >= 0 (0: no reference answer), got {self.reference_tokens}")
+        if not self.template:
+            object.__setattr__(self, "template", REFERENCE_TEMPLATE if self.reference_tokens else TEMPLATE)
+        if self.reference_tokens:
+            _check_template(self.template, "template", ("prompt", "completion", "reference"))
+            _check_template(self.reference_template, "reference_template", ("prompt",))
+        elif "{reference}" in self.template:
+            raise ValueError("template: {reference} is the judge's own answer, written only with reference_tokens > 0")
         if self.cache < 0:
             raise ValueError(f"cache: must be >= 0 (0: no cache), got {self.cache}")
         if not self.timeout_s > 0:
@@ -150,8 +159,10 @@ class Judge:
 
     def __call__(self, completions: Sequence[str], samples: Sequence[Mapping]) -> list[float]:
         """The expected label score of every (completion, sample)."""
-        questions = [fill(self.template, prompt=prompt_text(s.get("prompt", "")), completion=c)
-                     for c, s in zip(completions, samples)]
+        prompts = [prompt_text(s.get("prompt", "")) for s in samples]
+        refs = self.references(prompts) if self.reference_tokens else [""] * len(prompts)
+        questions = [fill(self.template, prompt=p, completion=c, reference=r)
+                     for c, p, r in zip(completions, prompts, refs)]
         dists = self.distributions(questions, self.labels)  # (B, L) log-probs
         return [float(sum(math.exp(lp) * s for lp, s in zip(d, self.scores))) for d in dists]
 
@@ -171,13 +182,8 @@ class Judge:
         if todo:
             model, tok = self._load()
             label_ids = encode_labels(tok, labels, "labels" if labels == self.labels else "pair_labels")
-            room = max(map(len, label_ids)) + (self.think_tokens and self.think_tokens + len(
-                tok(self.verdict_prompt, add_special_tokens=False)["input_ids"]))  # what follows the question
-            ids = [self._encode(tok, q)[-max(self.max_length - room, 1):] for q in todo]
-            if self.think_tokens:  # the judge's own working, then the verdict's cue
-                written = greedy_writing(model, tok, ids, self.think_tokens, self.batch_size)
-                ids = [q + tok(until_verdict(w, self.verdict_prompt) + self.verdict_prompt,
-                               add_special_tokens=False)["input_ids"] for q, w in zip(ids, written)]
+            keep = max(self.max_length - max(map(len, label_ids)), 1)  # question + longest label fit max_length
+            ids = [self._encode(tok, q)[-keep:] for q in todo]
             lp = sequence_logprobs(model, ids, label_ids, tok.pad_token_id, self.batch_size)  # (Q, L)
             fresh = dict(zip(todo, map(tuple, torch.log_softmax(lp, dim=-1).tolist())))
         else:
@@ -193,6 +199,29 @@ class Judge:
                         cache[q] = d
                 while len(cache) > self.cache:
                     cache.popitem(last=False)
+        return out
+
+    def references(self, prompts: Sequence[str]) -> list[str]:
+        """The judge's own answer to each prompt (``reference_template``, greedy, ``reference_tokens`` at most),
+        computed once per distinct prompt and kept (``cache`` entries, least recently used dropped first)."""
+        with _LOCK:
+            kept = _REFERENCES.setdefault(self, OrderedDict())
+            todo = [p for p in dict.fromkeys(prompts) if p not in kept]
+        fresh = {}
+        if todo:
+            model, tok = self._load()
+            keep = max(self.max_length - self.reference_tokens, 1)
+            ids = [self._encode(tok, fill(self.reference_template, prompt=p))[-keep:] for p in todo]
+            fresh = dict(zip(todo, greedy_answers(model, tok, ids, self.reference_tokens, self.batch_size)))
+        with _LOCK:
+            out = [fresh[p] if p in fresh else kept[p] for p in prompts]
+            for p in prompts:
+                if p in kept:
+                    kept.move_to_end(p)
+            if self.cache:
+                kept.update(fresh)
+                while len(kept) > self.cache:
+                    kept.popitem(last=False)
         return out
 
     def _encode(self, tok, question: str) -> list[int]:
@@ -220,6 +249,7 @@ def forget_cache() -> None:
     """Drop this process's cached verdicts (every judge's)."""
     with _LOCK:
         _CACHES.clear()
+        _REFERENCES.clear()
 
 
 def _check_template(template: str, key: str, fields: tuple[str, ...]) -> None:
@@ -274,30 +304,9 @@ def encode_labels(tok, labels: Sequence[str], key: str = "labels") -> list[list[
     return ids
 
 
-def until_verdict(text: str, verdict_prompt: str) -> str:
-    """The judge's writing up to where it starts ``verdict_prompt`` itself (its leading whitespace included); when
-    it never does, all of it less an end that is the start of ``verdict_prompt`` (the token budget ran out inside
-    the cue).
-
-    >>> until_verdict("#### 7\\nVerdict: yes", "\\nVerdict: ")
-    '#### 7'
-    >>> until_verdict("#### 7\\nVer", "\\nVerdict: ")
-    '#### 7'
-    >>> until_verdict("#### 7", "\\nVerdict: ")
-    '#### 7'
-    """
-    cue = verdict_prompt.strip()
-    at = text.find(cue)
-    if at < 0:
-        part = next((k for k in range(len(verdict_prompt) - 1, 0, -1) if text.endswith(verdict_prompt[:k])), 0)
-        return text[:len(text) - part]
-    head, lead = text[:at], verdict_prompt[:len(verdict_prompt) - len(verdict_prompt.lstrip())]
-    return head[:len(head) - len(lead)] if lead and head.endswith(lead) else head
-
-
-def greedy_writing(model, tok, question_ids: list[list[int]], max_new_tokens: int, batch_size: int) -> list[str]:
-    """What the judge writes after each question, greedily, up to ``max_new_tokens`` tokens or its end of turn
-    (the tokenizer's eos and the model's generation eos ids), decoded without special tokens."""
+def greedy_answers(model, tok, question_ids: list[list[int]], max_new_tokens: int, batch_size: int) -> list[str]:
+    """What the model answers to each question, greedily, up to ``max_new_tokens`` tokens or its end of turn (the
+    tokenizer's eos and the model's generation eos ids), decoded without special tokens, ``batch_size`` at a time."""
     gen = getattr(model, "generation_config", None)
     extra = getattr(gen, "eos_token_id", None)
     stops = {tok.eos_token_id} | ({extra} if isinstance(extra, int) else set(extra or ()))

@@ -43,9 +43,11 @@ def sft_examples(cfg: Config, rl_examples: Sequence[Example]) -> list[Example]:
     s = cfg.sft
     if s.source.startswith(JUDGE_PREFIX):  # a judge's demonstrations: "is this answer right?" by the task's rule
         problems = configured_task(s.source[len(JUDGE_PREFIX):], cfg.data, cfg.train.seed, 0)[0]
-        judged = judge_examples(problems, cfg.eval.correct_fn, cfg.train.seed, s.judge_think)
+        judged = judge_examples(problems, cfg.eval.correct_fn, cfg.train.seed, s.judge_reference)
         if s.judge_policy:  # and the policy's own answers, its mistakes as it makes them
-            judged += judged_samples(policy_samples(s.judge_policy, problems, cfg), s.judge_think)
+            judged += judged_samples(policy_samples(s.judge_policy, problems, cfg), s.judge_reference)
+        if s.judge_reference:  # and the task's own demonstrations: the judge writes its reference answer
+            judged += problems
         return with_system_prompt(judged, sft_system_prompt(cfg))
     if s.source.startswith("synthetic:"):  # a synthetic task's demonstrations, its problems drawn as data.source's
         return with_system_prompt(configured_task(s.source, cfg.data, cfg.train.seed, 0)[0], sft_system_prompt(cfg))
