@@ -93,14 +93,14 @@ def agreement(judge_dir: Path, policy_dir: Path, problems: int, samples: int, se
 
 
 def rl_run(out: Path, sft_from: Path, judge_dir: Path, seed: int, budget: float, threads: int,
-           reference_tokens: int = 0) -> dict:
+           reference_tokens: int = 0, overrides: list[str] = ()) -> dict:
     name = f"rl_judge_s{seed}"
     error = rl_once(out, name, [f"model.path={sft_from / f'sft_s{seed}' / 'policy'}", "sft.steps=0",
                                 "eval.before_rl=false", "eval.ks=[]", f"train.seed={seed}", "train.steps=100000",
                                 f"train.time_budget_s={budget}", 
                                 f"reward.fns=[{{name: judge, path: {judge_dir}, "
                                 f"reference_tokens: {reference_tokens}}}]",
-                                "reward.weights=[1.0]"], threads)
+                                "reward.weights=[1.0]", *overrides], threads)
     if error:
         return {"seed": seed, "error": error}
     ev = json.loads((out / name / "eval.json").read_text())["after_rl"]
@@ -121,6 +121,8 @@ def main() -> None:
     ap.add_argument("--problems", type=int, default=200)
     ap.add_argument("--samples", type=int, default=4)
     ap.add_argument("--out", type=Path, default=Path("runs/judge_table"))
+    ap.add_argument("--rl-overrides", nargs="*", default=[], help="overrides of the RL runs against the judge, "
+                    "e.g. algo.advantage=group_mean")
     ap.add_argument("--reference-tokens", type=int, default=0, help="a judge that answers each prompt itself first "
                     "(at most this many tokens) and compares (its SFT with sft.judge_reference=true); 0: no reference")
     ap.add_argument("--no-rl", action="store_true", help="build the judge and measure its agreement only")
@@ -129,7 +131,7 @@ def main() -> None:
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(a.judge_threads)
-    overrides = [*a.judge_overrides, *(["sft.judge_reference=true"] if a.reference_tokens else [])]
+    overrides = [*a.judge_overrides, f"sft.judge_reference={str(a.reference_tokens > 0).lower()}"]
     judge_dir, judge_s = build_judge(a.out, a.judge_threads, overrides)
     agree = agreement(judge_dir, a.sft_from / "sft_s0" / "policy", a.problems, a.samples, seed=0,
                       reference_tokens=a.reference_tokens)
@@ -139,9 +141,10 @@ def main() -> None:
     if not a.no_rl:
         with ThreadPoolExecutor(a.jobs) as pool:
             runs = list(pool.map(lambda s: rl_run(a.out, a.sft_from, judge_dir, s, a.budget, a.threads,
-                                                  a.reference_tokens), a.seeds))
+                                                  a.reference_tokens, a.rl_overrides), a.seeds))
     (a.out / "judge_table.json").write_text(json.dumps(
         {"judge_sft_s": judge_s, "judge_overrides": overrides, "reference_tokens": a.reference_tokens,
+         "rl_overrides": a.rl_overrides,
          "agreement": agree,
          "post_sft": base,
          "rl_vs_judge": runs, "budget_s": a.budget},

@@ -401,3 +401,41 @@ def test_a_reference_guided_judges_demonstrations_show_the_problems_reference_an
 def test_judge_reference_without_a_judge_source_is_refused():
     with pytest.raises(ConfigError, match="sft.judge_reference"):
         load_config(None, ["sft.judge_reference=true"])
+
+
+def _edit_distance(a: str, b: str) -> int:
+    """Levenshtein distance by the textbook table."""
+    row = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        prev, row[0] = row[0], i
+        for j, cb in enumerate(b, 1):
+            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (ca != cb))
+    return row[-1]
+
+
+def test_edited_answers_join_the_judges_questions_labelled_by_the_rule():
+    """sft.judge_edits: after each problem's two made-up questions, that many about its right answer after 1-3
+    character edits, each labelled yes exactly where the rule accepts it; the same seed gives the same rows."""
+    from rlft.data.judge_data import edited
+    from rlft.trainers.sft import sft_examples
+
+    base = ["sft.source=judge:synthetic:max", "data.synth_train_size=40"]
+    plain = sft_examples(load_config(None, base), [])
+    rows = sft_examples(load_config(None, [*base, "sft.judge_edits=3"]), [])
+    assert len(rows) == 40 * 5 and rows == sft_examples(load_config(None, [*base, "sft.judge_edits=3"]), [])
+    rule = REWARDS.get("final_answer")
+    for i in range(40):
+        made_up, edits = rows[5 * i:5 * i + 2], rows[5 * i + 2:5 * i + 5]
+        assert made_up == plain[2 * i:2 * i + 2]  # the made-up questions are unchanged
+        right = _proposed(made_up[0])
+        for r in edits:
+            assert r.extra["index"] == i and 1 <= _edit_distance(_proposed(r), right) <= 3
+            verdict = rule(_proposed(r), {"ground_truth": _truth(made_up[0])})
+            assert r.response == ("yes" if verdict is not None and verdict >= 1 else "no")
+    assert {r.response for i in range(40) for r in rows[5 * i + 2:5 * i + 5]} == {"yes", "no"}  # some edits keep it
+    rng = __import__("random").Random(1)
+    assert all(1 <= _edit_distance(edited("#### 7", rng, 1), "#### 7") <= 1 for _ in range(200))
+    with pytest.raises(ConfigError, match="sft.judge_edits"):
+        load_config(None, ["sft.judge_edits=2"])
+    with pytest.raises(ConfigError, match="sft.judge_edits: must be >= 0"):
+        load_config(None, [*base, "sft.judge_edits=-1"])

@@ -15,6 +15,7 @@ from rlft.data.preferences import rows_to_rankings
 from rlft.data.rankings import load_rankings
 from rlft.data.schema import Example
 from rlft.recipe import load_config
+from rlft.rewards import REWARDS
 from rlft.stages.pipeline import run_pipeline
 from rlft.trainers.label import label_groups, rule_agreement, by_prompt
 from rlft.trainers.sft import sft_examples
@@ -174,11 +175,17 @@ def test_sft_label_dpo_pipeline_on_a_saved_tiny_judge(tmp_path, tiny_overrides):
 
 def test_the_demo_judge_learns_the_rule_s_verdicts(tiny_size_overrides, tmp_path):
     cfg = load_config(RECIPES / "judge_demo.yaml", tiny_size_overrides(tmp_path, "data.synth_train_size=20"))
+    assert cfg.sft.judge_reference and cfg.sft.judge_edits == 2
     rows = sft_examples(cfg, [])
-    assert len(rows) == 40 and sum(r.response == "yes" for r in rows) == 20  # a right and a wrong answer each
-    for r in rows:
+    judged, demos = rows[:80], rows[80:]  # per problem: its right answer, a wrong one, two edits of the right one
+    assert len(demos) == 20 and all(d.response.startswith("#### ") for d in demos)  # the task's own demonstrations
+    assert [r.response for r in judged[::4]] == ["yes"] * 20 and [r.response for r in judged[1::4]] == ["no"] * 20
+    rule = REWARDS.get(cfg.eval.correct_fn)
+    for r in judged:
         question = r.prompt[0]["content"]
         problem, answer = question.split("\nProposed answer: ")
         numbers = [int(x) for x in problem.split("(")[1].split(")")[0].split(",")]
-        right = answer.split("\n")[0] == f"#### {max(numbers)}"
+        assert problem.endswith(f"\nReference answer: #### {max(numbers)}")  # the problem's reference response
+        answer = answer[:answer.rindex("\nIs the proposed answer right?")]
+        right = rule(answer, {"ground_truth": str(max(numbers))}) == 1.0
         assert r.response == ("yes" if right else "no")  # the rule's verdict (max of three)

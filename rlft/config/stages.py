@@ -193,12 +193,15 @@ class SFTConfig:
     """sft.source=judge:synthetic:<task>: a policy directory whose own answers join the judge's demonstrations: sft.judge_samples completions per training problem, sampled with the rollout.* settings, each put in the judge's question and answered yes/no by eval.correct_fn, so the judge learns the mistakes it will be shown (empty: the task's made-up answers only)."""
     judge_samples: int = 4
     """Completions sampled per training problem from sft.judge_policy."""
+    judge_edits: int = 0
+    """sft.source=judge:synthetic:<task>: per training problem, this many more questions about its right answer after 1-3 random character edits (deleted, inserted or replaced: a broken format, another number), labelled by eval.correct_fn: the near-misses a policy tries first when it learns to fool a judge."""
     judge_reference: bool = False
     """sft.source=judge:synthetic:<task>: the judge's questions show the problem's reference response as the reference answer (rlft.rewards.judge.REFERENCE_TEMPLATE), and the task's own demonstrations join them: a judge that answers the prompt itself first and compares (the judge reward with reference_tokens > 0)."""
 
     def __post_init__(self) -> None:
         _check(self.steps >= 0, "sft.steps", "must be >= 0")
         _check(self.judge_samples >= 1, "sft.judge_samples", f"must be >= 1, got {self.judge_samples}")
+        _check(self.judge_edits >= 0, "sft.judge_edits", f"must be >= 0, got {self.judge_edits}")
         _check(self.batch_size >= 1, "sft.batch_size", "must be >= 1")
         _check(self.lr > 0, "sft.lr", "must be > 0")
         _check(self.warmup_steps >= 0, "sft.warmup_steps", "must be >= 0")

@@ -41,6 +41,9 @@ def validate(cfg: Config) -> Config:
     _check(not cfg.sft.judge_policy or cfg.sft.source.startswith("judge:"), "sft.judge_policy",
            f"adds a policy's answers to a judge's demonstrations; set sft.source=judge:synthetic:<task> (got "
            f"sft.source={cfg.sft.source!r}) or leave it empty")
+    _check(not cfg.sft.judge_edits or cfg.sft.source.startswith("judge:"), "sft.judge_edits",
+           f"adds edited answers to a judge's questions; set sft.source=judge:synthetic:<task> (got "
+           f"sft.source={cfg.sft.source!r}) or leave it 0")
     _check(not cfg.sft.judge_reference or cfg.sft.source.startswith("judge:"), "sft.judge_reference",
            f"shows a reference answer in a judge's questions; set sft.source=judge:synthetic:<task> (got "
            f"sft.source={cfg.sft.source!r}) or leave it false")

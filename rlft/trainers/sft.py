@@ -43,7 +43,7 @@ def sft_examples(cfg: Config, rl_examples: Sequence[Example]) -> list[Example]:
     s = cfg.sft
     if s.source.startswith(JUDGE_PREFIX):  # a judge's demonstrations: "is this answer right?" by the task's rule
         problems = configured_task(s.source[len(JUDGE_PREFIX):], cfg.data, cfg.train.seed, 0)[0]
-        judged = judge_examples(problems, cfg.eval.correct_fn, cfg.train.seed, s.judge_reference)
+        judged = judge_examples(problems, cfg.eval.correct_fn, cfg.train.seed, s.judge_reference, s.judge_edits)
         if s.judge_policy:  # and the policy's own answers, its mistakes as it makes them
             judged += judged_samples(policy_samples(s.judge_policy, problems, cfg), s.judge_reference)
         if s.judge_reference:  # and the task's own demonstrations: the judge writes its reference answer
