@@ -175,7 +175,9 @@ def test_sft_label_dpo_pipeline_on_a_saved_tiny_judge(tmp_path, tiny_overrides):
 
 def test_the_demo_judge_learns_the_rule_s_verdicts(tiny_size_overrides, tmp_path):
     cfg = load_config(RECIPES / "judge_demo.yaml", tiny_size_overrides(tmp_path, "data.synth_train_size=20"))
-    assert cfg.sft.judge_reference and cfg.sft.judge_edits == 2
+    assert cfg.sft.judge_reference and cfg.sft.judge_edits == 0
+    cfg = load_config(RECIPES / "judge_demo.yaml", tiny_size_overrides(tmp_path, "data.synth_train_size=20",
+                                                                       "sft.judge_edits=2"))
     rows = sft_examples(cfg, [])
     judged, demos = rows[:80], rows[80:]  # per problem: its right answer, a wrong one, two edits of the right one
     assert len(demos) == 20 and all(d.response.startswith("#### ") for d in demos)  # the task's own demonstrations
