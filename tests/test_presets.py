@@ -300,7 +300,7 @@ TASK_RECIPES = ["grpo_math.yaml", "grpo_mbpp.yaml",  # tests/test_task_recipes.p
                 "judge_demo.yaml", "rlaif_dpo_demo.yaml", "rlaif_demo.yaml",  # tests/test_label.py
                 "distill_demo.yaml",  # tests/test_distill.py
                 "kimi_length_demo.yaml",  # tests/test_kimi_length.py
-                "sft_vs_rl_tutorial.yaml", "sft_vs_rl_rewards.yaml"]  # tests/test_tutorial_recipes.py
+                "sft_vs_rl_tutorial.yaml", "sft_vs_rl_rewards.yaml", "sft_vs_rl_demo.yaml"]  # tests/test_tutorial_recipes.py
 
 
 def test_every_recipe_is_a_preset_recipe_or_a_task_recipe():
