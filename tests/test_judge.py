@@ -329,11 +329,12 @@ def test_a_reference_guided_judge_shows_its_own_greedy_answer_beside_the_propose
         assert margin > 4, f"sample {i}: greedy near-tie ({margin:.2f}x the rounding bound); pick another fixture"
         question = judge_mod.fill(j.template, prompt=text, completion=c, reference=answer)
         assert f"\nReference answer: {answer}\nProposed answer: {c}\n" in question
-        assert scored[i] == j._encode(tok, question)  # exactly the question with the hand-made reference
-        lp, scale = _hand_logprobs(model, j._encode(tok, question), label_ids)
+        q_ids = j._encode(tok, question)
+        assert scored[i] == q_ids  # exactly the question with the hand-made reference
+        lp, scale = _hand_logprobs(model, q_ids, label_ids)
         want = torch.log_softmax(lp, 0)
         assert_rounding_close(torch.tensor(j.distributions([question], j.labels)[0], dtype=torch.float64), want,
-                              n_terms=_tol(model, len(question) + 5), scale=2 * scale, depth=FORWARD_DEPTH + 1,
+                              n_terms=_tol(model, len(q_ids) + 5), scale=2 * scale, depth=FORWARD_DEPTH + 1,
                               what=f"sample {i}, reference-guided judge")
         assert values[i] == pytest.approx(float(want.exp()[0]), abs=1e-5)
     assert j.references([judge_mod.prompt_text(PROMPTS[1])]) == [_naive_answer(

@@ -1,4 +1,4 @@
-"""Where positions in a text fall in its token ids."""
+"""Where positions in a text fall in its token ids, and which tokens end a response."""
 
 from __future__ import annotations
 
@@ -40,3 +40,15 @@ def step_end_positions(tokenizer, ids: Sequence[int], end_chars: Sequence[int]) 
                 lo = mid + 1
         out.append(max(lo - 1, 0))
     return out
+
+
+def eos_ids(model, tokenizer) -> list[int]:
+    """Every token that ends a response: the tokenizer's eos plus the model's generation eos ids."""
+    ids = {tokenizer.eos_token_id}
+    gen = getattr(model, "generation_config", None)
+    extra = getattr(gen, "eos_token_id", None) if gen is not None else None
+    if isinstance(extra, int):
+        ids.add(extra)
+    elif extra:
+        ids.update(extra)
+    return sorted(i for i in ids if i is not None)

@@ -62,6 +62,7 @@ import torch
 from rlft.models.forward import response_logprobs
 from rlft.models.loading import load_model, load_tokenizer, resolve_device
 from rlft.models.reward_head import pad_batch
+from rlft.models.tokens import eos_ids
 from rlft.rewards.base import REWARDS, batched, check_choices
 from rlft.rewards.model import read_checkpoint_config
 
@@ -119,9 +120,11 @@ class Judge:
     def __post_init__(self) -> None:
         """Check the parameters and the checkpoint's config (not its weights)."""
         check_choices(self)
+        if not self.template:
+            object.__setattr__(self, "template", REFERENCE_TEMPLATE if self.reference_tokens > 0 else TEMPLATE)
         if self.device != "auto" and self.device.split(":")[0] not in ("cpu", "cuda"):
             raise ValueError(f"device: must be auto, cpu, cuda or cuda:N, got {self.device!r}")
-        _check_template(self.template or TEMPLATE, "template", ("prompt", "completion"))
+        _check_template(self.template, "template", ("prompt", "completion"))
         _check_template(self.pair_template, "pair_template", ("prompt", "first", "second"))
         _check_labels(self.labels, "labels")
         _check_labels(self.pair_labels, "pair_labels")
@@ -136,8 +139,6 @@ class Judge:
                 raise ValueError(f"{key}: must be >= 1, got {getattr(self, key)}")
         if self.reference_tokens < 0:
             raise ValueError(f"reference_tokens: must be >= 0 (0: no reference answer), got {self.reference_tokens}")
-        if not self.template:
-            object.__setattr__(self, "template", REFERENCE_TEMPLATE if self.reference_tokens else TEMPLATE)
         if self.reference_tokens:
             _check_template(self.template, "template", ("prompt", "completion", "reference"))
             _check_template(self.reference_template, "reference_template", ("prompt",))
@@ -189,16 +190,8 @@ class Judge:
         else:
             fresh = {}
         out = [fresh[q] if q in fresh else cache[q] for q in questions]
-        with _LOCK:
-            for q in questions:  # most recently used last; the oldest leave first
-                if q in cache:
-                    cache.move_to_end(q)
-            if self.cache:
-                for q, d in fresh.items():
-                    if all(map(math.isfinite, d)):  # a NaN verdict is not kept: the next call asks again
-                        cache[q] = d
-                while len(cache) > self.cache:
-                    cache.popitem(last=False)
+        # a NaN verdict is not kept: the next call asks again
+        _remember(cache, questions, {q: d for q, d in fresh.items() if all(map(math.isfinite, d))}, self.cache)
         return out
 
     def references(self, prompts: Sequence[str]) -> list[str]:
@@ -213,15 +206,8 @@ class Judge:
             keep = max(self.max_length - self.reference_tokens, 1)
             ids = [self._encode(tok, fill(self.reference_template, prompt=p))[-keep:] for p in todo]
             fresh = dict(zip(todo, greedy_answers(model, tok, ids, self.reference_tokens, self.batch_size)))
-        with _LOCK:
-            out = [fresh[p] if p in fresh else kept[p] for p in prompts]
-            for p in prompts:
-                if p in kept:
-                    kept.move_to_end(p)
-            if self.cache:
-                kept.update(fresh)
-                while len(kept) > self.cache:
-                    kept.popitem(last=False)
+        out = [fresh[p] if p in fresh else kept[p] for p in prompts]
+        _remember(kept, prompts, fresh, self.cache)
         return out
 
     def _encode(self, tok, question: str) -> list[int]:
@@ -243,6 +229,19 @@ class Judge:
             if key not in _LOADED:
                 _LOADED[key] = load_judge(self.path, device, self.dtype, self.trust_remote_code)
             return _LOADED[key]
+
+
+def _remember(cache: OrderedDict, used: Sequence, fresh: dict, limit: int) -> None:
+    """``used`` keys become the most recently used, ``fresh`` entries join (``limit`` > 0) and the least recently
+    used leave past ``limit`` entries (0: nothing is kept)."""
+    with _LOCK:
+        for key in used:
+            if key in cache:
+                cache.move_to_end(key)
+        if limit:
+            cache.update(fresh)
+            while len(cache) > limit:
+                cache.popitem(last=False)
 
 
 def forget_cache() -> None:
@@ -307,17 +306,14 @@ def encode_labels(tok, labels: Sequence[str], key: str = "labels") -> list[list[
 def greedy_answers(model, tok, question_ids: list[list[int]], max_new_tokens: int, batch_size: int) -> list[str]:
     """What the model answers to each question, greedily, up to ``max_new_tokens`` tokens or its end of turn (the
     tokenizer's eos and the model's generation eos ids), decoded without special tokens, ``batch_size`` at a time."""
-    gen = getattr(model, "generation_config", None)
-    extra = getattr(gen, "eos_token_id", None)
-    stops = {tok.eos_token_id} | ({extra} if isinstance(extra, int) else set(extra or ()))
-    stops.discard(None)
+    stops = eos_ids(model, tok)
     device = next(model.parameters()).device
     out: list[str] = []
     for start in range(0, len(question_ids), batch_size):
         p_ids, p_mask, _ = pad_batch(question_ids[start:start + batch_size], tok.pad_token_id, "left")  # (b, T)
         with torch.inference_mode():
             rows = model.generate(input_ids=p_ids.to(device), attention_mask=p_mask.to(device), do_sample=False,
-                                  max_new_tokens=max_new_tokens, eos_token_id=sorted(stops),
+                                  max_new_tokens=max_new_tokens, eos_token_id=stops,
                                   pad_token_id=tok.pad_token_id)[:, p_ids.shape[1]:].tolist()  # (b, <= N)
         for row in rows:
             ends = [i for i, t in enumerate(row) if t in stops]

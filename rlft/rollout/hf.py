@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from rlft.models.lora import core_model
+from rlft.models.tokens import eos_ids
 from rlft.registry import Registry
 from rlft.rollout.batch import Batch, left_pad
 from rlft.rollout.decode import Sampled, sample, supports_fast_sampling
@@ -40,18 +41,6 @@ def sampling_args(rollout, *, temperature: float | None = None) -> dict:
     return {"max_new_tokens": rollout.max_new_tokens, "top_p": rollout.top_p, "top_k": rollout.top_k,
             "temperature": rollout.temperature if temperature is None else temperature, "sampler": rollout.sampler,
             "sampler_options": rollout.sampler_options}
-
-
-def eos_ids(model, tokenizer) -> list[int]:
-    """Every token that ends a response: the tokenizer's eos plus the model's generation eos ids."""
-    ids = {tokenizer.eos_token_id}
-    gen = getattr(model, "generation_config", None)
-    extra = getattr(gen, "eos_token_id", None) if gen is not None else None
-    if isinstance(extra, int):
-        ids.add(extra)
-    elif extra:
-        ids.update(extra)
-    return sorted(i for i in ids if i is not None)
 
 
 @torch.no_grad()
