@@ -119,6 +119,34 @@ def test_the_same_prompt_and_completion_is_not_scored_twice(tiny_model_dir, fres
     assert calls == [2, 1, 1, 1, 1, 1, 1]  # one entry kept: #### 2 pushed #### 1 out
 
 
+def test_a_question_over_max_length_loses_the_prompts_start_and_keeps_the_completion(tiny_model_dir, fresh_cache,
+                                                                                    monkeypatch):
+    """The question is cut from its start to max_length minus the longest label: what goes is the start of the
+    prompt; the completion, the question after it and the reply's start are scored whole."""
+    asked: list[list[int]] = []
+    real = judge_mod.sequence_logprobs
+
+    def recording(model, question_ids, *args, **kwargs):
+        asked.extend(question_ids)
+        return real(model, question_ids, *args, **kwargs)
+
+    monkeypatch.setattr(judge_mod, "sequence_logprobs", recording)
+    j = Judge(path=str(tiny_model_dir), labels=("yes", "no"), max_length=200)
+    model, tok = j._load()
+    long_prompt = "Numbers follow. " + " ".join(str(k) for k in range(60)) + "\nmax(1,7,3)=? Answer after ####."
+    completion = "I compared them all and the largest is 7\n#### 7"
+    full = j._encode(tok, judge_mod.fill(j.template, prompt=long_prompt, completion=completion))
+    assert len(full) > 300  # the tiny tokenizer reads characters: far over max_length
+    value = j([completion, "#### 7"], [{"prompt": long_prompt}, {"prompt": "max(1,7,3)=?"}])
+    assert len(value) == 2 and all(0 <= v <= 1 for v in value)
+    cut, short = asked
+    assert len(cut) == 200 - 3 and cut == full[-197:]  # max_length minus "yes", the longest label
+    text = tok.decode(cut)
+    assert f"Proposed answer: {completion}\nIs the proposed answer right? Say yes or no." in text
+    assert text.endswith("\nA: ") and "Numbers follow" not in text and "max(1,7,3)=?" in text
+    assert short == j._encode(tok, judge_mod.fill(j.template, prompt="max(1,7,3)=?", completion="#### 7"))  # fits
+
+
 def test_batching_equals_one_question_at_a_time(tiny_model_dir, fresh_cache):
     j = Judge(path=str(tiny_model_dir), labels=("yes", "no", "maybe"), scores=(1.0, 0.0, 0.5))
     model, tok = j._load()
