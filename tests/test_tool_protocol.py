@@ -172,7 +172,8 @@ def test_several_calls_in_one_turn_are_each_cut_at_max_chars():
     whole, one a character longer is cut, and a long answer does not take the room of the others."""
     env = ToolEnv(protocol="json", max_chars=5, max_calls=5)
     turn = (call("calculator", expression="12345") + call("calculator", expression="123456")
-            + call("calc", expression="1") + call("calculator", expression="10**30") + call("calculator", expression="7"))
+            + call("calc", expression="1") + call("calculator", expression="10**30")
+            + call("calculator", expression="7"))
     s = env.step(turn)
     assert [json.loads(line) for line in s.observation.splitlines()] == [
         {"name": "calculator", "content": "12345"},  # exactly max_chars: whole
