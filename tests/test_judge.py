@@ -119,6 +119,75 @@ def test_the_same_prompt_and_completion_is_not_scored_twice(tiny_model_dir, fres
     assert calls == [2, 1, 1, 1, 1, 1, 1]  # one entry kept: #### 2 pushed #### 1 out
 
 
+def _recording(monkeypatch) -> list[list[int]]:
+    """Patch sequence_logprobs to record the token ids of every question it scores."""
+    asked: list[list[int]] = []
+    real = judge_mod.sequence_logprobs
+
+    def recording(model, question_ids, *args, **kwargs):
+        asked.extend(question_ids)
+        return real(model, question_ids, *args, **kwargs)
+
+    monkeypatch.setattr(judge_mod, "sequence_logprobs", recording)
+    return asked
+
+
+LONG_PROMPT = "Numbers follow. " + " ".join(str(k) for k in range(60)) + "\nmax(1,7,3)=? Answer after ####."
+COMPLETION = "I compared them all and the largest is 7\n#### 7"
+
+
+@pytest.mark.parametrize("template", [
+    "",  # the default: the completion after the prompt
+    "Proposed answer: {completion}\nThe question was: {prompt}\nIs the proposed answer right? Say yes or no.",
+])
+def test_a_question_over_max_length_loses_the_prompts_start_and_keeps_the_completion(tiny_model_dir, fresh_cache,
+                                                                                    monkeypatch, template):
+    """The question and its longest label fit max_length: what goes is the start of the prompt, wherever the
+    template puts it; the completion, the template's own words and the chat markup around them are scored whole."""
+    asked = _recording(monkeypatch)
+    j = Judge(path=str(tiny_model_dir), labels=("yes", "no"), max_length=200, template=template)
+    model, tok = j._load()
+    whole = j._encode(tok, judge_mod.fill(j.template, prompt=LONG_PROMPT, completion=COMPLETION))
+    assert len(whole) > 300  # the tiny tokenizer reads characters: far over max_length
+    value = j([COMPLETION, "#### 7"], [{"prompt": LONG_PROMPT}, {"prompt": "max(1,7,3)=?"}])
+    assert len(value) == 2 and all(0 <= v <= 1 for v in value)
+    cut, short = asked
+    assert 190 <= len(cut) <= 200 - 3  # max_length minus "yes", the longest label; whole tokens of the prompt go
+    text = tok.decode(cut)
+    kept = LONG_PROMPT[-(len(LONG_PROMPT) - (len(whole) - len(cut))):]  # characters: the prompt's last ones
+    assert text == tok.decode(j._encode(tok, judge_mod.fill(j.template, prompt=kept, completion=COMPLETION)))
+    assert kept.endswith("max(1,7,3)=? Answer after ####.") and not kept.startswith("Numbers follow")
+    assert f"Proposed answer: {COMPLETION}\n" in text and "Is the proposed answer right? Say yes or no." in text
+    assert text.startswith("Q: ") and text.endswith("\nA: ")  # the tiny chat template's markup, whole
+    assert short == j._encode(tok, judge_mod.fill(j.template, prompt="max(1,7,3)=?", completion="#### 7"))  # fits
+
+
+def test_a_completion_longer_than_max_length_keeps_its_end(tiny_model_dir, fresh_cache, monkeypatch):
+    """Only a completion that cannot fit even without the prompt is cut, from its start: its final answer (at the
+    end) and the question after it are what the judge reads."""
+    asked = _recording(monkeypatch)
+    j = Judge(path=str(tiny_model_dir), labels=("yes", "no"), max_length=200)
+    model, tok = j._load()
+    rambling = "let me think " * 30 + "so the largest is 7\n#### 7"
+    j([rambling], [{"prompt": "max(1,7,3)=?"}])
+    (ids,) = asked
+    without_prompt = j._encode(tok, judge_mod.fill(j.template, prompt="", completion=rambling))
+    assert len(without_prompt) > 200 and ids == without_prompt[-197:]
+    assert tok.decode(ids).endswith("so the largest is 7\n#### 7\nIs the proposed answer right? Say yes or no.\nA: ")
+
+
+def test_pairs_over_max_length_keep_both_answers(tiny_model_dir, fresh_cache, monkeypatch):
+    asked = _recording(monkeypatch)
+    j = Judge(path=str(tiny_model_dir), max_length=200)
+    model, tok = j._load()
+    p = j.compare([LONG_PROMPT], ["#### 7 since 7 is the largest"], ["#### 3 since 3 comes last"])
+    assert len(p) == 1 and 0 <= p[0] <= 1
+    for ids, (first, second) in zip(asked, [("#### 7 since", "#### 3 since"), ("#### 3 since", "#### 7 since")]):
+        text = tok.decode(ids)
+        assert len(ids) <= 200 - 1 and text.startswith("Q: ") and text.endswith("\nA: ")
+        assert f"Answer 1: {first}" in text and f"Answer 2: {second}" in text and "Numbers follow" not in text
+
+
 def test_batching_equals_one_question_at_a_time(tiny_model_dir, fresh_cache):
     j = Judge(path=str(tiny_model_dir), labels=("yes", "no", "maybe"), scores=(1.0, 0.0, 0.5))
     model, tok = j._load()

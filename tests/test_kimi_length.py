@@ -112,6 +112,27 @@ def test_an_unscorable_verdict_gives_none():
         del REWARDS._items["test_picky"]
 
 
+def test_the_bonus_goes_only_to_fully_correct_answers():
+    """Correct means the checker's full score (>= 1, as eval.correct_fn): a partial score is an incorrect answer,
+    min(0, lambda), so a short near miss gains nothing while a long one still loses."""
+    texts = ["#### 43", "#### 42", "#### 42", "#### 41", "#### 50"]  # partial, full, full, partial, wrong
+    samples = [{"ground_truth": "42", "num_tokens": n} for n in (10, 20, 30, 50, 40)]
+    assert [REWARDS.get("partial_credit")(t, s) for t, s in zip(texts, samples)] == [0.5, 1.0, 1.0, 0.5, 0.0]
+    # lambda = 0.5 - (len - 10) / 40: 0.5, 0.25, 0, -0.5, -0.25
+    assert KimiLength(correct="partial_credit")(texts, samples) == [0.0, 0.25, 0.0, -0.5, -0.25]
+
+    def graded(completion, sample):
+        return float(completion)
+
+    REWARDS._items["test_graded"] = graded
+    try:  # chars: lengths 4 (shortest) to 9 (longest), lambda = 0.5 - (len - 4) / 5
+        scores = ["0.99", "1.000", "0.5000", "1.00000", "2.000000", "0.0000001"]  # 4, 5, ..., 9 chars
+        assert KimiLength(correct="test_graded", unit="chars")(scores, [{}] * 6) == pytest.approx(
+            [0.0, 0.3, 0.0, -0.1, -0.3, -0.5], abs=1e-12)  # 0.99, 0.5 and 1e-7 are not correct; 2 is
+    finally:
+        del REWARDS._items["test_graded"]
+
+
 def test_in_score_batch_each_group_is_its_own():
     texts = ["#### 1", "#### 1", "#### 1", "#### 2"]
     samples = [{"ground_truth": "1", "num_tokens": n} for n in (5, 15, 40, 40)]

@@ -215,6 +215,36 @@ def test_the_metrics_report_the_planted_gap():
     assert m["rollout_corr/masked_frac"] == pytest.approx((3 * 3 + 1) / 17, abs=1e-12)
 
 
+# row 0: log rho_t = (0.3, 0.3, 0.3), sum 0.9; row 1: (0.6, -0.6, 0), sum 0. The largest token ratio is e^0.6 (row 1),
+# the largest sequence ratio e^0.9 (row 0): the two levels disagree on which row and which value
+SEQ_OLD = torch.tensor([[-1.0, -1.0, -1.0, 0.0], [-2.0, -2.6, -0.5, 3.0]], dtype=torch.float64)
+SEQ_ROLLOUT = torch.tensor([[-1.3, -1.3, -1.3, -4.0], [-2.6, -2.0, -0.5, 1.0]], dtype=torch.float64)
+
+
+@pytest.mark.parametrize("mode, ratio_max, masked_frac", [
+    ("token_tis", math.exp(0.6), 0.0),
+    ("token_mis", math.exp(0.6), 0.0),  # e^0.3, e^0.6, e^-0.6 = 0.549 and 1 are all inside [0.5, 2]
+    ("seq_tis", math.exp(0.9), 0.0),
+    ("seq_mis", math.exp(0.9), 3 / 6),  # row 0's sequence ratio e^0.9 = 2.46 > 2 drops its three tokens
+    ("off", math.exp(0.6), 0.0),
+])
+def test_the_sequence_modes_report_the_sequence_ratio(mode, ratio_max, masked_frac):
+    """rollout_corr/ratio_max is the ratio the mode weighs by: prod_t rho_t for seq_tis and seq_mis, never the
+    largest per-token rho_t; the metrics the trainer logs (``update.corrected``) say the same."""
+    from types import SimpleNamespace
+
+    micro = SimpleNamespace(rollout_logp=SEQ_ROLLOUT)
+    pg = torch.ones_like(SEQ_OLD)
+    _, parts = upd.corrected(pg, SEQ_OLD, micro, MASK, mode, AlgoConfig(rollout_corr_cap=2.0, rollout_corr_low=0.5))
+    m = gap_metrics([parts])
+    assert m["rollout_corr/ratio_max"] == pytest.approx(ratio_max, rel=1e-6)  # float32 exp
+    assert m["rollout_corr/masked_frac"] == pytest.approx(masked_frac, abs=1e-15)
+    # the gap metrics stay per token whatever the level: |0.3| x 3, |0.6| x 2, 0 over six tokens
+    assert m["rollout_corr/logp_gap_mean"] == pytest.approx((0.9 + 1.2) / 6, abs=1e-12)
+    assert m["rollout_corr/logp_gap_max"] == pytest.approx(0.6, abs=1e-12)
+    assert m["rollout_corr/kl"] == pytest.approx(-0.9 / 6, abs=1e-12)  # mean of log mu - log pi_old
+
+
 def test_the_update_keeps_the_largest_maximum_over_its_optimizer_steps(monkeypatch):
     """A mini-batch's ``_max`` metrics are maxima; over the update's optimizer steps they stay maxima (the largest),
     while every other metric is averaged."""

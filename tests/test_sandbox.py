@@ -6,10 +6,18 @@ memory, processes of the sandbox's uids, zombies, the environment, a listening
 socket) and end within its deadline plus a margin. The jail's tests need root
 (each sample gets host uids of its own) and a working bwrap; without them they
 skip with the reason.
+
+/dev/shm and the System V IPC tables are the whole machine's: any process may
+add to them while the corpus runs. The corpus is therefore scored in a process
+of its own with an IPC namespace and a /dev/shm of its own (``unshare``), where
+every entry is one the sandbox made; where no namespace can be made, only the
+entries owned by one of the sandbox's host uids are compared.
 """
 
 from __future__ import annotations
 
+import functools
+import json
 import math
 import os
 import socket
@@ -55,8 +63,8 @@ WHY_NOT = _jail_works()
 needs_jail = pytest.mark.skipif(bool(WHY_NOT), reason=f"the jail does not run here: {WHY_NOT}")
 
 
-def sandbox_processes() -> list[int]:
-    """Pids of processes running as one of the sandbox's host uids."""
+def sandbox_processes(uids: set[int] | None = None) -> list[int]:
+    """Pids of processes running as one of the sandbox's host uids (of ``uids`` only, when given)."""
     pids = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -64,9 +72,30 @@ def sandbox_processes() -> list[int]:
                 uid = os.stat(f"/proc/{entry}").st_uid
             except FileNotFoundError:
                 continue
-            if jail.BASE_UID <= uid < jail.BASE_UID + 2 * jail.SLOTS:
+            if jail.BASE_UID <= uid < jail.BASE_UID + 2 * jail.SLOTS and (uids is None or uid in uids):
                 pids.append(int(entry))
     return pids
+
+
+def recording_slots() -> set[int]:
+    """From now on, the host uids of the slots this process's runs take (every other run on the machine takes
+    others) join the set returned; ``sandbox_processes(that set)`` is then what this process's runs left running."""
+    uids, take = set(), jail.Slot.__init__
+
+    def taking(self):
+        take(self)
+        if self.index >= 0:
+            uids.update({jail.BASE_UID + 2 * self.index, jail.BASE_UID + 2 * self.index + 1})
+
+    jail.Slot.__init__ = taking
+    return uids
+
+
+@pytest.fixture
+def own_slots(monkeypatch) -> set[int]:
+    """``recording_slots`` for one test (jail.Slot restored after it)."""
+    monkeypatch.setattr(jail.Slot, "__init__", jail.Slot.__init__)
+    return recording_slots()
 
 
 def zombie_children(pid: int) -> list[int]:
@@ -84,11 +113,30 @@ def zombie_children(pid: int) -> list[int]:
     return found
 
 
-def host_state() -> dict:
-    """What a run must leave as it was: /dev/shm, System V IPC objects, sandbox processes."""
-    ipc = {name: Path(f"/proc/sysvipc/{name}").read_text().splitlines()[1:] if Path(f"/proc/sysvipc/{name}").exists()
-           else [] for name in ("shm", "msg", "sem")}
-    return {"shm": sorted(os.listdir("/dev/shm")), "ipc": ipc, "sandbox_processes": sandbox_processes()}
+def sandbox_uid(uid: int) -> bool:
+    return jail.BASE_UID <= uid < jail.BASE_UID + 2 * jail.SLOTS
+
+
+def ipc_state(everything: bool) -> dict:
+    """The /dev/shm entries and System V IPC objects (table: "key id uid cuid") this process sees: all of them
+    (``everything``: in a namespace of the test's own, where only the sandbox adds any), else those owned or
+    created by one of the sandbox's host uids (the machine's namespace, which every other process shares too)."""
+    shm = []
+    for name in os.listdir("/dev/shm"):
+        try:
+            if everything or sandbox_uid(os.lstat(f"/dev/shm/{name}").st_uid):
+                shm.append(name)
+        except FileNotFoundError:
+            continue
+    ipc = {}
+    for table in ("shm", "msg", "sem"):
+        path = Path(f"/proc/sysvipc/{table}")
+        lines = path.read_text().splitlines() if path.exists() else []
+        rows = [dict(zip(lines[0].split(), line.split())) for line in lines[1:]]
+        ident = {"shm": "shmid", "msg": "msqid", "sem": "semid"}[table]
+        ipc[table] = sorted(f"{r['key']} {r[ident]} {r['uid']} {r['cuid']}" for r in rows
+                            if everything or sandbox_uid(int(r["uid"])) or sandbox_uid(int(r["cuid"])))
+    return {"shm": sorted(shm), "ipc": ipc}
 
 
 def shmem_kib() -> int:
@@ -198,10 +246,10 @@ def test_a_value_that_cannot_cross_fails_its_test_and_is_counted():
      Limits(), "n[:4] == (65534, 2, '/tmp', ['LC_CTYPE', 'PWD']) and set(n[4]) <= {'dev', 'lib', 'lib64', 'lib32', "
      "'libx32', 'proc', 'root', 'sandbox', 'tmp', 'usr', 'home', 'opt'} and n[5] == [] and n[6] == []"),
 ])
-def test_limits_with_benign_programs(program, limits, expect):
+def test_limits_with_benign_programs(program, limits, expect, own_slots):
     r = run(program + "\ndef got():\n    return n\n", asserts=(f"n = got()\nassert {expect}, n",), limits=limits)
     assert r.passed == frozenset({0}), r.reason
-    assert sandbox_processes() == []
+    assert own_slots and sandbox_processes(own_slots) == []
 
 
 @needs_jail
@@ -259,8 +307,8 @@ def host(tmp_path, monkeypatch):
     leaks = ["/tmp/rlft_hostile_pwned.txt", "/var/tmp/rlft_hostile_pwned.txt", "/dev/shm/rlft_hostile_pwned.txt",
              "/rlft_hostile_pwned.txt", "/tmp/rlft_hostile_shell", "/root/rlft_hostile_pwned.txt"]
     before = {p: os.path.exists(p) for p in leaks}
-    yield {"dir": canary_dir, "canary": canary, "listener": listener, "leaks": before, "state": host_state(),
-           "shmem_kib": shmem_kib()}
+    yield {"dir": str(canary_dir), "canary": str(canary), "port": listener.getsockname()[1], "listener": listener,
+           "leaks": before, "shmem_kib": shmem_kib()}
     listener.close()
     for p, existed in before.items():
         if not existed and os.path.exists(p):
@@ -272,8 +320,8 @@ def host(tmp_path, monkeypatch):
 
 def _program(path: Path, host: dict) -> str:
     text = path.read_text()
-    for key, value in (("{CANARY_DIR}", str(host["dir"])), ("{CANARY}", str(host["canary"])),
-                       ("{PORT}", str(host["listener"].getsockname()[1])), ("{HOST_PID}", str(os.getpid())),
+    for key, value in (("{CANARY_DIR}", host["dir"]), ("{CANARY}", host["canary"]),
+                       ("{PORT}", str(host["port"])), ("{HOST_PID}", str(os.getpid())),
                        ("{DATA_DIR}", str(DATA)), ("{CHECKOUT}", str(CHECKOUT))):
         text = text.replace(key, value)
     return text
@@ -292,23 +340,110 @@ def _score(path: Path, host: dict) -> tuple[dict, float]:
     return result, time.monotonic() - t0
 
 
+SCORER = """
+import json, os, sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+sys.path.insert(0, {tests!r})
+from test_sandbox import _score, ipc_state, recording_slots, sandbox_processes, zombie_children
+host, paths, everything = json.loads(sys.argv[1]), [Path(p) for p in json.loads(sys.argv[2])], sys.argv[3] == "all"
+own = recording_slots()
+before = ipc_state(everything)
+if os.environ.get("RLFT_TEST_SCORER_READY"):  # a test waits for the state before the runs to be taken
+    Path(os.environ["RLFT_TEST_SCORER_READY"]).touch()
+with ThreadPoolExecutor(2) as pool:
+    results = dict(zip((p.stem for p in paths), pool.map(lambda p: _score(p, host), paths)))
+print(json.dumps({{"results": results, "before": before, "after": ipc_state(everything),
+                  "zombies": zombie_children(os.getpid()), "processes": sandbox_processes(own), "slots": len(own)}}))
+"""
+# a namespace of the scorer's own: IPC objects and a /dev/shm that only it and its jails see
+PRIVATE = ["unshare", "--ipc", "--mount", "--propagation", "private", "--", "sh", "-c",
+           'mount -t tmpfs -o mode=1777,size=64m rlft-test-shm /dev/shm && exec "$0" "$@"']
+
+
+@functools.lru_cache(maxsize=1)
+def private_namespace() -> bool:
+    """Whether the scorer can run in an IPC namespace and a /dev/shm of its own here (root with unshare(1))."""
+    try:
+        return subprocess.run([*PRIVATE, "true"], capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def score_corpus(host: dict, paths: list[Path], env: dict | None = None) -> dict:
+    """Score ``paths`` two at a time in a process of their own, in a private namespace where one can be made:
+    {"results": name -> (verdict, seconds), "before"/"after": its ipc_state, "zombies": its unreaped children,
+    "processes": what still runs as the host uids its runs had,
+    "scope": "all" (every entry the scorer saw) or "sandbox" (the machine's, only the sandbox uids' entries)}."""
+    scope = "all" if private_namespace() else "sandbox"
+    args = [json.dumps({k: host[k] for k in ("dir", "canary", "port")}), json.dumps([str(p) for p in paths]), scope]
+    cmd = [sys.executable, "-c", SCORER.format(tests=str(Path(__file__).parent)), *args]
+    out = subprocess.run([*PRIVATE, *cmd] if scope == "all" else cmd, capture_output=True, text=True, timeout=600,
+                         env={**os.environ, **(env or {})})
+    assert out.returncode == 0, out.stderr[-3000:]
+    return {**json.loads(out.stdout.splitlines()[-1]), "scope": scope}
+
+
 @needs_jail
 def test_hostile_corpus_never_passes_and_leaves_nothing_behind(host):
-    with ThreadPoolExecutor(2) as pool:
-        results = dict(zip((p.stem for p in CORPUS), pool.map(lambda p: _score(p, host), CORPUS)))
+    scored = score_corpus(host, CORPUS)
+    results = scored["results"]
+    assert sorted(results) == sorted(p.stem for p in CORPUS)
     passing = {name: r for name, (r, _) in results.items() if r["passed"] or r["n_passed"]}
     assert passing == {}
     late = {name: round(s, 2) for name, (_, s) in results.items() if s > TIMEOUT_S + MARGIN_S}
     assert late == {}
-    assert host["canary"].read_text() == "untouched"
-    assert sorted(f.name for f in host["dir"].iterdir()) == ["canary.txt"]
+    assert Path(host["canary"]).read_text() == "untouched"
+    assert sorted(f.name for f in Path(host["dir"]).iterdir()) == ["canary.txt"]
     assert {p: os.path.exists(p) for p in host["leaks"]} == host["leaks"]
     with pytest.raises(BlockingIOError):
         host["listener"].accept()  # nobody connected
     assert os.environ["RLFT_TEST_SECRET"] == "s3cret-value"
-    assert host_state() == host["state"]
-    assert zombie_children(os.getpid()) == []
+    assert scored["after"] == scored["before"], f"left behind (scope {scored['scope']})"
+    assert scored["slots"] > 0  # the processes below are those of these runs' uids
+    assert scored["processes"] == [] and scored["zombies"] == [] and zombie_children(os.getpid()) == []
     assert shmem_kib() - host["shmem_kib"] < 64 * 1024  # tmpfs pages of the runs were given back
+
+
+UNRELATED = """
+import ctypes, os, sys, time
+from multiprocessing import shared_memory
+libc = ctypes.CDLL(None, use_errno=True)
+deadline = time.monotonic() + 60
+while not os.path.exists(sys.argv[1]) and time.monotonic() < deadline:  # the scorer took its "before"
+    time.sleep(0.01)
+seg = libc.shmget(0, 4096, 0o1600)  # IPC_PRIVATE, IPC_CREAT | 0600
+made = shared_memory.SharedMemory(create=True, size=4096)
+print(seg, made.name, flush=True)
+sys.stdin.read()  # until the test has looked
+made.close()
+made.unlink()
+libc.shmctl(seg, 0, None)  # IPC_RMID
+"""
+
+
+@needs_jail
+def test_shared_memory_another_process_makes_meanwhile_is_not_the_sandbox_s(host, tmp_path):
+    """An unrelated process of the machine creates a /dev/shm file and a System V segment while samples run, and
+    keeps them: the comparison is not disturbed (the scorer sees only what its sandbox could have made)."""
+    paths = [HOSTILE / "res_sysv_and_mqueue.py", HOSTILE / "res_posix_shared_memory.py",
+             HOSTILE / "write_outside.py"]
+    ready = tmp_path / "scorer-ready"
+    machine = ipc_state(True)
+    with subprocess.Popen([sys.executable, "-c", UNRELATED, str(ready)], stdin=subprocess.PIPE,
+                          stdout=subprocess.PIPE, text=True) as other:
+        # the other process creates its objects once the scorer took its "before", while the samples run
+        scored = score_corpus(host, paths * 2, env={"RLFT_TEST_SCORER_READY": str(ready)})
+        seg, name = other.stdout.readline().split()
+        try:
+            now = ipc_state(True)  # the machine's: a comparison of the whole machine would fail
+            assert name in now["shm"] and name not in machine["shm"]
+            assert any(entry.split()[1] == seg for entry in now["ipc"]["shm"])
+            assert scored["after"] == scored["before"], f"left behind (scope {scored['scope']})"
+            assert not any(r["passed"] or r["n_passed"] for r, _ in scored["results"].values())
+        finally:
+            other.stdin.close()
+    assert other.returncode == 0 and name not in os.listdir("/dev/shm")
 
 
 # ---- samples side by side, and a parent that runs many -------------------------------------------------------
@@ -339,7 +474,7 @@ def f(x):
 
 
 @needs_jail
-def test_a_sample_that_hogs_threads_and_memory_does_not_starve_a_correct_threaded_one():
+def test_a_sample_that_hogs_threads_and_memory_does_not_starve_a_correct_threaded_one(own_slots):
     hog = Code(timeout_s=6.0, max_procs=16, memory_mb=256)
     fair = Code(timeout_s=6.0, max_procs=16, memory_mb=256)
     with ThreadPoolExecutor(2) as pool:
@@ -348,7 +483,7 @@ def test_a_sample_that_hogs_threads_and_memory_does_not_starve_a_correct_threade
         correct = pool.submit(fair.check, f"```python\n{THREADED}\n```", {"extra": dict(MBPP_TASK)})
         assert correct.result()["passed"], correct.result()
         assert hogging.result()["status"] == "timeout"
-    assert sandbox_processes() == []
+    assert own_slots and sandbox_processes(own_slots) == []
 
 
 DRIVER = """
@@ -356,12 +491,14 @@ import os, sys
 from concurrent.futures import ThreadPoolExecutor
 from rlft.rewards.sandbox import Limits, run
 sys.path.insert(0, {tests!r})
-from test_sandbox import sandbox_processes, zombie_children
+from test_sandbox import recording_slots, sandbox_processes, zombie_children
+own = recording_slots()
 limits = Limits(timeout_s=0.3)
 with ThreadPoolExecutor(4) as pool:
     results = list(pool.map(lambda i: run("import time\\ntime.sleep(60)", asserts=("assert True",), limits=limits),
                             range(100)))
-print(sum(r.status == "timeout" for r in results), len(zombie_children(os.getpid())), len(sandbox_processes()))
+print(sum(r.status == "timeout" for r in results), len(zombie_children(os.getpid())), len(sandbox_processes(own)),
+      len(own) > 0)
 print(*{{(r.status, r.reason) for r in results if r.status != "timeout"}}, file=sys.stderr)
 """
 
@@ -372,8 +509,7 @@ def test_after_100_timed_out_samples_no_zombie_and_no_sandbox_process_remains():
     code = DRIVER.format(tests=str(Path(__file__).parent))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split() == ["100", "0", "0"], out.stderr[-2000:]
-    assert sandbox_processes() == []
+    assert out.stdout.split() == ["100", "0", "0", "True"], out.stderr[-2000:]
 
 
 # ---- the weaker mode, by name ---------------------------------------------------------------------------------

@@ -167,6 +167,27 @@ def test_a_tool_that_raises_and_long_output_are_answered_not_raised():
     assert env.step(call("calculator", expression="10**9")).observation == "100...[cut]"
 
 
+def test_several_calls_in_one_turn_are_each_cut_at_max_chars():
+    """Each output and each error of a turn's calls is cut at max_chars on its own: one of exactly max_chars is kept
+    whole, one a character longer is cut, and a long answer does not take the room of the others."""
+    env = ToolEnv(protocol="json", max_chars=5, max_calls=5)
+    turn = (call("calculator", expression="12345") + call("calculator", expression="123456")
+            + call("calc", expression="1") + call("calculator", expression="10**30")
+            + call("calculator", expression="7"))
+    s = env.step(turn)
+    assert [json.loads(line) for line in s.observation.splitlines()] == [
+        {"name": "calculator", "content": "12345"},  # exactly max_chars: whole
+        {"name": "calculator", "content": "12345...[cut]"},  # one more: cut
+        {"name": None, "error": "unkno...[cut]"},  # unknown tool 'calc'; tools: calculator
+        {"name": "calculator", "content": "10000...[cut]"},
+        {"name": "calculator", "content": "7"}]
+    assert s.info == {"tool": "calculator", "error": "unknown tool 'calc'; tools: calculator", "calls": 5, "errors": 1}
+    # the same answers, one a turn: each observation is what the turn of several calls showed for it
+    one = ToolEnv(protocol="json", max_chars=5)
+    assert [one.step(call("calculator", expression=e)).observation for e in ("12345", "123456", "10**30")] == [
+        "12345", "12345...[cut]", "10000...[cut]"]
+
+
 SINGLE_CALLS = [("calculator", "2*3"), ("calc", "1"), ("calculator", "1/0"), ("calculator", "2^3"), ("calculator", "4")]
 
 

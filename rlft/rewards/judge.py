@@ -107,7 +107,7 @@ class Judge:
     cache: int = 65536
     """Distinct questions whose verdicts are kept per process (least recently used dropped first); 0: no cache."""
     max_length: int = 2048
-    """Longest question in tokens; a longer one loses its start (the completion, at the end, is kept)."""
+    """Longest question in tokens, its longest label included; a longer one loses the start of its prompt, never the completion or the rest of the template (only a completion longer than max_length loses its start)."""
     device: str = "auto"
     """'auto' (cuda if available, else cpu), 'cpu', 'cuda' or 'cuda:N'."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
@@ -162,19 +162,39 @@ class Judge:
         """The expected label score of every (completion, sample)."""
         prompts = [prompt_text(s.get("prompt", "")) for s in samples]
         refs = self.references(prompts) if self.reference_tokens else [""] * len(prompts)
-        questions = [fill(self.template, prompt=p, completion=c, reference=r)
-                     for c, p, r in zip(completions, prompts, refs)]
+        questions = self.fitted(self.template, self.labels, prompts, completion=completions, reference=refs)
         dists = self.distributions(questions, self.labels)  # (B, L) log-probs
         return [float(sum(math.exp(lp) * s for lp, s in zip(d, self.scores))) for d in dists]
 
     def compare(self, prompts: Sequence, firsts: Sequence[str], seconds: Sequence[str]) -> list[float]:
         """P(first better than second) per triple, the mean of the two orders' verdicts (position bias cancels)."""
         texts = [prompt_text(p) for p in prompts]
-        ab = [fill(self.pair_template, prompt=p, first=a, second=b) for p, a, b in zip(texts, firsts, seconds)]
-        ba = [fill(self.pair_template, prompt=p, first=b, second=a) for p, a, b in zip(texts, firsts, seconds)]
+        ab = self.fitted(self.pair_template, self.pair_labels, texts, first=firsts, second=seconds)
+        ba = self.fitted(self.pair_template, self.pair_labels, texts, first=seconds, second=firsts)
         dists = self.distributions(ab + ba, self.pair_labels)
         n = len(ab)
         return [0.5 * (math.exp(dists[i][0]) + math.exp(dists[n + i][1])) for i in range(n)]
+
+    def fitted(self, template: str, labels: tuple[str, ...], prompts: Sequence[str],
+               **fields: Sequence[str]) -> list[str]:
+        """``template`` filled with each prompt and the i-th of each of ``fields``; where the question and the
+        longest label are over ``max_length`` tokens, the prompt loses its start (whole tokens, re-measured) until
+        they fit, so that what a long question loses is never the completion or the template's own words."""
+        tok = self._load()[1]
+        label_ids = encode_labels(tok, labels, "labels" if labels == self.labels else "pair_labels")
+        keep = max(self.max_length - max(map(len, label_ids)), 1)  # as distributions keeps
+        out = []
+        for i, prompt in enumerate(prompts):
+            values = {k: v[i] for k, v in fields.items()}
+            question = fill(template, prompt=prompt, **values)
+            over = len(self._encode(tok, question)) - keep
+            ids = tok(prompt, add_special_tokens=False)["input_ids"] if over > 0 else []
+            while over > 0 and ids:
+                ids = ids[over:]
+                question = fill(template, prompt=tok.decode(ids, skip_special_tokens=True), **values)
+                over = len(self._encode(tok, question)) - keep
+            out.append(question)
+        return out
 
     def distributions(self, questions: Sequence[str], labels: tuple[str, ...]) -> list[tuple[float, ...]]:
         """Per question, the log-probs of ``labels`` normalised over them; cached per distinct question."""
@@ -184,7 +204,7 @@ class Judge:
             model, tok = self._load()
             label_ids = encode_labels(tok, labels, "labels" if labels == self.labels else "pair_labels")
             keep = max(self.max_length - max(map(len, label_ids)), 1)  # question + longest label fit max_length
-            ids = [self._encode(tok, q)[-keep:] for q in todo]
+            ids = [self._encode(tok, q)[-keep:] for q in todo]  # over only where the completion alone is
             lp = sequence_logprobs(model, ids, label_ids, tok.pad_token_id, self.batch_size)  # (Q, L)
             fresh = dict(zip(todo, map(tuple, torch.log_softmax(lp, dim=-1).tolist())))
         else:
