@@ -182,9 +182,11 @@ class AnswerTag:
     r"""1.0 if the completion's answer equals the ground truth, else 0.0; None without a ground truth.
 
     ``reading: last_value`` (the default): the answer is the last ``<answer>``
-    tag, else the last number. Two numbers are compared by value (``1,200`` =
-    ``1200.0``); otherwise the normalised strings (no spaces, ``$``, ``\text{}``,
-    trailing dot; case counts). An answer over ``MAX_ANSWER_CHARS`` (1000)
+    tag, else the last number. Two numbers are compared by value, the answer and
+    the truth read alike (``canonical_number``): ``1,200`` = ``1200.0`` =
+    ``$1,200.00``, and ``50%`` = ``50`` (a percent sign, a currency sign,
+    thousands separators and trailing zeros do not count); otherwise the
+    normalised strings (no spaces, ``$``, ``\text{}``, trailing dot; case counts). An answer over ``MAX_ANSWER_CHARS`` (1000)
     characters is wrong.
 
     ``reading: first_string``: the SFT-vs-RL tutorial's reading, the text after
@@ -195,6 +197,9 @@ class AnswerTag:
     >>> truth = {"ground_truth": "1200"}
     >>> answer_tag("<answer> 1,200 </answer>", truth), answer_tag("so it is 1200.0", truth)
     (1.0, 1.0)
+    >>> seventy = {"ground_truth": "70"}
+    >>> answer_tag("<answer>$70</answer>", seventy), answer_tag("<answer>$7</answer>", seventy)
+    (1.0, 0.0)
     >>> answer_tag("<answer>1200 apples</answer>", truth), answer_tag("<answer>Paris</answer>", {"ground_truth": " paris"})
     (0.0, 0.0)
     >>> answer_tag("<answer>\\text{Paris}.</answer>", {"ground_truth": "Paris"}), answer_tag("x", {}) is None
