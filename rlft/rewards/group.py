@@ -90,7 +90,7 @@ class Vote:
 
     Completions without an answer do not vote. Nobody is rewarded when the
     majority has fewer than ``min_votes`` votes or when two answers tie for it.
-    The tutorials' example, 8 samples of one prompt:
+    An example, 8 samples of one prompt:
 
     >>> texts = ["#### 42", "#### 42", "#### 41", "#### 42", "no answer", "#### 40", "#### 42", "#### 41"]
     >>> Vote()(texts, [{}] * 8)
@@ -126,7 +126,7 @@ REWARDS.register("vote")(Vote)  # majority_agreement's first name, kept for user
 class PartialCredit:
     """``full`` for the exact answer, ``partial`` within ``tolerance`` of it, else 0.0 (numeric answers).
 
-    The tutorials' example: the truth is 42, an answer off by one earns half.
+    As the SFT-vs-RL tutorial's cor_reward (1 of its 2 points 1 away): the truth is 42, an answer off by one earns half.
 
     >>> pc = PartialCredit(tolerance=1, partial=0.5)
     >>> [pc(f"#### {x}", {"ground_truth": "42"}) for x in (42, 43, 41, 44)] + [pc("none", {"ground_truth": "42"})]

@@ -69,8 +69,9 @@ def last_answer_tag(text: str) -> str | None:
 
 
 def first_answer_tag(text: str) -> str | None:
-    """The SFT-vs-RL tutorial's reading: the stripped text after the first ``<answer>`` up to the next
-    ``</answer>`` (to the end when it is never closed); None without an ``<answer>``.
+    """The stripped text after the first ``<answer>`` up to the next ``</answer>`` (to the end when it is never
+    closed); None without an ``<answer>``. After the SFT-vs-RL tutorial's correctness functions, which read closed
+    tags only.
 
     >>> first_answer_tag("<answer> 7 </answer> or <answer>Paris</answer>"), first_answer_tag("<answer>open ")
     ('7', 'open')
