@@ -299,3 +299,65 @@ def test_the_rl_trainer_hands_each_sample_its_mean_logp():
     without = _batch(logp, mask)
     without.rollout_logp, without.group_size, without.texts = None, 2, _tags(42, 41, 42, 42)
     assert score(without, examples, cfg).per_fn["cor_reward"] == [None] * 4  # no sampler log-probs at all
+
+
+# ---- the tutorial's code as TRL calls it (issue 49: which reading is "the code as written") ------------------------
+
+_TUTORIAL_XML_RE = re.compile(r"<answer>(.*?)</answer>", re.S)
+
+
+def _tutorial_num(x):
+    return re.sub(r"[%$,]", "", x).strip()
+
+
+def tutorial_cor_reward(completions, **kw):
+    """The SFT-vs-RL tutorial's cor_reward, transcribed from its text (../shared/tutorials/003_*.txt, "数字奖励
+    cor_reward (0 / 1 / 2 分)"), line for line."""
+    answers = kw.get("answer") or kw.get("answers") or []
+    rewards = []
+    for cand_list, gt in zip(completions, answers):
+        nums = [n for c in cand_list for n in [_tutorial_num(m) for m in _TUTORIAL_XML_RE.findall(c["content"])]]
+        if not nums:
+            rewards.append(0.0)
+            continue
+        vote = Counter(nums).most_common(1)[0][0]
+        diff = abs(int(vote) - int(gt)) if vote.isdigit() and gt.isdigit() else 999
+        if diff == 0:
+            rewards.append(2.0)
+        elif diff == 1:
+            rewards.append(1.0)
+        else:
+            rewards.append(0.0)
+    return rewards
+
+
+def _as_trl_calls_it(texts, truth):
+    """TRL's call: one entry of ``completions`` per completion, a list of its messages; ``answer`` per completion."""
+    return tutorial_cor_reward([[{"role": "assistant", "content": t}] for t in texts], answer=[truth] * len(texts))
+
+
+def test_the_tutorial_code_under_trl_is_the_completion_reading():
+    whole = WORKED[:7] + ["<reasoning>7 * 6 = 42</reasoning>\n<answer>42</answer>"]
+    assert _as_trl_calls_it(whole, "42") == COR
+    assert CorReward("completion")(whole, ROWS) == COR
+    assert CorReward("group")(whole, ROWS) != COR  # what the comments describe is not what the code computes
+
+
+def test_the_tutorial_code_and_the_completion_reading_agree_on_whole_numbers():
+    rng = random.Random(49)
+    for _ in range(300):
+        truth = rng.randint(1, 60)  # truth - 1 stays a whole number: the code scores "-1" 0
+        texts = [rng.choice([f"<answer>{rng.randint(0, 60)}</answer>", f"x <answer>${truth + rng.choice([-1, 0, 1])}"
+                             f"</answer>", f"<answer>{rng.randint(0, 9)},{rng.randint(100, 999)}</answer>", "none"])
+                 for _ in range(8)]
+        assert CorReward("completion")(texts, [{"ground_truth": str(truth)}] * 8) == _as_trl_calls_it(texts, str(truth))
+
+
+def test_where_cor_reward_departs_from_the_tutorial_code():
+    """Named in docs/rewards.md: numbers by value (the code scores non-digit votes 0), one tag per completion."""
+    for text, ours, theirs in [("<answer>42.0</answer>", 2.0, 0.0), ("<answer>-3</answer>", 0.0, 0.0),
+                               ("<answer>41</answer> <answer>42</answer>", 1.0, 1.0),  # first tag; code: first mode
+                               ("<answer>42</answer> <answer>7</answer> <answer>7</answer>", 2.0, 0.0),
+                               ("<answer>42", 2.0, 0.0)]:  # unclosed: read to the end here, not by the code
+        assert (CorReward("completion")([text], [{"ground_truth": "42"}])[0], _as_trl_calls_it([text], "42")[0]) == (
+            ours, theirs), text

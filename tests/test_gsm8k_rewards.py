@@ -53,7 +53,7 @@ VERL_CASES = [
     ("#### 72.", "72", 0.5, 0.5, 1.0, 1.0),  # the trailing dot is part of verl's number
     ("####72", "72", 0.0, 1.0, 1.0, 1.0),  # verl needs exactly one space after ####
     ("####  72", "72", 0.0, 1.0, 1.0, 1.0),
-    ("#### $72", "72", 0.0, 1.0, 0.0, 1.0),  # verl's pattern never captures the $ it would remove
+    ("#### $72", "72", 0.0, 1.0, 1.0, 1.0),  # verl's pattern never captures the $ it would remove; rlft reads it
     ("the answer is 72", "72", 0.0, 1.0, 0.0, 1.0),
     ("the answer is 72.", "72", 0.0, 0.5, 0.0, 1.0),
     ("it is 72 .", "72", 0.0, 1.0, 0.0, 1.0),  # a lone "." is skipped by flexible

@@ -68,7 +68,7 @@ def test_not_equivalent(answer, truth):
     (r"\fbox{42}", "42"),
     ("<answer> 7 </answer> and <answer>8</answer>", "8"),  # the last tag
     ("So the final answer is: 12.\nThanks", "12"),
-    (r"The answer is $3\sqrt{2}$.", r"$3\sqrt{2}$"),
+    (r"The answer is $3\sqrt{2}$.", r"3\sqrt{2}"),  # the math span's contents (issue 49)
     ("no answer at all", None),
     (r"\boxed{never closed", None),
     (r"\boxedx{5}", None),

@@ -44,7 +44,8 @@ CASES = [
     ("#### 5\n...no, #### 4", "5", 0.0, 0.0),
     ("format: ####, then #### 9", "9", 1.0, 1.0),  # a bare #### without a number is skipped
     ("####\n5", "5", 0.0, 1.0),  # the number must be on the #### line
-    ("#### $5", "5", 0.0, 1.0),
+    ("#### $5", "5", 1.0, 1.0),  # a currency sign before the number (issue 49)
+    ("#### $50", "50", 1.0, 1.0),
     ("", "5", 0.0, 0.0),
     ("no numbers at all", "5", 0.0, 0.0),
     ("so 10-3 = 7", "7", 0.0, 1.0),  # the minus in 10-3 is an operator

@@ -1,20 +1,26 @@
-"""``cor_reward``: the SFT-vs-RL tutorial's correctness reward, a vote of the group's answers against the truth.
+"""``cor_reward``: the SFT-vs-RL tutorial's correctness reward, a 2 / 1 / 0 vote against the truth.
 
-The tutorial's code collects the group's ``<answer>`` numbers, takes the most
-common one (the mode) and scores it against the ground truth: 2 when equal, 1
-when it differs by 1, 0 otherwise. Read over a group, every completion gets the
-group's score; its worked example, though, scores the completions of one batch
-differently. The three readings (``reading``), with ``c(a)`` the 2/1/0 score of
-answer ``a`` and ``m`` the group's mode:
+The tutorial's code (``../shared/tutorials/003_*.txt``) counts the ``<answer>``
+numbers of each ``cand_list``, takes the most common one (the mode) and scores
+it against the ground truth: 2 when equal, 1 when it differs by 1, 0 otherwise.
+Its comments say ``cand_list`` holds the group's 8 answers; TRL, though, passes
+one completion's messages per entry, so as TRL runs it each completion is scored
+by the vote of its own tags, and that reproduces its worked example. The three
+readings (``reading``), with ``c(a)`` the 2/1/0 score of answer ``a`` and ``m``
+the group's mode:
 
-- ``group``: the code as written, ``r_i = c(m)`` for every completion: one value
-  per group, so group-normalised advantages are all 0 (no signal inside a group);
-- ``completion``: ``r_i = c(a_i)``, each completion's own answer; the reading
-  that reproduces the worked example (``tests/test_cor_reward.py``);
+- ``group``: the code as its comments describe it, ``r_i = c(m)`` for every
+  completion: one value per group, so group-normalised advantages are all 0
+  (no signal inside a group);
+- ``completion``: ``r_i = c(a_i)``, each completion's own answer; the code as TRL
+  runs it, and the worked example (``tests/test_cor_reward.py``);
 - ``combined``: ``r_i = c(a_i) + bonus * c(m) * [a_i = m]``, the group's vote
   as a bonus to the completions that agree with it.
 
-The tutorial's improvements are parameters: ``min_votes`` (the mode needs that
+Unlike the code, one answer is read per completion (``extract``) and numbers are
+compared by value, answer and truth canonicalised alike (``$``, ``%``, thousands
+separators, trailing zeros; the code scores a vote that is not all digits 0).
+The tutorial's suggested further improvements are parameters: ``min_votes`` (the mode needs that
 many votes), ``well_formed`` (only answers of completions in an ``xml_format``
 layout count), ``confidence`` (each vote weighted by ``exp`` of the completion's
 mean token log-prob, ``sample["mean_logp"]``, which the RL trainer sets from
@@ -82,11 +88,11 @@ class CorReward:
     """
 
     reading: Literal["completion", "group", "combined"] = "completion"
-    """group: the tutorial's code as written, every completion gets the score of the group's most common answer (no signal inside a group under group-normalised advantages); completion: each completion's own answer against the truth (reproduces the tutorial's worked example); combined: the own score plus bonus times the group's score for the completions that agree with the group's answer."""
+    """group: the tutorial's code as its comments describe it, every completion gets the score of the group's most common answer (no signal inside a group under group-normalised advantages); completion: each completion's own answer against the truth (the tutorial's code as TRL calls it, one completion at a time; reproduces its worked example); combined: the own score plus bonus times the group's score for the completions that agree with the group's answer."""
     credit: Literal["step", "linear"] = "step"
     """How an answer is scored against the truth: step: 2 equal, 1 within 1, else 0 (the tutorial's); linear: max(0, 2 - |answer - truth|)."""
     extract: Literal["first_tag", "last_tag", "strict", "final", "flexible", "math"] = "first_tag"
-    """How the answer is read: first_tag: the first <answer> tag, to the next </answer> or the end (the tutorial's); last_tag: the last closed <answer> tag; strict, final, flexible, math: as the vote reward's extractors."""
+    """How the answer is read: first_tag: the first <answer> tag, to the next </answer> or the end (the tutorial's code votes among every closed tag of a completion); last_tag: the last closed <answer> tag; strict, final, flexible, math: as the vote reward's extractors."""
     well_formed: Literal["any", "tutorial", "strict", "soft"] = "any"
     """Whose answers count (vote and score): any completion's, or only those of completions in that xml_format layout (a malformed completion scores 0 and does not vote)."""
     min_votes: int = 1

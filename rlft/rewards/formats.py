@@ -1,13 +1,14 @@
 """Format rewards for tagged completions, and ``answer_tag`` correctness.
 
-- ``xml_format``: ``<reasoning>...</reasoning>`` then ``<answer>...</answer>``
-  (the GRPO tutorials' format): the SFT-vs-RL tutorial's layout, the older
-  tutorials' newline layout, or lenient;
+- ``xml_format``: ``<reasoning>...</reasoning>`` then ``<answer>...</answer>``:
+  the SFT-vs-RL tutorial's layout, earlier GRPO notebooks' newline layout, or
+  lenient;
 - ``think_format``: DeepSeek-R1's ``<think>...</think>`` then the answer,
   optionally in ``<answer>`` tags;
 - ``answer_tag``: the answer in the last ``<answer>`` tag (else the last
-  number) against the ground truth by value, or the SFT-vs-RL tutorial's
-  reading (the first ``<answer>`` tag, compared as a string).
+  number) against the ground truth by value, or a reading after the SFT-vs-RL
+  tutorial's older correctness function (the first ``<answer>`` tag, compared
+  as a string).
 
 Format rewards score 1.0 or 0.0 and ignore ``sample``. Every check is a few
 passes of ``str.find`` / ``str.count`` (no backtracking regex), so megabytes of
@@ -70,14 +71,14 @@ def _soft_xml(text: str) -> bool:
 class XmlFormat:
     r"""1.0 if the completion is in the ``<reasoning>``/``<answer>`` format, else 0.0.
 
-    ``tutorial`` (the default): the SFT-vs-RL tutorial's strict regex, the whole
-    completion is ``<reasoning>`` R ``</reasoning>``, any whitespace (none
-    included), ``<answer>`` A ``</answer>``, then at most one ``\n`` (a regex's
-    ``$``); R and A are any text, lines included. The tutorial's text is not on
-    hand here: this is its regex as issue 35 describes it (``^<reasoning>.*?</reasoning>\s*<answer>.*?</answer>$``
-    with ``.`` matching newlines), see docs/rewards.md.
+    ``tutorial`` (the default): the SFT-vs-RL tutorial's ``format_reward_func``,
+    ``re.match(r"^<reasoning>[\s\S]*?<\/reasoning>\s*<answer>[\s\S]*?<\/answer>$", text)``:
+    the whole completion is ``<reasoning>`` R ``</reasoning>``, any whitespace
+    (none included), ``<answer>`` A ``</answer>``, then at most one ``\n`` (a
+    regex's ``$``); R and A are any text, lines included. Its regex also accepts
+    repeated tags; here each occurs once (see docs/rewards.md).
 
-    ``strict``: the older GRPO tutorials' layout, the whole completion is
+    ``strict``: the layout of earlier GRPO notebooks (none of the five tutorials), the whole completion is
     ``<reasoning>\n`` R ``\n</reasoning>\n<answer>\n`` A ``\n</answer>`` followed
     by at most one ``\n``; R and A may span lines and be empty. This is their
     ``^<reasoning>\n.*?\n</reasoning>\n<answer>\n.*?\n</answer>\n$`` with ``.``
@@ -182,19 +183,26 @@ class AnswerTag:
     r"""1.0 if the completion's answer equals the ground truth, else 0.0; None without a ground truth.
 
     ``reading: last_value`` (the default): the answer is the last ``<answer>``
-    tag, else the last number. Two numbers are compared by value (``1,200`` =
-    ``1200.0``); otherwise the normalised strings (no spaces, ``$``, ``\text{}``,
-    trailing dot; case counts). An answer over ``MAX_ANSWER_CHARS`` (1000)
+    tag, else the last number. Two numbers are compared by value, the answer and
+    the truth read alike (``canonical_number``): ``1,200`` = ``1200.0`` =
+    ``$1,200.00``, and ``50%`` = ``50`` (a percent sign, a currency sign,
+    thousands separators and trailing zeros do not count); otherwise the
+    normalised strings (no spaces, ``$``, ``\text{}``, trailing dot; case counts). An answer over ``MAX_ANSWER_CHARS`` (1000)
     characters is wrong.
 
-    ``reading: first_string``: the SFT-vs-RL tutorial's reading, the text after
-    the first ``<answer>`` up to the next ``</answer>`` (or the end), stripped and
-    compared as a string with the stripped ground truth: ``42.0`` is not ``42``,
-    and a completion without ``<answer>`` is wrong.
+    ``reading: first_string``: after the SFT-vs-RL tutorial's older
+    ``correctness_reward_func``, the text after the first ``<answer>`` up to the
+    next ``</answer>`` (or the end), stripped and compared as a string with the
+    stripped ground truth: ``42.0`` is not ``42``, and a completion without
+    ``<answer>`` is wrong. (The tutorial's function reads the first closed tag
+    on one line, else the last number of the text, and scores 2.)
 
     >>> truth = {"ground_truth": "1200"}
     >>> answer_tag("<answer> 1,200 </answer>", truth), answer_tag("so it is 1200.0", truth)
     (1.0, 1.0)
+    >>> seventy = {"ground_truth": "70"}
+    >>> answer_tag("<answer>$70</answer>", seventy), answer_tag("<answer>$7</answer>", seventy)
+    (1.0, 0.0)
     >>> answer_tag("<answer>1200 apples</answer>", truth), answer_tag("<answer>Paris</answer>", {"ground_truth": " paris"})
     (0.0, 0.0)
     >>> answer_tag("<answer>\\text{Paris}.</answer>", {"ground_truth": "Paris"}), answer_tag("x", {}) is None
@@ -205,7 +213,7 @@ class AnswerTag:
     """
 
     reading: Literal["last_value", "first_string"] = "last_value"
-    """last_value: the last <answer> tag (else the last number), numbers compared by value; first_string: the SFT-vs-RL tutorial's reading, the first <answer> tag compared as a string."""
+    """last_value: the last <answer> tag (else the last number), numbers compared by value; first_string: after the SFT-vs-RL tutorial's older correctness function, the first <answer> tag compared as a string."""
 
     def __post_init__(self) -> None:
         check_choices(self)

@@ -25,7 +25,7 @@ from typing import Literal
 
 from rlft.rewards.base import (REWARDS, check_choices, checked_value, group_level, is_batched, is_group_level,
                                is_step_level)
-from rlft.rewards.math import _to_decimal, extract_final, extract_flexible, extract_strict
+from rlft.rewards.math import canonical_number, extract_final, extract_flexible, extract_strict
 from rlft.rewards.shaping import response_length
 from rlft.rewards.symbolic import MAX_ANSWER_CHARS, extract_math_answer, normalise
 
@@ -41,23 +41,44 @@ def short_number(answer: str | None) -> Decimal | None:
     >>> short_number("1,200"), short_number("x"), short_number("9" * 2000)
     (Decimal('1200'), None, None)
     """
-    return _to_decimal(answer) if answer is not None and len(answer) <= MAX_ANSWER_CHARS else None
+    return _number(answer) if answer is not None and len(answer) <= MAX_ANSWER_CHARS else None
+
+
+def _number(answer: str) -> Decimal | None:
+    """The value of an answer, read by ``canonical_number`` as written or, failing that, from its normalised text
+    (LaTeX's ``$70.00$``, ``\\text{70}``), so answers and truths take the same path."""
+    number = canonical_number(answer)
+    return number if number is not None else canonical_number(normalise(answer))
 
 
 def answer_key(answer: str | None) -> str | None:
-    """What two answers must share to count as the same vote: the number's value, else the normalised text;
-    None for no answer or one over ``MAX_ANSWER_CHARS`` characters.
+    """What two answers must share to count as the same (the same vote, or the truth): the number's value, read by
+    ``canonical_number`` for the answer and the truth alike (currency signs, thousands separators, a percent sign
+    and trailing zeros dropped), written plainly; else the normalised text. None for no answer or one over
+    ``MAX_ANSWER_CHARS`` characters.
 
-    >>> answer_key("1,200"), answer_key("1200.0"), answer_key(r"\\dfrac{1}{2}"), answer_key("  ")
-    ('1.2E+3', '1.2E+3', '\\\\frac{1}{2}', None)
+    >>> answer_key("1,200"), answer_key("1200.0"), answer_key("$1,200.00"), answer_key("70"), answer_key("50%")
+    ('1200', '1200', '1200', '70', '50')
+    >>> answer_key("$70.00$"), answer_key(r"\\text{70}"), answer_key("1e-3"), answer_key("-0.0")
+    ('70', '70', '0.001', '0')
+    >>> answer_key(r"\\dfrac{1}{2}"), answer_key("  ")
+    ('\\\\frac{1}{2}', None)
     """
     if answer is None or len(answer) > MAX_ANSWER_CHARS:
         return None
-    number = _to_decimal(answer)
+    number = _number(answer)
     if number is not None:
-        return str(number.normalize())
+        return _plain(number)
     text = normalise(answer)
     return text or None
+
+
+def _plain(number: Decimal) -> str:
+    """A number's one spelling: no trailing zeros, no exponent unless it is huge or tiny (``1E+1000``), no ``-0``."""
+    number = number.normalize()
+    if not number:
+        return "0"
+    return format(number, "f") if abs(number.adjusted()) <= 100 else str(number)
 
 
 @REWARDS.register("majority_agreement")
@@ -69,7 +90,7 @@ class Vote:
 
     Completions without an answer do not vote. Nobody is rewarded when the
     majority has fewer than ``min_votes`` votes or when two answers tie for it.
-    The tutorials' example, 8 samples of one prompt:
+    An example, 8 samples of one prompt:
 
     >>> texts = ["#### 42", "#### 42", "#### 41", "#### 42", "no answer", "#### 40", "#### 42", "#### 41"]
     >>> Vote()(texts, [{}] * 8)
@@ -105,7 +126,7 @@ REWARDS.register("vote")(Vote)  # majority_agreement's first name, kept for user
 class PartialCredit:
     """``full`` for the exact answer, ``partial`` within ``tolerance`` of it, else 0.0 (numeric answers).
 
-    The tutorials' example: the truth is 42, an answer off by one earns half.
+    As the SFT-vs-RL tutorial's cor_reward (1 of its 2 points 1 away): the truth is 42, an answer off by one earns half.
 
     >>> pc = PartialCredit(tolerance=1, partial=0.5)
     >>> [pc(f"#### {x}", {"ground_truth": "42"}) for x in (42, 43, 41, 44)] + [pc("none", {"ground_truth": "42"})]

@@ -9,6 +9,14 @@ What counts as a number: an optional minus sign (not preceded by a letter or
 digit, so the ``-`` in ``5-3`` is an operator), digits with optional
 thousands commas (``1,234,567``; ``1,2,3`` is three numbers), and an optional
 decimal part. A trailing ``.`` (end of sentence) is not part of the number.
+After ``####`` a currency sign may come before the number (``#### $70``).
+
+An answer and its reference are compared by value, each read by one function,
+:func:`canonical_number`, that drops what people write around a number: a
+currency sign (``$``, ``\\$``, ``€``, ``£``), thousands separators (``1,234``),
+a percent sign (``50%`` is 50, as the SFT-vs-RL tutorial's ``_num`` strips it:
+GSM8K's references give a percentage as the bare number) and trailing zeros
+(``70.00`` is ``70``).
 
 ``gsm8k_strict`` and ``gsm8k_flexible`` take ``mode=verl`` to score exactly as
 verl's ``gsm8k`` scorer does: strings, not numbers; strict reads the FIRST
@@ -30,8 +38,11 @@ from rlft.rewards.base import REWARDS, check_choices
 
 _NUMBER = r"(?:(?<![\w.])-)?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?!\d|,\d)"
 _NUMBER_RE = re.compile(_NUMBER)
-_STRICT_RE = re.compile(r"####[ \t]*(" + _NUMBER + r")")
-_FINAL_RE = re.compile(r"####[ \t]*(" + _NUMBER + r")\s*\Z")
+_CURRENCY_SIGNS = ("\\$", "$", "€", "£")
+_AFTER_HASHES = r"####[ \t]*(?:\\?\$[ \t]*)?("  # the number after ####, a currency sign allowed before it
+_STRICT_RE = re.compile(_AFTER_HASHES + _NUMBER + r")")
+_FINAL_RE = re.compile(_AFTER_HASHES + _NUMBER + r")(?:\\?%)?\s*\Z")
+_THOUSANDS_RE = re.compile(r"\d{1,3}(?:,\d{3})+(?:\.\d*)?\Z")
 _LAST_DIGIT_RE = re.compile(r".*\d", re.DOTALL)  # match() from the start: one linear pass
 _NUMBER_CHARS_RE = re.compile(r"[\d,.\-]*")
 
@@ -97,25 +108,60 @@ def extract_flexible(text: str) -> str | None:
     return _normalize(matches[-1]) if matches else None
 
 
-def _to_decimal(value: str | int | float) -> Decimal | None:
+def canonical_number(value: str | int | float) -> Decimal | None:
+    """The value of a numeric answer or reference, however it is written; None when it is not a number.
+
+    The one reading of a number that every numeric comparison uses, on both sides: surrounding spaces, a final
+    ``.`` (end of sentence), a percent sign (``%``, ``\\%``), a currency sign before the number (``$``, ``\\$``,
+    ``€``, ``£``; also after a minus sign) and thousands separators are dropped; commas must group thousands
+    (``1,2`` is not a number). Numbers are equal by value, so trailing zeros do not count.
+
+    >>> [str(canonical_number(x)) for x in ("$70", "70.00", "1,000", "$1,000.", "50%", "-$5", "$ -5", "7E+1")]
+    ['70', '70.00', '1000', '1000', '50', '-5', '-5', '7E+1']
+    >>> canonical_number("$70") == canonical_number("70.00") == canonical_number(70)
+    True
+    >>> canonical_number("1,2"), canonical_number("$"), canonical_number("nan"), canonical_number(True)
+    (None, None, None, None)
+    """
     if isinstance(value, bool):
         return None
+    s = str(value).strip().rstrip(".").rstrip()
+    if s.endswith("%"):
+        s = s[:-2] if s.endswith("\\%") else s[:-1]
+    s = s.strip()
+    sign = ""
+    if s[:1] in ("-", "+"):
+        sign, s = s[0], s[1:].lstrip()
+    for currency in _CURRENCY_SIGNS:
+        if s.startswith(currency):
+            s = s[len(currency):].lstrip()
+            break
+    if not sign and s[:1] in ("-", "+"):
+        sign, s = s[0], s[1:]
+    if "," in s:
+        if not _THOUSANDS_RE.match(s):
+            return None
+        s = s.replace(",", "")
+    if not s[:1].isdigit() and s[:1] != ".":
+        return None  # no sign twice, no "Infinity"
     try:
-        number = Decimal(_normalize(str(value)))
+        number = Decimal(sign + s)
     except InvalidOperation:
         return None
     return number if number.is_finite() else None
 
 
 def numbers_equal(a: str | int | float, b: str | int | float) -> bool:
-    """Numeric equality after removing commas and a trailing ``.``; False if either is not a number.
+    """Equality by value, both sides read by :func:`canonical_number`; False if either is not a number.
 
     >>> numbers_equal("72", "72.0"), numbers_equal("1,200", "1200."), numbers_equal("-3", "3")
+    (True, True, False)
+    >>> numbers_equal("$70", "70"), numbers_equal("50%", "50"), numbers_equal("7", "70")
     (True, True, False)
     >>> numbers_equal("seven", "7")
     False
     """
-    x, y = _to_decimal(a), _to_decimal(b)
+    x, y = canonical_number(a), canonical_number(b)
     return x is not None and y is not None and x == y
 
 
@@ -130,7 +176,7 @@ def mentions_answer(text: str, truth) -> bool | None:
     >>> mentions_answer("It is  New York.", "new york"), mentions_answer("x", None)
     (True, None)
     """
-    if _to_decimal(truth) is not None:
+    if canonical_number(truth) is not None:
         return any(numbers_equal(m, truth) for m in _NUMBER_RE.findall(text))
     if isinstance(truth, str) and truth.strip():
         return " ".join(truth.split()).casefold() in " ".join(text.split()).casefold()
@@ -138,7 +184,7 @@ def mentions_answer(text: str, truth) -> bool | None:
 
 
 def _score(predicted: str | None, sample: Mapping) -> float | None:
-    if _to_decimal(sample["ground_truth"]) is None:
+    if canonical_number(sample["ground_truth"]) is None:
         return None  # unscorable: the reference is not a number
     return 1.0 if predicted is not None and numbers_equal(predicted, sample["ground_truth"]) else 0.0
 
@@ -214,7 +260,7 @@ class _GSM8K:
             answer = extract_verl(completion, self.method, self.mode)
             right = answer == truth
         else:
-            if truth is None or _to_decimal(truth) is None:
+            if truth is None or canonical_number(truth) is None:
                 return None  # unscorable: the reference is not a number
             extract = extract_strict if self.method == "strict" else extract_flexible
             answer = extract(completion)

@@ -69,8 +69,9 @@ def last_answer_tag(text: str) -> str | None:
 
 
 def first_answer_tag(text: str) -> str | None:
-    """The SFT-vs-RL tutorial's reading: the stripped text after the first ``<answer>`` up to the next
-    ``</answer>`` (to the end when it is never closed); None without an ``<answer>``.
+    """The stripped text after the first ``<answer>`` up to the next ``</answer>`` (to the end when it is never
+    closed); None without an ``<answer>``. After the SFT-vs-RL tutorial's correctness functions, which read closed
+    tags only.
 
     >>> first_answer_tag("<answer> 7 </answer> or <answer>Paris</answer>"), first_answer_tag("<answer>open ")
     ('7', 'open')
@@ -85,10 +86,13 @@ def first_answer_tag(text: str) -> str | None:
 
 
 def extract_math_answer(text: str) -> str | None:
-    """The final answer of a completion: last boxed, else last ``<answer>`` tag, else after the last "answer is".
+    r"""The final answer of a completion: last boxed, else last ``<answer>`` tag, else the answer in the sentence
+    after the last "answer is" (:func:`answer_sentence`).
 
-    >>> extract_math_answer("<answer> 7 </answer>"), extract_math_answer("The answer is $3\\\\sqrt{2}$.")
-    ('7', '$3\\\\sqrt{2}$')
+    >>> extract_math_answer("<answer> 7 </answer>"), extract_math_answer("The answer is $3\\sqrt{2}$.")
+    ('7', '3\\sqrt{2}')
+    >>> extract_math_answer("Final Answer: The final answer is $28$. I hope it is correct.")
+    '28'
     """
     boxed = extract_boxed(text)
     if boxed is not None:
@@ -98,10 +102,45 @@ def extract_math_answer(text: str) -> str | None:
         return tagged
     k = text.lower().rfind("answer is")
     if k >= 0:
-        tail = text[k + len("answer is"):].strip().splitlines()
-        if tail:
-            return tail[0].lstrip(" :").rstrip(" .") or None
+        return answer_sentence(text[k + len("answer is"):])
     return None
+
+
+_MATH_SPANS = (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]"))
+_OPEN, _CLOSE = "([{", ")]}"
+# a bracket; a sentence end (.;!? then a space or the end); a comma clause (a comma, spaces, a letter)
+_STOPS = re.compile(r"[()\[\]{}]|[.;!?](?=\s|\Z)|,(?=\s+[^\W\d_])")
+
+
+def answer_sentence(tail: str) -> str | None:
+    r"""The answer at the start of ``tail``, the text after "answer is": one math span (``$X$``, ``\(X\)``) or the
+    text up to where the sentence goes on (outside brackets: a ``.`` or ``;`` or ``!`` or ``?`` followed by a space
+    or the end, a comma followed by a word, the end of the line). Minerva's sentence, the format standard MATH
+    evaluations prompt for, is "Final Answer: The final answer is $X$. I hope it is correct."
+
+    >>> [answer_sentence(t) for t in (" 28. I hope it is correct.", " 28, which is even.", " 3.5", " 1,000",
+    ...                               r" $\frac{1}{2}$.", ": (1, 2), so", " -2, 1.", " **7**.", "\n")]
+    ['28', '28', '3.5', '1,000', '\\frac{1}{2}', '(1, 2)', '-2, 1', '7', None]
+    """
+    line = tail.strip().split("\n", 1)[0].strip().lstrip(":").strip().strip("*").strip()
+    for start, end in _MATH_SPANS:
+        if line.startswith(start):
+            close = line.find(end, len(start))
+            if close > len(start):
+                return line[len(start):close].strip().rstrip(".").strip() or None
+            break
+    depth, cut = 0, len(line)
+    for m in _STOPS.finditer(line):  # brackets, and where the sentence may go on: one pass, no backtracking
+        ch = m.group()
+        if ch in _OPEN:
+            depth += 1
+        elif ch in _CLOSE:
+            depth = max(depth - 1, 0)
+        elif depth == 0:
+            cut = m.start()
+            break
+    answer = line[:cut].strip().strip("*").rstrip(" .").strip()
+    return answer if answer.strip("$") else None  # nothing but math delimiters is no answer
 
 
 def normalise(answer: str) -> str:

@@ -4,7 +4,7 @@ import json
 import os
 
 text = "x\x0bpass 0\x0bpass 1\x0bdone"
-body = json.dumps({"d": [["error", text]]}).encode()  # the wire's tagged form of a dict
+body = json.dumps(["error", text, ["d", 1]]).encode()  # the wire's form of {"error": text}
 frame = len(body).to_bytes(8, "big") + body
 for fd in range(3, 64):
     try:

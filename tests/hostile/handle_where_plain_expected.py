@@ -10,9 +10,9 @@ calls = []
 def answer(fd, message, handles):
     if "value" in message:
         calls.append(1)
-        body = ('{"d":[["value",' + ('{"h":[0,"int",true]}' if len(calls) == 1 else '{"type":"int"}') + "]]}")
+        body = ('["value",' + ('{"h":[0,"int",true]}' if len(calls) == 1 else '{"type":"int"}') + ',["d",1]]')
     elif "names" in message:
-        body = '{"d":[["names",{"d":[["f",["callable"]],["g",{"h":[0,"list",true]}]]}]]}'
+        body = '["names","f","callable",[1],"g",{"h":[0,"list",true]},["d",2],["d",1]]'
     else:
         return real(fd, message, handles)
     data = body.encode()

@@ -4,14 +4,14 @@ import os
 import sys
 
 main = sys.modules["__main__"]
-values = ['{"fr":[1,0]}', '{"dec":"not-a-number"}', '{"i":"0x' + "f" * 99990 + '"}', '{"f":"nan"}']
+values = ['{"fr":["0x1","0x0"]}', '{"dec":"not-a-number"}', '{"i":"0x' + "f" * 99990 + '"}', '{"f":"nan"}']
 calls = []
 
 
 def answer(fd, message, handles):
     if "value" not in message:
         return real(fd, message, handles)
-    body = ('{"d":[["value",' + values[len(calls) % len(values)] + "]]}").encode()
+    body = ('["value",' + values[len(calls) % len(values)] + ',["d",1]]').encode()
     calls.append(1)
     os.write(fd, len(body).to_bytes(8, "big") + body)
 

@@ -38,6 +38,8 @@ class Channel:
     def receive(self) -> dict:
         try:
             message = wire.decode(wire.receive(self.fd_in), lambda payload: Remote(self, payload))
+        except wire.TooDeep as e:  # read whole, so the channel stays in step: this test fails, the next ones run
+            raise Unportable(f"{NOT_PLAIN} the program's answer: {e}") from None
         except wire.WireError as e:
             raise ProgramGone(f"the program's process sent no valid answer ({e})") from None
         if type(message) is not dict:
@@ -179,7 +181,7 @@ def main(argv: list[str]) -> None:
     report(f"tests {job['n_tests']}")
     try:
         first = channel.receive()
-    except ProgramGone:
+    except (ProgramGone, Unportable):
         report("crash the program's process ended before it was ready")
         return
     if "ready" not in first:

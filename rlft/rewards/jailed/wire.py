@@ -7,6 +7,15 @@ runs code of the sender's: whatever a hostile sender writes, the receiver gets
 ``bytearray``, ``list``, ``tuple``, ``dict``, ``set``, ``frozenset`` or ``range``
 (nested), or a :class:`WireError`.
 
+The JSON is flat, so neither side recurses: a message is a list of operations in
+postfix order, a leaf pushes a value (a JSON scalar, or a one-key object such as
+``{"i": hex}`` or ``{"b": base64}``) and a container, a JSON array, pops its
+items (``[n]`` is a list of the last ``n`` values, ``["d", n]`` a dict of the
+last ``n`` key, value pairs). A value may nest ``MAX_DEPTH`` containers deep (1,024: Python's
+default recursion limit, 1,000, bounds what a program can build or compare
+recursively, plus the message's own envelope); deeper, the sender refuses it
+and the receiver too, with a :class:`WireError` and never a ``RecursionError``.
+
 Also admitted, because tests compare them as values and each is rebuilt from plain
 data by the standard library on the receiving side: ``decimal.Decimal``,
 ``fractions.Fraction``, ``collections.OrderedDict``, ``Counter``, ``deque`` and a
@@ -24,6 +33,8 @@ in calls, have attributes read and set, and be called, all on the program's
 side, but that compares only by identity. Without the hooks the sender raises
 :class:`WireError` naming the type.
 
+>>> encode({"k": [1, (2,)]})
+b'["k",1,2,["t",1],[2],["d",1]]'
 >>> decode(encode({(1, 2): [b"x", {3}], "k": range(0, 4, 2)}))
 {(1, 2): [b'x', {3}], 'k': range(0, 4, 2)}
 """
@@ -34,9 +45,10 @@ import base64
 import json
 import os
 import sys
+from itertools import repeat
 
 MAX_MESSAGE = 16 << 20  # bytes of one message
-MAX_DEPTH = 200  # nesting of containers
+MAX_DEPTH = 1024  # nesting of containers: Python's default recursion limit (1000) and the message's envelope
 MAX_ITEMS = 1_000_000  # items drained from one iterator
 MAX_INT_HEX = 100_000  # hex digits of one integer
 _BUILTIN_FACTORIES = {"int": int, "float": float, "str": str, "list": list, "dict": dict, "set": set,
@@ -55,95 +67,130 @@ def not_plain(value) -> WireError:
     return WireError(f"a value of type {type(value).__name__!r} cannot cross (plain data only)")
 
 
+class TooDeep(WireError):
+    """A value nested deeper than ``MAX_DEPTH``: refused by the sender, or by the receiver whatever the sender."""
+
+
+def too_deep() -> TooDeep:
+    return TooDeep(f"value nested more than {MAX_DEPTH} containers deep")
+
+
 _TYPES = {t.__name__: t for t in (int, float, complex, str, bytes, bytearray, bool, list, tuple, dict, set,
                                   frozenset, range, type(None), object)}
 
 
+_CLOSE = -1  # the depth that marks a container's closing operation on the encoder's stack
+_SMALL = 1 << 62  # integers within this cross as JSON numbers, larger ones as hex
+
+
 def encode(value, ref=None) -> bytes:
-    """``value`` as a message body (JSON bytes); ``ref(v)`` gives the handle of a value that is not plain data."""
-    try:
-        text = json.dumps(_enc(value, 0, ref), allow_nan=True, separators=(",", ":"))
-    except RecursionError:
-        raise WireError("value nested too deeply") from None
-    body = text.encode()
+    """``value`` as a message body (JSON bytes); ``ref(v)`` gives the handle of a value that is not plain data.
+
+    Iterative (an explicit stack): a value nested ``MAX_DEPTH`` deep costs no recursion."""
+    ops: list = []
+    todo: list = [(value, 0)]  # (a value, its depth), or (a container's closing operation, _CLOSE)
+    push, pop, emit = todo.append, todo.pop, ops.append
+    while todo:
+        v, depth = pop()
+        if depth < 0:  # _CLOSE
+            emit(v)
+            continue
+        if depth > MAX_DEPTH:
+            raise too_deep()
+        t = type(v)
+        if t is str or v is None or t is bool or (t is int and -_SMALL < v < _SMALL):
+            emit(v)  # the common leaves, without _node's checks
+            continue
+        op, items = ([len(v)], v) if t is list else _node(v, ref)
+        if items is None:
+            emit(op)
+            continue
+        push((op, _CLOSE))
+        todo.extend(zip(reversed(items), repeat(depth + 1)))
+    body = json.dumps(ops, allow_nan=True, separators=(",", ":")).encode()
     if len(body) > MAX_MESSAGE:
         raise WireError(f"value larger than {MAX_MESSAGE} bytes")
     return body
 
 
-def _enc(v, depth: int, ref=None):
-    if depth > MAX_DEPTH:
-        raise WireError("value nested too deeply")
-    t, d = type(v), depth + 1
+def _node(v, ref=None):
+    """``(op, None)`` for a leaf, ``(closing op, items)`` for a container."""
+    t = type(v)
     if v is None or t is bool or t is str:
-        return v
+        return v, None
     if t is float:
-        return {"f": repr(v)} if v != v or v in (float("inf"), float("-inf")) else v
+        return ({"f": repr(v)} if v != v or v in (float("inf"), float("-inf")) else v), None
     if isinstance(v, bool):
-        return bool(v)
+        return bool(v), None
     if isinstance(v, int):
         v = int(v)
-        return v if -(1 << 62) < v < (1 << 62) else {"i": hex(v)}
+        return (v if -_SMALL < v < _SMALL else {"i": hex(v)}), None
     if isinstance(v, float):
-        return _enc(float(v), depth)
+        return _node(float(v))
     if t is type and _TYPES.get(v.__name__) is v:
-        return {"type": v.__name__}
+        return {"type": v.__name__}, None
     if isinstance(v, str):
-        return str(v)
+        return str(v), None
     if isinstance(v, complex):
-        return {"c": [repr(v.real), repr(v.imag)]}
+        return {"c": [repr(v.real), repr(v.imag)]}, None
     if isinstance(v, (bytes, bytearray)):
-        return {"ba" if isinstance(v, bytearray) else "b": base64.b64encode(bytes(v)).decode()}
+        return {"ba" if isinstance(v, bytearray) else "b": base64.b64encode(bytes(v)).decode()}, None
     if isinstance(v, range):
-        return {"r": [v.start, v.stop, v.step]}
-    return _enc_container(v, d, ref)
+        return {"r": [v.start, v.stop, v.step]}, None
+    return _container(v, ref)
 
 
-def _enc_container(v, d: int, ref=None):
+def _container(v, ref=None):
     if type(v) is list:
-        return [_enc(x, d, ref) for x in v]
+        return [len(v)], v
     if type(v) is tuple:
-        return {"t": [_enc(x, d, ref) for x in v]}
+        return ["t", len(v)], v
     if type(v) is dict:
-        return {"d": _pairs(v, d, ref)}
+        return _pairs("d", v)
     # The standard library's value types, from sys.modules: a value cannot be one of a module not imported.
     decimal, fractions, collections = (sys.modules.get(m, _Absent) for m in ("decimal", "fractions", "collections"))
     name = type(v).__name__
     if isinstance(v, decimal.Decimal):
-        return {"dec": str(v)}
+        return {"dec": str(v)}, None
     if isinstance(v, fractions.Fraction):
-        return {"fr": [_enc(v.numerator, d, ref), _enc(v.denominator, d, ref)]}
+        return {"fr": [hex(v.numerator), hex(v.denominator)]}, None
     if isinstance(v, collections.deque):
-        return {"dq": [[_enc(x, d, ref) for x in list(v)], v.maxlen]}
+        items = list(v)
+        return ["dq", len(items), v.maxlen], items
     if isinstance(v, collections.Counter):
-        return {"ctr": _pairs(v, d, ref)}
+        return _pairs("ctr", v)
     if isinstance(v, collections.OrderedDict):
-        return {"od": _pairs(v, d, ref)}
+        return _pairs("od", v)
     if isinstance(v, collections.defaultdict):
         factory = v.default_factory
         key = next((k for k, f in _BUILTIN_FACTORIES.items() if f is factory), None if factory else "")
         if key is None:
             raise WireError(f"a defaultdict whose factory is not a built-in type cannot cross ({factory!r:.60})")
-        return {"dd": [key, _pairs(v, d, ref)]}
+        op, items = _pairs("dd", v)
+        return ["dd", key, op[1]], items
     if isinstance(v, list):
-        return [_enc(x, d, ref) for x in list.__iter__(v)]
+        items = list(list.__iter__(v))
+        return [len(items)], items
     if isinstance(v, tuple):
-        return {"t": [_enc(x, d, ref) for x in tuple.__iter__(v)]}
+        items = list(tuple.__iter__(v))
+        return ["t", len(items)], items
     if isinstance(v, dict):
-        return {"d": _pairs(v, d, ref)}
+        return _pairs("d", v)
     if isinstance(v, (set, frozenset)):
-        return {"fs" if isinstance(v, frozenset) else "s": [_enc(x, d, ref) for x in v]}
+        items = list(v)
+        return ["fs" if isinstance(v, frozenset) else "s", len(items)], items
     if name in ("dict_keys", "dict_values", "dict_items"):
-        return {name: [_enc(x, d, ref) for x in v]}
+        items = list(v)
+        return [name, len(items)], items
     if hasattr(type(v), "__next__") and hasattr(type(v), "__iter__"):
         items = []
         for x in v:
             if len(items) >= MAX_ITEMS:
                 raise WireError(f"an iterator longer than {MAX_ITEMS} items cannot cross")
-            items.append(_enc(x, d, ref))
-        return {"it": items}
+            items.append(x)
+        return ["it", len(items)], items
     if ref is not None:
-        return {"h": ref(v)}
+        return {"h": ref(v)}, None
     raise not_plain(v)
 
 
@@ -153,88 +200,91 @@ class _Absent:
     Decimal = Fraction = deque = Counter = OrderedDict = defaultdict = type("Never", (), {})
 
 
-def _pairs(v, d: int, ref=None) -> list:
-    return [[_enc(k, d, ref), _enc(x, d, ref)] for k, x in dict.items(v)]
+def _pairs(tag: str, v) -> tuple:
+    items = [x for pair in dict.items(v) for x in pair]
+    return [tag, len(items) // 2], items
 
 
 def decode(body: bytes, deref=None):
-    """The value a message body carries, built from built-in types only (and ``deref(payload)`` for handles)."""
+    """The value a message body carries, built from built-in types only (and ``deref(payload)`` for handles).
+
+    Iterative: a message nested deeper than ``MAX_DEPTH`` is refused with a WireError, whatever its size."""
     if len(body) > MAX_MESSAGE:
         raise WireError("message too large")
     try:
-        return _dec(json.loads(body), 0, deref)
+        return _run(json.loads(body), deref)
     except WireError:
         raise
-    except (Exception, RecursionError) as e:  # ZeroDivisionError from a Fraction, decimal's InvalidOperation, ...
+    except RecursionError:  # JSON nested deeper than the parser goes: never a message encode writes
+        raise too_deep() from None
+    except Exception as e:  # ZeroDivisionError from a Fraction, decimal's InvalidOperation, ...
         raise WireError(f"malformed value ({type(e).__name__})") from None
 
 
-def _dec(j, depth: int, deref=None):
-    if depth > MAX_DEPTH:
-        raise WireError("value nested too deeply")
-    d = (depth + 1, deref)
-    if j is None or type(j) in (bool, int, float, str):
-        return j
-    if type(j) is list:
-        return [_dec(x, *d) for x in j]
-    if type(j) is not dict or len(j) != 1:
-        raise WireError("malformed value")
-    (tag, x), = j.items()
+def _run(ops, deref=None):
+    """Replay the operations: leaves push a value, containers pop their items; exactly one value is left."""
+    if type(ops) is not list:
+        raise WireError("malformed message")
+    values: list = []
+    heights: list = []  # containers below each value: 0 for a leaf or an empty container
+    push, push_height = values.append, heights.append
+    for op in ops:
+        t = type(op)
+        if t is int or t is str or op is None or t is float or t is bool:
+            push(op)
+            push_height(0)
+            continue
+        if t is dict and len(op) == 1:
+            (tag, x), = op.items()
+            if tag not in _LEAVES:
+                raise WireError("malformed value")
+            push(_leaf(tag, x, deref))
+            push_height(0)
+            continue
+        if t is not list or not op:
+            raise WireError("malformed value")
+        tag, x = ("L", op) if len(op) == 1 else (op[0], op[1:])  # [n] is a list, [tag, *arguments] the others
+        if type(tag) is not str or tag not in _BUILDERS:
+            raise WireError("malformed container")
+        count, build = _BUILDERS[tag]
+        n = count(x)
+        if type(n) is not int or not 0 <= n <= len(values):
+            raise WireError("malformed container")
+        items, height = (values[-n:], max(heights[-n:]) + 1) if n else ([], 0)
+        if height > MAX_DEPTH:
+            raise too_deep()
+        if n:
+            del values[-n:], heights[-n:]
+        push(build(x, items))
+        push_height(height)
+    if len(values) != 1:
+        raise WireError("malformed message")
+    return values[0]
+
+
+def _leaf(tag: str, x, deref=None):
     if tag == "h":
         if deref is None:
             raise WireError("a handle where plain data was expected")
         return deref(x)
     if tag == "type":
         return _TYPES[x]
-    return _DECODERS[tag](x, d)
+    return _LEAVES[tag](x)
 
 
-def _dec_int(x, d):
-    if type(x) is not str or len(x) > MAX_INT_HEX + 3:
+def _dec_int(x, limit: int = MAX_INT_HEX):
+    if type(x) is not str or len(x) > limit + 3:
         raise WireError("malformed integer")
     return int(x, 16)
 
 
-def _dec_float(x, d):
+def _dec_float(x):
     if x not in ("nan", "inf", "-inf"):
         raise WireError("malformed float")
     return float(x)
 
 
-def _items(x, d) -> list:
-    if type(x) is not list:
-        raise WireError("malformed container")
-    return [_dec(e, *d) for e in x]
-
-
-def _dec_pairs(x, d) -> list:
-    return [(_dec(k, *d), _dec(v, *d)) for k, v in (tuple(p) if type(p) is list and len(p) == 2 else () for p in x)]
-
-
-def _dec_collection(tag):
-    import collections
-
-    return {"ctr": collections.Counter, "od": collections.OrderedDict}[tag]
-
-
-def _dec_deque(x, d):
-    import collections
-
-    items, maxlen = x
-    if maxlen is not None and type(maxlen) is not int:
-        raise WireError("malformed deque")
-    return collections.deque(_items(items, d), maxlen)
-
-
-def _dec_defaultdict(x, d):
-    import collections
-
-    key, pairs = x
-    factory = None if key == "" else _BUILTIN_FACTORIES[key]
-    return collections.defaultdict(factory, _dec_pairs(pairs, d))
-
-
-def _dec_decimal(x, d):
+def _dec_decimal(x):
     import decimal
 
     if type(x) is not str or len(x) > 10_000:
@@ -242,46 +292,86 @@ def _dec_decimal(x, d):
     return decimal.Decimal(x)
 
 
-def _dec_fraction(x, d):
+def _dec_fraction(x):
     import fractions
 
-    n, m = (_dec(e, *d) for e in x)
-    if type(n) is not int or type(m) is not int:
+    if not (type(x) is list and len(x) == 2):
         raise WireError("malformed fraction")
-    return fractions.Fraction(n, m)
+    return fractions.Fraction(_dec_int(x[0]), _dec_int(x[1]))
 
 
-def _dec_range(x, d):
+def _dec_range(x):
     if not (type(x) is list and len(x) == 3 and all(type(e) is int for e in x)):
         raise WireError("malformed range")
     return range(*x)
 
 
-def _dec_complex(x, d):
+def _dec_complex(x):
     re_, im = x
     if type(re_) is not str or type(im) is not str or len(re_) > 40 or len(im) > 40:
         raise WireError("malformed complex")
     return complex(float(re_), float(im))
 
 
-def _dec_bytes(x, d):
+def _dec_bytes(x):
     if type(x) is not str:
         raise WireError("malformed bytes")
     return base64.b64decode(x, validate=True)
 
 
-_DECODERS = {
-    "i": _dec_int, "f": _dec_float, "c": _dec_complex, "r": _dec_range,
-    "b": _dec_bytes, "ba": lambda x, d: bytearray(_dec_bytes(x, d)),
-    "t": lambda x, d: tuple(_items(x, d)), "s": lambda x, d: set(_items(x, d)),
-    "fs": lambda x, d: frozenset(_items(x, d)), "d": lambda x, d: dict(_dec_pairs(x, d)),
-    "od": lambda x, d: _dec_collection("od")(_dec_pairs(x, d)),
-    "ctr": lambda x, d: _dec_collection("ctr")(dict(_dec_pairs(x, d))),
-    "dq": _dec_deque, "dd": _dec_defaultdict, "dec": _dec_decimal, "fr": _dec_fraction,
-    "it": lambda x, d: iter(_items(x, d)),
-    "dict_keys": lambda x, d: dict.fromkeys(_items(x, d)).keys(),
-    "dict_values": lambda x, d: dict(enumerate(_items(x, d))).values(),
-    "dict_items": lambda x, d: dict(tuple(p) for p in _items(x, d)).items(),
+_LEAVES = {
+    "i": _dec_int, "f": _dec_float, "c": _dec_complex, "r": _dec_range, "dec": _dec_decimal, "fr": _dec_fraction,
+    "b": _dec_bytes, "ba": lambda x: bytearray(_dec_bytes(x)), "h": None, "type": None,
+}
+
+
+def _dec_pairs(items: list) -> list:
+    if len(items) % 2:
+        raise WireError("malformed pairs")
+    return list(zip(items[::2], items[1::2]))
+
+
+def _collections():
+    import collections
+
+    return collections
+
+
+def _dec_deque(x, items):
+    maxlen = x[1]
+    if maxlen is not None and type(maxlen) is not int:
+        raise WireError("malformed deque")
+    return _collections().deque(items, maxlen)
+
+
+def _dec_defaultdict(x, items):
+    key = x[0]
+    factory = None if key == "" else _BUILTIN_FACTORIES[key]
+    return _collections().defaultdict(factory, _dec_pairs(items))
+
+
+def _count(x) -> int | None:
+    """The items a container of one argument pops: ``[tag, n]``."""
+    return x[0] if len(x) == 1 else None
+
+
+def _pair_count(x) -> int | None:
+    """The items a dict-like container pops: ``[tag, n]``, two values a pair."""
+    return 2 * x[0] if len(x) == 1 and type(x[0]) is int else None
+
+
+_BUILDERS = {
+    "L": (_count, lambda x, items: items), "t": (_count, lambda x, items: tuple(items)),
+    "s": (_count, lambda x, items: set(items)), "fs": (_count, lambda x, items: frozenset(items)),
+    "d": (_pair_count, lambda x, items: dict(_dec_pairs(items))),
+    "od": (_pair_count, lambda x, items: _collections().OrderedDict(_dec_pairs(items))),
+    "ctr": (_pair_count, lambda x, items: _collections().Counter(dict(_dec_pairs(items)))),
+    "dq": (lambda x: x[0] if len(x) == 2 else None, _dec_deque),
+    "dd": (lambda x: _pair_count(x[1:]) if len(x) == 2 else None, _dec_defaultdict),
+    "it": (_count, lambda x, items: iter(items)),
+    "dict_keys": (_count, lambda x, items: dict.fromkeys(items).keys()),
+    "dict_values": (_count, lambda x, items: dict(enumerate(items)).values()),
+    "dict_items": (_count, lambda x, items: dict(tuple(p) for p in items).items()),
 }
 
 
