@@ -177,7 +177,7 @@ def _check_resume(cfg: Config, steps: list[Planned], flat: bool, echo) -> Resumi
 def _start_over(cfg: Config, dist: Dist, echo) -> Config:
     """A run resumed with nothing to resume from starts over in its directory, emptied (its run.log kept)."""
     path = cfg.log.path
-    what = "no checkpoint" if (path / "config.yaml").is_file() or not path.exists() else "no run"
+    what = "no checkpoint" if (path / "config.yaml").is_file() else "no run"
     echo(f"rlft: train.resume: {what} to continue in {path}; starting the run over")
     with dist.main_first():
         if dist.is_main:
