@@ -127,9 +127,9 @@ def test_a_changed_lr_takes_effect_in_the_restored_optimizer_and_is_recorded(run
     done = rlft(run.parent, "train", *overrides(tiny_overrides, run.parent), f"train.steps={step + 2}",
                 "train.resume=true", "optim.lr=0.005")
     assert done.returncode == 0, done.stderr[-2000:]
-    assert f"optim.lr 0.001 -> 0.005, train.steps {STEPS} -> {step + 2}, log.run_dir" in done.stdout
     lrs = {r["step"]: r["actor/lr"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())}
     assert lrs[step] == 0.001 and lrs[step + 1] == lrs[step + 2] == 0.005
+    assert f"optim.lr 0.001 -> 0.005, train.steps {STEPS} -> {step + 2}, log.run_dir" in done.stdout
     saved = yaml.safe_load((run / "config.yaml").read_text())
     assert saved["optim"]["lr"] == 0.005 and saved["train"]["steps"] == step + 2 and not saved["train"]["resume"]
     [record] = resumes(run)
