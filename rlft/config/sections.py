@@ -237,7 +237,7 @@ class TrainConfig:
     keep_checkpoints: int = 2
     """How many recent checkpoints to keep (a resume whose newest checkpoint is damaged falls back to the one before)."""
     resume: bool = False
-    """Resume from the newest intact checkpoint in the run directory (log.run_dir/log.name); a run directory without one starts over. What may change on resume (train.steps, logging, evaluation, the learning rate and its schedule, ...) takes effect and is appended to resumes.jsonl; the rest (the model, the data, algo.*, train.seed, ...) is refused. docs/configuration.md, "Resuming"."""
+    """Resume from the newest intact checkpoint in the run directory (log.run_dir/log.name); a run directory without one starts over. What may change on resume (train.steps, logging, evaluation, the learning rate and its schedule, ...) takes effect and is appended to resumes.jsonl; the rest (the model, the data, algo.*, train.seed, ...) is refused (docs/configuration.md, "Checkpoints and resuming")."""
     ptx_batch_size: int = 16
     """PPO-ptx: pretraining texts per optimizer step."""
     max_consecutive_skips: int = 5
