@@ -53,7 +53,7 @@ def _make_run_dir(cfg: Config, write_config: bool = True) -> None:
     path = cfg.log.path
     if path.exists() and any(path.iterdir()) and not cfg.train.resume:
         raise ConfigError(f"log.name: run directory {path} already exists; choose another name, "
-                          "or resume it with train.resume=true")
+                          "or resume it with train.resume=true (without a checkpoint it starts over)")
     check_disk(cfg, path)  # a writable directory with room for the run, before anything is written
     saved = yaml.safe_load(cfg.to_yaml())
     saved["train"]["resume"] = False  # the file describes the run; resuming is a choice made on the command line
