@@ -180,3 +180,44 @@ def test_a_damaged_file_of_the_same_size_is_found_by_its_sha256(tmp_path):
     (tmp_path / "checkpoints" / "step_000001" / "state.pt").unlink()
     assert checkpoint.latest(tmp_path, warn=warnings.append) is None
     assert [p.name for p, _ in checkpoint.damaged(tmp_path)] == ["step_000002", "step_000001"]
+
+
+def test_retune_sets_the_new_lr_and_schedule_into_restored_states():
+    """Unit: a restored AdamW and LambdaLR carry the saved lr; retune puts the new base lr, hyperparameters and the
+    current schedule (here a longer linear decay) at the step reached, as the next optimizer step will use them."""
+    import torch
+
+    from rlft.trainers.optim import lr_factor, make_optimizer, make_scheduler
+    from rlft.trainers.rl_setup import retune
+
+    def build(lr: float, total: int):
+        opt = make_optimizer([torch.nn.Parameter(torch.ones(3))], lr=lr)
+        return opt, make_scheduler(opt, warmup=2, total=total, schedule="linear")
+
+    opt, sched = build(1e-3, 10)
+    for _ in range(4):
+        opt.step()
+        sched.step()
+    saved = opt.state_dict(), sched.state_dict()
+    opt, sched = build(5e-3, 20)
+    opt.load_state_dict(saved[0])
+    sched.load_state_dict(saved[1])
+    assert opt.param_groups[0]["lr"] == pytest.approx(1e-3 * lr_factor(4, warmup=2, total=10, schedule="linear"))
+    retune(opt, sched, lr=5e-3, weight_decay=0.1, betas=(0.8, 0.9), eps=1e-6)
+    want = 5e-3 * lr_factor(4, warmup=2, total=20, schedule="linear")
+    group = opt.param_groups[0]
+    assert group["lr"] == pytest.approx(want) and sched.get_last_lr() == [group["lr"]]
+    assert (group["weight_decay"], group["betas"], group["eps"]) == (0.1, (0.8, 0.9), 1e-6)
+    opt.step()
+    sched.step()
+    assert group["lr"] == pytest.approx(5e-3 * lr_factor(5, warmup=2, total=20, schedule="linear"))
+
+
+def test_what_may_change_on_resume():
+    from rlft.runs import resume
+
+    for key in ("train.steps", "optim.lr", "optim.schedule", "log.every", "eval.every", "train.save_every"):
+        assert resume.may_change(key), key
+    for key in ("algo.group_size", "model.path", "data.source", "train.seed", "reward.fns", "train.stepsx"):
+        assert not resume.may_change(key), key
+    assert "shapes of its batches" in resume.why_not("algo.group_size")
