@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 
 import pytest
+import yaml
 
 from rlft.config import Config, ConfigError, with_name
 from rlft.recipe import help_text, load_config, parse_override
@@ -239,7 +241,7 @@ def test_recipe_errors(tmp_path):
 
 
 def test_shipped_gsm8k_recipe_parses(recipes_dir):
-    cfg = load_config(recipes_dir / "grpo_gsm8k.yaml")
+    cfg = load_config(recipes_dir / "grpo_gsm8k.yaml", ["model.path=Qwen/Qwen2.5-0.5B-Instruct"])
     assert cfg.algo.name == "grpo"
     assert cfg.algo.advantage == "group_norm"
     assert cfg.reward.keys == ("gsm8k_strict", "format")
@@ -252,9 +254,41 @@ def test_shipped_gsm8k_recipe_parses(recipes_dir):
 SHIPPED_RECIPES = sorted(p.name for p in (Path(__file__).resolve().parents[1] / "recipes").glob("*.yaml"))
 
 
+def given_required(path: Path) -> list[str]:
+    """An override for each key the recipe ``path`` requires (its top-level ``required`` list)."""
+    return [f"{key}=/given/{key}" for key in yaml.safe_load(path.read_text()).get("required", [])]
+
+
 @pytest.mark.parametrize("recipe", SHIPPED_RECIPES)
 def test_every_shipped_recipe_parses(recipes_dir, recipe):
-    assert isinstance(load_config(recipes_dir / recipe), Config)
+    """With the keys it requires given; without them, a recipe that requires any stops naming the first."""
+    required = given_required(recipes_dir / recipe)
+    cfg = load_config(recipes_dir / recipe, required)
+    assert isinstance(cfg, Config)
+    if required:
+        with pytest.raises(ConfigError, match=rf"^{required[0].split('=')[0]}: is required by the recipe"):
+            load_config(recipes_dir / recipe)
+
+
+def test_the_model_path_of_every_real_model_recipe_is_required(recipes_dir):
+    """Every recipe whose model.path is empty and marked '# required' lists it under `required`."""
+    for path in sorted(recipes_dir.glob("*.yaml")):
+        if re.search(r'path: ""\s+# required', path.read_text()):
+            assert given_required(path) == ["model.path=/given/model.path"], path.name
+
+
+def test_required_keys_are_checked_after_the_overrides(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("required: [model.path, data.source]\nmodel:\n  path: ''\n")
+    with pytest.raises(ConfigError, match=r"^model.path: is required by the recipe"):
+        load_config(recipe)
+    assert load_config(recipe, ["model.path=m"]).model.path == "m"  # data.source has a value by default
+    assert load_config(recipe, ["required=[]"]).model.path == ""  # lifted on the command line
+    for bad, says in (("required: [model.nope]", "'model.nope' is not a configuration key"),
+                      ("required: {a: 1}", "must be a list of keys")):
+        recipe.write_text(bad)
+        with pytest.raises(ConfigError, match=r"^required: " + says):
+            load_config(recipe)
 
 
 @pytest.mark.parametrize("overrides", [

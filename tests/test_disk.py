@@ -233,8 +233,8 @@ def test_writes_reach_the_disk_before_their_rename_and_a_failed_flush_is_a_write
 
     write_dir(tmp_path / "policy", files)
     assert events == [("fsync", ".tmp_policy/sub/weights"), ("fsync", ".tmp_policy/sub"),
-                      ("fsync", ".tmp_policy/config.json"), ("fsync", ".tmp_policy"), ("rename", "policy"),
-                      ("fsync", ".")]
+                      ("fsync", ".tmp_policy/manifest.json"), ("fsync", ".tmp_policy/config.json"),
+                      ("fsync", ".tmp_policy"), ("rename", "policy"), ("fsync", ".")]  # the manifest: checksums
 
     def failing(path: Path) -> None:
         raise OSError(errno.EIO, os.strerror(errno.EIO))

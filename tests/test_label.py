@@ -104,7 +104,7 @@ def test_rlft_label_output_is_read_by_the_rm_and_dpo_loaders(tmp_path, tiny_over
     assert main(["label", *ov]) == 0
     prefs = tmp_path / "lab" / "preferences"
     stats = json.loads((tmp_path / "lab" / "label_stats.json").read_text())
-    assert sorted(p.name for p in prefs.iterdir()) == ["test.jsonl", "train.jsonl"]
+    assert sorted(p.name for p in prefs.iterdir()) == ["manifest.json", "test.jsonl", "train.jsonl"]
     assert stats["label/train/prompts"] == 6 and stats["label/test/prompts"] == 3
     for name in ("rm", "dpo"):
         cfg = load_config(None, [*ov, f"{name}.source={prefs}", f"{name}.num_eval=0"])

@@ -427,8 +427,8 @@ def test_a_run_with_roles_resumes_from_its_checkpoint_with_every_roles_adapter(t
     saved = load_roles(load_model(base_dir(ckpt / "policy")), ckpt / "policy")
     restored = {}
 
-    def recording_restore(state, ckpt, run_dir, echo):
-        rl_loop_restore(state, ckpt, run_dir, echo)
+    def recording_restore(state, ckpt, run_dir, echo, cfg):
+        rl_loop_restore(state, ckpt, run_dir, echo, cfg)
         restored.update({r: [p.detach().clone() for p in adapter_parameters(state.policy, r)] for r in ROLES})
         restored["optimizer"] = sum(len(g["params"]) for g in state.optimizer.param_groups)
 

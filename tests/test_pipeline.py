@@ -168,11 +168,14 @@ def test_existing_run_directory_is_refused(tmp_path, tiny_overrides):
     assert sorted(p.name for p in run_dir.iterdir()) == ["notes.txt"]  # nothing written
 
 
-def test_resume_without_checkpoint_is_refused(tmp_path, tiny_overrides):
-    cfg = load_config(None, tiny_overrides(tmp_path, "log.name=fresh", "train.resume=true"))
-    with pytest.raises(ConfigError, match="train.resume"):
-        run_pipeline(cfg, echo=quiet)
-    assert not (tmp_path / "fresh").exists()  # a mistyped name leaves nothing that blocks a later run
+def test_resume_without_checkpoint_starts_the_run(tmp_path, tiny_overrides):
+    """Nothing to resume (a new name, or a run killed before its first checkpoint): the run starts, saying so."""
+    cfg = load_config(None, tiny_overrides(tmp_path, "log.name=fresh", "train.resume=true", "train.steps=1",
+                                           "sft.steps=0", "eval.before_rl=false"))
+    lines: list[str] = []
+    run_pipeline(cfg, echo=lines.append)
+    assert "starting the run over" in lines[0]
+    assert [r["step"] for r in read_jsonl(tmp_path / "fresh" / "metrics.jsonl")] == [1]
 
 
 def test_resume_with_other_data_is_a_config_error(tmp_path, tiny_overrides):
@@ -180,7 +183,7 @@ def test_resume_with_other_data_is_a_config_error(tmp_path, tiny_overrides):
     run_pipeline(load_config(None, tiny_overrides(tmp_path, *common)), echo=quiet)
     other = load_config(None, tiny_overrides(tmp_path, *common, "train.steps=3", "train.resume=true",
                                              "data.synth_train_size=300"))
-    with pytest.raises(ConfigError, match=r"train.resume: .*300 prompts"):
+    with pytest.raises(ConfigError, match=r"^data.synth_train_size: cannot change when resuming .*it was 20, now 300"):
         run_pipeline(other, echo=quiet)
 
 
@@ -223,8 +226,8 @@ def test_resume_continues_from_the_latest_checkpoint(tmp_path, tiny_overrides, d
     restored: list[dict] = []
     restore = run_module.restore
 
-    def recording_restore(state, ckpt, run_dir, echo):
-        restore(state, ckpt, run_dir, echo)
+    def recording_restore(state, ckpt, run_dir, echo, cfg):
+        restore(state, ckpt, run_dir, echo, cfg)
         restored.append(snapshot(state.policy, state.optimizer, state.scheduler, state.trainer_state()))
 
     monkeypatch.setattr(run_module, "restore", recording_restore)

@@ -204,7 +204,7 @@ def test_a_resumed_run_draws_what_the_uninterrupted_one_draws(tmp_path, tiny_ove
 
 def test_resuming_with_another_sampler_is_refused(tmp_path, tiny_overrides):
     run_pipeline(run_cfg(tmp_path, tiny_overrides, "u", "train.steps=3"), echo=quiet)
-    with pytest.raises(ConfigError, match="train.resume: .*data.sampler=uniform, this run has data.sampler=priorit"):
+    with pytest.raises(ConfigError, match="^data.sampler: cannot change when resuming .*it was 'uniform', now 'prioritised'"):
         run_pipeline(run_cfg(tmp_path, tiny_overrides, "u", "train.steps=3", "train.resume=true",
                              "data.sampler=prioritised"), echo=quiet)
 

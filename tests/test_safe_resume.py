@@ -69,6 +69,7 @@ def test_a_checkpoint_with_the_older_numpy_rng_array_still_resumes(run_copy, tin
     for rng in [saved["rng"], *(saved["process_rngs"] or [])]:  # as an older rlft wrote them
         rng["numpy"] = old
     torch.save(saved, state)
+    (state.parent / checkpoint.MANIFEST).unlink()  # an older rlft wrote none
     assert isinstance(checkpoint.load_state(state.parent)["rng"]["numpy"][1], np.ndarray)
     np.random.seed(0)
     checkpoint.set_rng_state(checkpoint.load_state(state.parent)["rng"])
@@ -97,6 +98,7 @@ def plant(state, how: str, marker) -> None:
         state.write_bytes(pickle.dumps({"trainer": payload}, protocol=4 if how.endswith("4") else 2))
     else:
         torch.save({"optimizer": {}, "rng": payload, "trainer": {}}, state)
+    checkpoint.write_manifest(state.parent)  # the checksum is no defence: whoever plants the file can write it too
 
 
 @pytest.mark.filterwarnings("ignore:Detected pickle protocol 4:UserWarning")  # torch's, on the bare pickle

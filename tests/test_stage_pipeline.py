@@ -83,11 +83,12 @@ def test_interrupted_in_the_second_stage_resumes_to_the_same_metrics(tmp_path, t
     assert any(s["actor/grad_norm"] > 0 for s in steps[0])  # a step did update the policy: no equality of no-ops
 
 
-def test_resume_needs_the_run(tmp_path, tiny_size_overrides):
-    from rlft.config import ConfigError
-
-    with pytest.raises(ConfigError, match="no pipeline run"):
-        run_pipeline(pipeline(tmp_path, tiny_size_overrides, "none", "stages=[sft,grpo]", "train.resume=true"), echo=quiet)
+def test_resume_without_the_run_starts_it(tmp_path, tiny_size_overrides):
+    lines: list[str] = []
+    result = run_pipeline(pipeline(tmp_path, tiny_size_overrides, "none", "stages=[sft,grpo]", "train.resume=true"),
+                          echo=lines.append)
+    assert "no run to continue" in lines[0] and "starting the run over" in lines[0]
+    assert [e["stage"] for e in result.stages] == ["sft", "grpo"]
 
 
 @pytest.mark.parametrize("overrides, message", [

@@ -85,13 +85,13 @@ def test_each_side_runs_at_tiny_size(tmp_path, gsm8k_raw_small, tiny_model_dir, 
 
 
 def test_the_reward_recipe_holds_both_sets():
-    cfg = load_config(RECIPES / "sft_vs_rl_rewards.yaml")
+    cfg = load_config(RECIPES / "sft_vs_rl_rewards.yaml", ["model.path=/m"])
     assert cfg.reward.keys == ("cor_as_written", "cor_improved", "xml_format")
     assert cfg.reward.resolved_weights == (1.0, 0.0, 1.0)
     params = {t.key: dict(t.params) for t in cfg.reward.fns}
     assert params["cor_as_written"] == {"reading": "group"}
     assert params["cor_improved"]["confidence"] is True and params["cor_improved"]["reading"] == "combined"
-    tutorial = load_config(RECIPES / "sft_vs_rl_tutorial.yaml")
+    tutorial = load_config(RECIPES / "sft_vs_rl_tutorial.yaml", ["model.path=/m"])
     assert tutorial.stages == ("sft", "grpo") and tutorial.reward.keys == ("cor_reward", "xml_format")
 
 

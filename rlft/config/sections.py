@@ -232,12 +232,12 @@ class TrainConfig:
     memory_check: bool = True
     """At the RL stage's start, refuse a run whose estimated peak memory (printed as "rlft: memory estimate: ...", rlft.models.memory; docs/speed.md, "The memory model") exceeds 1.5 x the machine's available memory (a CUDA device's total memory; on a CPU the available RAM), naming the knobs to turn. false: print the estimate only."""
     seed: int = 0
-    save_every: int = 0
-    """Checkpoint every N RL steps (0: only the final policy is saved)."""
+    save_every: int = -1
+    """Checkpoint every N RL steps; -1 (the default): every 10% of train.steps (train.steps // 10, so a run of 10 steps or more writes at least one, a shorter one none); 0: no checkpoints, only the final policy. The last step writes the final policy instead. Each checkpoint holds manifest.json, the size and sha256 of each of its files, checked on resume."""
     keep_checkpoints: int = 2
-    """How many recent checkpoints to keep."""
+    """How many recent checkpoints to keep (a resume whose newest checkpoint is damaged falls back to the one before)."""
     resume: bool = False
-    """Resume from the last checkpoint in the run directory (log.run_dir/log.name)."""
+    """Resume from the newest intact checkpoint in the run directory (log.run_dir/log.name); a run directory without one starts over. What may change on resume (train.steps, logging, evaluation, the learning rate and its schedule, ...) takes effect and is appended to resumes.jsonl; the rest (the model, the data, algo.*, train.seed, ...) is refused (docs/configuration.md, "Checkpoints and resuming")."""
     ptx_batch_size: int = 16
     """PPO-ptx: pretraining texts per optimizer step."""
     max_consecutive_skips: int = 5
@@ -261,13 +261,18 @@ class TrainConfig:
         _check(self.micro_batch_size >= 1, "train.micro_batch_size", "must be >= 1")
         _check(self.micro_batch_tokens >= 0, "train.micro_batch_tokens", "must be >= 0 (0: no token budget)")
         _check(self.logprob_chunk >= 0, "train.logprob_chunk", "must be >= 0 (0: the full logits)")
-        _check(self.save_every >= 0, "train.save_every", "must be >= 0")
+        _check(self.save_every >= -1, "train.save_every", "must be >= 0, or -1 (every 10% of train.steps)")
         _check(self.time_budget_s >= 0, "train.time_budget_s", "must be >= 0 (0: no limit)")
         _check(self.max_consecutive_skips >= 0, "train.max_consecutive_skips", "must be >= 0 (0: never stop)")
         _check(self.ptx_batch_size >= 1, "train.ptx_batch_size", "must be >= 1")
         _check(self.keep_checkpoints >= 1, "train.keep_checkpoints", "must be >= 1")
         _check(self.max_staleness in (0, 1), "train.max_staleness",
                f"must be 0 (synchronous) or 1 (one-step-off); deeper pipelines are not implemented, got {self.max_staleness}")
+
+    @property
+    def checkpoint_every(self) -> int:
+        """The RL steps between checkpoints: ``save_every``, or for -1 a tenth of ``steps`` (0: none)."""
+        return self.steps // 10 if self.save_every == -1 else self.save_every
 
     @property
     def overlapped(self) -> bool:

@@ -291,6 +291,7 @@ def load_config(recipe: str | Path | None = None, overrides: list[str] | tuple[s
         if len(parts) == 2 and parts[1] in KEY_ALIASES.get(parts[0], {}):
             parts = [parts[0], KEY_ALIASES[parts[0]][parts[1]]]
         _set(tree, parts, value, text)
+    required = _required(tree.pop(REQUIRED, []))
     _preset_from_stages(tree)
     reward = tree.get("reward")
     if isinstance(reward, dict) and "fns" in reward and "weights" not in reward:
@@ -298,11 +299,40 @@ def load_config(recipe: str | Path | None = None, overrides: list[str] | tuple[s
     try:
         if "algo" in tree:
             tree["algo"] = _apply_preset(tree["algo"])
-        return validate(_build(Config, tree, ""))
+        cfg = _build(Config, tree, "")
+        _check_required(cfg, required, recipe)
+        return validate(cfg)
     except ConfigError:
         raise
     except (KeyError, ValueError) as e:  # registry lookups and range checks inside sections
         raise ConfigError(str(e)) from None
+
+
+REQUIRED = "required"
+"""A recipe's top-level list of the keys it needs a value for (``required: [model.path]``): each must be set to
+something not empty, in the recipe or on the command line, or the recipe stops at parse time naming the key.
+An override ``required=[]`` lifts it."""
+
+
+def _required(keys: Any) -> tuple[str, ...]:
+    if isinstance(keys, str):
+        keys = [keys]
+    _check(isinstance(keys, (list, tuple)) and all(isinstance(k, str) for k in keys), REQUIRED,
+           f"must be a list of keys such as [model.path], got {_shown(keys)}")
+    return tuple(keys)
+
+
+def _check_required(cfg: Config, keys: tuple[str, ...], recipe) -> None:
+    """Each of ``keys`` (dotted) names a field of ``cfg`` whose value is not empty ("", an empty list)."""
+    for key in keys:
+        node: Any = cfg
+        for part in key.split("."):
+            _check(dataclasses.is_dataclass(node) and part in {f.name for f in fields(node)}, f"{REQUIRED}",
+                   f"{key!r} is not a configuration key")
+            node = getattr(node, part)
+        _check(node not in ("", (), None), key, "is required by "
+               + (f"the recipe {recipe}" if recipe is not None else "this configuration")
+               + f" and is empty; give it, e.g. {key}=<value>")
 
 
 def _preset_from_stages(tree: dict) -> None:

@@ -8,17 +8,22 @@ the numpy RNG state was stored as a list hold.
 
 Each checkpoint is written to a temporary directory and renamed into place, so a
 crash or a failed write (a full disk: :class:`~rlft.errors.WriteFailed`) never leaves
-a half-written ``step_N``, and the older ones are pruned only once it is whole.
-``latest`` finds the newest one.
+a half-written ``step_N``, and the older ones are pruned only once it is whole. Each directory written that way holds
+``manifest.json`` (written last, before the rename): the size and sha256 of every other file in it. ``latest`` finds
+the newest checkpoint whose files match their manifest, warning about each newer one that does not (truncated,
+damaged, a file missing), so a resume falls back to the newest intact checkpoint.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import pickle
 import random
 import re
 import shutil
+import sys
 from pathlib import Path
 from typing import Any, Callable
 
@@ -69,9 +74,13 @@ def save(run_dir: Path, step: int, *, model, tokenizer, optimizer, scheduler, tr
         optim = optimizer.state_dict() if optimizer_state is None else optimizer_state
         torch.save({"optimizer": optim, "scheduler": scheduler.state_dict(), "rng": rng_state(),
                     "process_rngs": process_rngs, "trainer": trainer_state}, tmp / "state.pt")
+        if (Path(run_dir) / CONFIG).is_file():  # the configuration this checkpoint was trained with
+            shutil.copyfile(Path(run_dir) / CONFIG, tmp / CONFIG)
 
     final = write_dir(root / f"step_{step:06d}", write, tmp=root / f".tmp_step_{step:06d}")
-    for old in sorted(root.glob("step_*"))[:-keep]:  # only once the new one is whole
+    found = sorted(root.glob("step_*"))
+    # newer ones than this are from before a resume that fell back past them (damaged): the run rewrites those steps
+    for old in [p for p in found if p.name > final.name] + [p for p in found if p.name <= final.name][:-keep]:
         shutil.rmtree(old, ignore_errors=True)  # one left over takes space, but breaks nothing: the next save retries
     return final
 
@@ -92,6 +101,7 @@ def write_dir(final: Path, write: Callable[[Path], Any], *, tmp: Path | None = N
             shutil.rmtree(old, ignore_errors=True)
             tmp.mkdir(parents=True)
             write(tmp)
+            write_manifest(tmp)  # last: a directory with a manifest was written whole
             flush_to_disk(tmp)  # every file on the disk before the directory takes the final name
             if final.exists():  # renamed away whole, not deleted file by file while it still has its name
                 final.rename(old)
@@ -106,9 +116,103 @@ def write_dir(final: Path, write: Callable[[Path], Any], *, tmp: Path | None = N
     return final
 
 
-def latest(run_dir: Path) -> Path | None:
-    found = sorted((Path(run_dir) / "checkpoints").glob("step_*"))
-    return found[-1] if found else None
+MANIFEST = "manifest.json"
+CONFIG = "config.yaml"  # a checkpoint's copy of the run's configuration when it was written
+
+
+def write_manifest(path: Path) -> None:
+    """``path/manifest.json``: the size and sha256 of every other file under ``path``."""
+    files = {rel: {"bytes": (path / rel).stat().st_size, "sha256": _sha256(path / rel)} for rel in _files(path)}
+    (path / MANIFEST).write_text(json.dumps({"files": files}, indent=1), encoding="utf-8")
+
+
+def _files(path: Path) -> list[str]:
+    """The files under ``path`` but its manifest, as sorted relative POSIX paths."""
+    return sorted(rel for p in path.rglob("*") if p.is_file() and (rel := p.relative_to(path).as_posix()) != MANIFEST)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+_VERDICTS: dict[Path, tuple[tuple, str | None]] = {}  # checkpoint -> (its files' sizes and times, its problem)
+
+
+def damage(path: Path) -> str | None:
+    """What is wrong with the directory ``path`` by its manifest (a file missing, of another size or another sha256),
+    or None when it matches; a directory without a manifest (written by an rlft before manifests) is taken as it is.
+    The verdict is kept while no file under ``path`` changes."""
+    path = Path(path)
+    signature = tuple((p.as_posix(), p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(path.rglob("*"))
+                      if p.is_file())
+    kept = _VERDICTS.get(path)
+    if kept is not None and kept[0] == signature:
+        return kept[1]
+    problem = _check_manifest(path)
+    _VERDICTS[path] = (signature, problem)
+    return problem
+
+
+def _check_manifest(path: Path) -> str | None:
+    if not (path / MANIFEST).is_file():
+        return None
+    try:
+        files = json.loads((path / MANIFEST).read_text(encoding="utf-8"))["files"]
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+        return f"{path / MANIFEST} is not a manifest"
+    for rel, entry in files.items():
+        f = path / rel
+        if not f.is_file():
+            return f"{f} is missing"
+        size = f.stat().st_size
+        if size != entry["bytes"]:
+            return f"{f} has {size:,} bytes, {entry['bytes']:,} were written"
+        if _sha256(f) != entry["sha256"]:
+            return f"{f} does not match the sha256 written with it"
+    return None
+
+
+def latest(run_dir: Path, warn: Callable[[str], Any] | None = None) -> Path | None:
+    """The newest checkpoint under ``run_dir/checkpoints`` whose files match its manifest (:func:`damage`), or
+    None; each newer damaged one is named to ``warn`` (default: stderr) with the one taken instead."""
+    found = sorted((Path(run_dir) / "checkpoints").glob("step_*"), reverse=True)
+    skipped = []
+    for ckpt in found:
+        problem = damage(ckpt)
+        if problem is None:
+            if skipped:
+                _warn(warn, f"checkpoint {skipped[0][0]} is damaged ({skipped[0][1]}); "
+                            + "".join(f"so is {p} ({why}); " for p, why in skipped[1:])
+                            + f"falling back to {ckpt}, the newest intact one")
+            return ckpt
+        skipped.append((ckpt, problem))
+    if skipped:
+        _warn(warn, "no intact checkpoint: " + "; ".join(f"{p} is damaged ({why})" for p, why in skipped))
+    return None
+
+
+def damaged(run_dir: Path) -> list[tuple[Path, str]]:
+    """Every checkpoint under ``run_dir`` that does not match its manifest, newest first, with what is wrong."""
+    found = sorted((Path(run_dir) / "checkpoints").glob("step_*"), reverse=True)
+    return [(p, why) for p in found if (why := damage(p)) is not None]
+
+
+_WARNED: set[str] = set()
+
+
+def _warn(warn: Callable[[str], Any] | None, message: str) -> None:
+    """``message`` once per process (``latest`` is asked more than once in a resume)."""
+    if message in _WARNED:
+        return
+    _WARNED.add(message)
+    if warn is not None:
+        warn(f"rlft: warning: {message}")
+    else:
+        print(f"rlft: warning: {message}", file=sys.stderr, flush=True)
 
 
 def load_state(ckpt: Path) -> dict[str, Any]:
@@ -118,6 +222,9 @@ def load_state(ckpt: Path) -> dict[str, Any]:
     try:
         with _allowed(_NUMPY_RNG_KEY):
             return torch.load(path, weights_only=True)
+    except (RuntimeError, EOFError, OSError) as e:  # damaged in a checkpoint without a manifest (an older rlft's)
+        raise ConfigError(f"train.resume: {path} cannot be read ({str(e).splitlines()[0]}); delete {Path(ckpt)} to "
+                          "resume from the checkpoint before it") from None
     except pickle.UnpicklingError as e:
         raise ConfigError(f"train.resume: {path} would need unsafe unpickling ({_unsafe_part(path, e)}), so it "
                           "was not loaded: a checkpoint written by rlft holds only tensors, numbers, strings and "

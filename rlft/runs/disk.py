@@ -52,7 +52,8 @@ def disk_estimate(cfg: Config) -> tuple[int, str]:
     critic; and :data:`LOG_BYTES` of logs. A hub id (not a local directory) counts as M = 0."""
     m = _model_bytes(cfg)
     t, critic = cfg.train, cfg.algo.needs_critic
-    n_ckpt = min(t.keep_checkpoints + 1, t.steps // t.save_every) if t.save_every else 0
+    every = t.checkpoint_every
+    n_ckpt = min(t.keep_checkpoints + 1, t.steps // every) if every else 0
     per_ckpt = (0 if cfg.lora.rank else 3 * m) + (3 * m if critic else 0)
     final = (m if not cfg.lora.rank or cfg.lora.save == "merged" else 0) + (m if critic else 0)
     base = 0 if cfg.model.path else m

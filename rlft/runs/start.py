@@ -36,30 +36,32 @@ def process_settings(cfg: Config) -> None:
     malloc.apply(cfg.train.malloc)
 
 
-def prepare_run_dir(cfg: Config) -> Config:
-    """Resolve the run name, create the directory and write config.yaml (refusing to clobber another run); with
-    several processes the main one does it, and they all take its name."""
+def prepare_run_dir(cfg: Config, write_config: bool = True) -> Config:
+    """Resolve the run name, create the directory and write config.yaml (refusing to clobber another run; not with
+    ``write_config`` false: a run resuming from a checkpoint rewrites it once the checkpoint has loaded); with several
+    processes the main one does it, and they all take its name."""
     dist = current()
     if not cfg.log.name:
         cfg = with_name(cfg, dist.broadcast(time.strftime("%Y%m%d-%H%M%S")))
     with dist.main_first():
         if dist.is_main:
-            _make_run_dir(cfg)
+            _make_run_dir(cfg, write_config)
     return cfg
 
 
-def _make_run_dir(cfg: Config) -> None:
+def _make_run_dir(cfg: Config, write_config: bool = True) -> None:
     path = cfg.log.path
     if path.exists() and any(path.iterdir()) and not cfg.train.resume:
         raise ConfigError(f"log.name: run directory {path} already exists; choose another name, "
-                          "or resume it with train.resume=true")
+                          "or resume it with train.resume=true (without a checkpoint it starts over)")
     check_disk(cfg, path)  # a writable directory with room for the run, before anything is written
     saved = yaml.safe_load(cfg.to_yaml())
     saved["train"]["resume"] = False  # the file describes the run; resuming is a choice made on the command line
     made = not path.exists()
     try:
         path.mkdir(parents=True, exist_ok=True)
-        write_atomic(path / "config.yaml", yaml.safe_dump(saved, sort_keys=False))
+        if write_config:
+            write_atomic(path / "config.yaml", yaml.safe_dump(saved, sort_keys=False))
     except (OSError, WriteFailed) as e:  # after the checks above: the disk filled up or changed in between
         if made:
             shutil.rmtree(path, ignore_errors=True)
@@ -102,6 +104,17 @@ def stops_on_write_failure(run_dir: Path):
         yield
     except WriteFailed as e:
         raise e.advised(resume_advice(run_dir)) from e.cause
+
+
+def clear_run_dir(path: Path, keep: tuple[str, ...] = ("run.log",)) -> None:
+    """Remove what a run left in ``path`` (but ``keep``), so that it starts over there."""
+    for entry in path.iterdir() if path.is_dir() else ():
+        if entry.name in keep:
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
 
 
 def resume_advice(run_dir: Path) -> str:

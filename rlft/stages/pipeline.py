@@ -28,6 +28,7 @@ wait for its result.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import shutil
 import time
@@ -44,8 +45,8 @@ from rlft.insight.report import build_report
 from rlft.models.loading import check_model_path, quiet_transformers
 from rlft.parallel import launch
 from rlft.parallel.dist import Dist
-from rlft.runs import checkpoint
-from rlft.runs.start import (base_model_dir, prepare_run_dir, process_settings, removed_if_start_fails,
+from rlft.runs import checkpoint, resume
+from rlft.runs.start import (base_model_dir, clear_run_dir, prepare_run_dir, process_settings, removed_if_start_fails,
                              seed_everything, stops_on_write_failure)
 from rlft.stages.base import STAGES, StageInput, Task, with_labels
 from rlft.stages.label import judge_of
@@ -100,12 +101,16 @@ def run_pipeline(cfg: Config, echo=print, only: str | None = None) -> RunResult:
     echo = echo if dist.is_main else _silent
     steps = plan(cfg, only)
     flat = steps[0].out == ""
-    _check_resume(cfg, steps, flat)
+    resuming = _check_resume(cfg, steps, flat, echo)
     task = preflight(cfg, [s.kind for s in steps])  # before anything is written
     if any(STAGES.get(s.kind).every_process for s in steps):  # what the launch cannot run, before anything is written
         strategy.check(cfg)
-    cfg = prepare_run_dir(cfg)
+    if resuming.restart:
+        cfg = _start_over(cfg, dist, echo)
+    cfg = prepare_run_dir(cfg, write_config=not (resuming.from_checkpoint or resuming.pipeline))
     run_dir = cfg.log.path
+    if resuming.pipeline and dist.is_main:
+        resume.record(run_dir, cfg, None, None, echo)
     with removed_if_start_fails(run_dir, keep=cfg.train.resume):
         model_dir = Path(base_model_dir(cfg, run_dir))
     try:
@@ -134,15 +139,50 @@ def _silent(*args, **kwargs) -> None:
     """The ``echo`` of the processes other than the main one."""
 
 
-def _check_resume(cfg: Config, steps: list[Planned], flat: bool) -> None:
-    """``train.resume`` needs something to resume, checked before anything is written: a checkpoint for a
-    one-stage run that resumes from them, the run's config.yaml for a pipeline."""
+@dataclass(frozen=True)
+class Resuming:
+    """What ``train.resume`` finds, before anything is written (``_check_resume``)."""
+
+    restart: bool = False  # nothing to resume (no checkpoint, no pipeline run): the run starts over, saying so
+    from_checkpoint: bool = False  # a one-stage run continuing from a checkpoint: config.yaml is rewritten once it loaded
+    pipeline: bool = False  # a pipeline run continuing: what changed is recorded at its start
+
+
+def _check_resume(cfg: Config, steps: list[Planned], flat: bool, echo) -> Resuming:
+    """What ``train.resume`` continues, checked before anything is written: the newest intact checkpoint of a
+    one-stage run that resumes from them (a damaged newer one is named), the run's config.yaml for a pipeline; a
+    changed key that cannot be honoured is refused (``rlft.runs.resume.check``)."""
     if not cfg.train.resume:
-        return
-    if not flat and not (cfg.log.path / "config.yaml").is_file():
-        raise ConfigError(f"train.resume: no pipeline run in {cfg.log.path}")
-    if flat and STAGES.get(steps[0].kind).resumes and checkpoint.latest(cfg.log.path) is None:
-        raise ConfigError(f"train.resume: no checkpoint under {cfg.log.path / 'checkpoints'}")
+        return Resuming()
+    path = cfg.log.path
+    if not flat:
+        if not (path / "config.yaml").is_file():
+            return Resuming(restart=True)
+        resume.check(cfg, None)
+        return Resuming(pipeline=True)
+    if not STAGES.get(steps[0].kind).resumes:
+        return Resuming()
+    ckpt = checkpoint.latest(path, warn=echo)
+    if ckpt is None:
+        damaged = checkpoint.damaged(path)
+        if damaged:
+            raise ConfigError(f"train.resume: no intact checkpoint under {path / 'checkpoints'} ("
+                              + "; ".join(f"{p.name}: {why}" for p, why in damaged)
+                              + f"); delete {path / 'checkpoints'} and resume to start the run over")
+        return Resuming(restart=True)
+    resume.check(cfg, ckpt)
+    return Resuming(from_checkpoint=True)
+
+
+def _start_over(cfg: Config, dist: Dist, echo) -> Config:
+    """A run resumed with nothing to resume from starts over in its directory, emptied (its run.log kept)."""
+    path = cfg.log.path
+    what = "no checkpoint" if (path / "config.yaml").is_file() else "no run"
+    echo(f"rlft: train.resume: {what} to continue in {path}; starting the run over")
+    with dist.main_first():
+        if dist.is_main:
+            clear_run_dir(path)
+    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, resume=False))
 
 
 def preflight(cfg: Config, kinds: list[str]) -> Task:

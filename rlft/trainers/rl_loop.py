@@ -39,7 +39,7 @@ def run_rl(policy, tokenizer, train_ex, train_prompts, cfg: Config, run_dir: Pat
                               f"launch / torchrun ({dist.world} processes) or set rollout.partial_tokens=0")
         state.partial = PartialRollouts(cfg.rollout.partial_tokens, cfg.rollout.max_new_tokens, cfg.algo.group_size)
     if ckpt is not None:
-        restore(state, ckpt, run_dir, echo)
+        restore(state, ckpt, run_dir, echo, cfg)
     else:
         if dist.rank:  # each process samples its own share of the groups: its own random stream
             seed_everything(cfg.train.seed + PROCESS_SEED_STRIDE * dist.rank)
@@ -69,7 +69,7 @@ def run_rl(policy, tokenizer, train_ex, train_prompts, cfg: Config, run_dir: Pat
                 halt_on_skips(state, cfg, run_dir)
                 bar.update(1)
                 bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", len=f"{metrics['response_length/mean']:.1f}")
-                saved = cfg.train.save_every and state.step % cfg.train.save_every == 0
+                saved = cfg.train.checkpoint_every and state.step % cfg.train.checkpoint_every == 0
                 if saved and state.step < cfg.train.steps:
                     save_checkpoint(state, cfg, run_dir)
                 signum = dist.broadcast(stop.signum)  # the main process's: every process stops after the same step

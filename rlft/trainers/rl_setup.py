@@ -15,6 +15,7 @@ from rlft.insight.health import HealthMonitor
 from rlft.models.lora import AdaptersOff, is_peft
 from rlft.parallel.launch import strategy
 from rlft.runs import checkpoint
+from rlft.runs.resume import record
 from rlft.runs.start import seed_everything
 from rlft.runs.tracking import truncate_jsonl
 from rlft.trainers.optim import make_optimizer, make_scheduler
@@ -107,7 +108,9 @@ def save_checkpoint(state: RLState, cfg: Config, run_dir: Path) -> None:
                         model_state=model_state, optimizer_state=optimizer_state)
 
 
-def restore(state: RLState, ckpt: Path, run_dir: Path, echo) -> None:
+def restore(state: RLState, ckpt: Path, run_dir: Path, echo, cfg: Config) -> None:
+    """The run's state from ``ckpt``, with the optimizers' hyperparameters and schedules as ``cfg`` gives them now;
+    a run resumed flat in ``run_dir`` then records what changed (``rlft.runs.resume.record``)."""
     saved = checkpoint.load_state(ckpt)
     strategy().load_state(state.policy, optimizer=state.optimizer, optim_state=saved["optimizer"])
     state.scheduler.load_state_dict(saved["scheduler"])
@@ -122,7 +125,25 @@ def restore(state: RLState, ckpt: Path, run_dir: Path, echo) -> None:
         state.load_trainer_state(saved["trainer"])
     except ValueError as e:  # the data changed since the checkpoint: the position in it means nothing
         raise ConfigError(f"train.resume: {e}; resume with the run's own data settings") from None
+    o = cfg.optim
+    retune(state.optimizer, state.scheduler, lr=o.lr, weight_decay=o.weight_decay, betas=(o.beta1, o.beta2), eps=o.eps)
+    if state.critic is not None:
+        retune(state.critic_optimizer, state.critic_scheduler, lr=cfg.critic.lr, weight_decay=o.weight_decay,
+               betas=(o.beta1, o.beta2), eps=o.eps)
+    echo(f"rlft: resumed from {ckpt} at step {state.step}")
     if dist.is_main:
         truncate_jsonl(run_dir / "metrics.jsonl", state.step)
         truncate_jsonl(run_dir / "samples.jsonl", state.step)
-    echo(f"rlft: resumed from {ckpt} at step {state.step}")
+        if (Path(run_dir) / checkpoint.CONFIG).is_file():  # a run resumed flat; a pipeline records at its start
+            record(run_dir, cfg, ckpt, state.step, echo)
+
+
+def retune(optimizer, scheduler, *, lr: float, **hyper) -> None:
+    """Set the restored ``optimizer`` (whose state carries the hyperparameters it was saved with) to ``lr`` and
+    ``hyper`` (weight_decay, betas, eps), and its schedule (``scheduler``, built with the current warm-up, total and
+    shape, whose restored base lrs are the saved ones) to ``lr`` at the step it reached."""
+    scheduler.base_lrs = [lr] * len(optimizer.param_groups)
+    factors = [f(scheduler.last_epoch) for f in scheduler.lr_lambdas]
+    for group, factor in zip(optimizer.param_groups, factors):
+        group.update(hyper, initial_lr=lr, lr=lr * factor)
+    scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
