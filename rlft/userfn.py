@@ -331,7 +331,7 @@ def _child(work: Callable, args: tuple, send) -> None:
 def _plain(value):
     """``value`` as JSON can carry it: None, a bool, a number as a float, a str, or a list or dict of those; a
     TypeError for anything else (a reward returns numbers, None or lists of them; the caller checks which)."""
-    if value is None or isinstance(value, bool):  # kept a bool, which the caller refuses as a reward value
+    if value is None or isinstance(value, bool):  # kept a bool, which the caller counts as 0 or 1
         return value
     if isinstance(value, str):
         return str(value)

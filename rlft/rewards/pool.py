@@ -7,7 +7,10 @@ processes (a maintained pool, ``pebble``) for the whole run, and
 :meth:`RewardPool.score` sends one task per sample with its own deadline.
 
 - A task that runs past its deadline is stopped: pebble terminates its worker
-  and starts a fresh one. Only that sample is lost.
+  and starts a fresh one. That sample is lost, and so are the samples of the
+  same call of :meth:`RewardPool.score` not started yet: they are not run, so a
+  checker that hangs on every sample costs its deadline once per batch, not once
+  per sample (the tasks already running keep their own deadlines).
 - A worker that dies (``os._exit``, a segfault, the kernel's OOM killer) costs
   only the sample it was running.
 - A checker that raises, or returns anything but ``None`` or a finite number,
@@ -41,7 +44,7 @@ import multiprocessing
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from concurrent.futures import Future, TimeoutError as FutureTimeout
+from concurrent.futures import FIRST_COMPLETED, CancelledError, Future, TimeoutError as FutureTimeout, wait
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,7 +78,8 @@ class TaskLost(RuntimeError):
 class PoolResult:
     values: list[float | None]  # (B,) one per sample; None where the sample was lost
     errors: int  # samples lost to a deadline, a dead worker, an exception or a bad return value
-    first_error: str | None = None
+    first_error: str | None = None  # "sample <i>: <what went wrong>"
+    first: tuple[int, str] | None = None  # the same as (sample index, what went wrong)
 
 
 class RewardPool:
@@ -101,19 +105,22 @@ class RewardPool:
             raise ValueError(f"got {len(completions)} completions but {len(samples)} samples")
         deadline = getattr(fn, "deadline_s", None) or self.deadline_s  # a checker with its own inner timeout
         futures = [self._pool.schedule(fn, args=(c, s), timeout=deadline) for c, s in zip(completions, samples)]
+        _cancel_after_timeout(futures)
         values: list[float | None] = []
         errors, first = 0, None
         for i, future in enumerate(futures):
             try:
                 values.append(checked_value(future.result()))
-            except Exception as e:  # the deadline, a dead worker, the checker's own error, a bad value
+            except Exception as e:  # the deadline, a dead worker, the checker's own error, a bad value, not run
                 values.append(None)
                 errors += 1
-                first = first or f"sample {i}: {_describe(e, deadline)}"
+                if first is None or (first[1].startswith("not run") and not isinstance(e, CancelledError)):
+                    first = (i, _describe(e, deadline))
+        text = None if first is None else f"sample {first[0]}: {first[1]}"
         if errors:
             logger.warning("reward %r lost %d/%d samples in the worker pool (scored None); first: %s",
-                           name or getattr(fn, "__name__", fn), errors, len(values), first)
-        return PoolResult(values=values, errors=errors, first_error=first)
+                           name or getattr(fn, "__name__", fn), errors, len(values), text)
+        return PoolResult(values=values, errors=errors, first_error=text, first=first)
 
     def submit(self, fn: Callable, args: tuple, deadline_s: float) -> Future:
         """``fn(*args)`` in a worker, stopped ``deadline_s`` after it starts there; :func:`result` waits for it.
@@ -147,6 +154,17 @@ class RewardPool:
         self.close()
 
 
+def _cancel_after_timeout(futures: list[Future]) -> None:
+    """Wait for ``futures``; once one has run past its deadline, cancel those not started yet."""
+    pending = set(futures)
+    while pending:
+        done, pending = wait(pending, return_when=FIRST_COMPLETED)
+        if any(not f.cancelled() and isinstance(f.exception(), FutureTimeout) for f in done):
+            for f in pending:
+                if not f.running():
+                    f.cancel()
+
+
 def result(future: Future, deadline_s: float) -> Any:
     """The value of a task :meth:`RewardPool.submit` sent with ``deadline_s``: a :class:`TaskLost` when it ran
     past its deadline or its worker died, else what the task raised."""
@@ -159,6 +177,8 @@ def result(future: Future, deadline_s: float) -> Any:
 def _describe(e: BaseException, deadline_s: float) -> str:
     if isinstance(e, FutureTimeout):
         return f"timed out after {deadline_s}s"
+    if isinstance(e, CancelledError):
+        return "not run: an earlier sample of this batch timed out"
     if isinstance(e, ProcessExpired):
         return f"worker died (exit code {e.exitcode})"
     return f"{type(e).__name__}: {e}"
