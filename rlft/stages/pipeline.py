@@ -44,6 +44,7 @@ from rlft.insight.report import build_report
 from rlft.models.loading import check_model_path, quiet_transformers
 from rlft.parallel import launch
 from rlft.parallel.dist import Dist
+from rlft.rewards.trial import try_rewards
 from rlft.runs import checkpoint
 from rlft.runs.start import (base_model_dir, prepare_run_dir, process_settings, removed_if_start_fails,
                              seed_everything, stops_on_write_failure)
@@ -54,6 +55,7 @@ from rlft.stages.rl import rl_summary
 from rlft.trainers.sft import sft_examples
 
 SUMMARY = "summary.json"
+REWARDED = ("rl", "distill", "rft")  # the stages that score with reward.fns: their rewards are tried first
 
 
 @dataclass(frozen=True)
@@ -150,7 +152,8 @@ def preflight(cfg: Config, kinds: list[str]) -> Task:
     task's data, the extra held-out sets of eval.sets and the data of the stages ``kinds`` that will run
     (sft.source for an sft stage or an SFT warm-up, rm.source, dpo.source), each read whole: a missing file or a
     malformed row fails here, naming file, row and field; a label stage's judge (built: its directory and parameters
-    checked) and an '@label' source without a label stage before it. Returns the task, read once for every stage."""
+    checked) and an '@label' source without a label stage before it; with a stage that scores with reward.fns, each
+    reward tried on a few training rows (``rlft.rewards.trial``). Returns the task, read once for every stage."""
     if cfg.model.path:
         check_model_path(cfg.model.path, "model.path")
     if cfg.critic.path:
@@ -167,7 +170,10 @@ def preflight(cfg: Config, kinds: list[str]) -> Task:
         judge_of(cfg)
     rankings = {name: load_rankings(cfg, getattr(cfg, name), name) for name in ("rm", "dpo")
                 if name in kinds and getattr(cfg, name).source not in ("", PIPELINE_LABELS)}
-    return Task(*load_task(cfg), load_sets(cfg), sft=sft, rankings=rankings)
+    task = Task(*load_task(cfg), load_sets(cfg), sft=sft, rankings=rankings)
+    if any(kind in REWARDED for kind in kinds):  # every reward called on a few training rows (rlft.rewards.trial)
+        try_rewards(cfg, [ex.to_mapping() for ex in task.train])
+    return task
 
 
 def _run_stages(cfg: Config, steps: list[Planned], run_dir: Path, model_dir: Path, task: Task, dist: Dist,
