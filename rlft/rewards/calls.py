@@ -108,18 +108,19 @@ def _wait(started: dict[int, tuple[float, int]], outcomes: list, limit: float) -
 
 
 def _give_up(ident: int, threads: list[threading.Thread]) -> None:
-    """Raise RewardTimeout in the thread ``ident`` (it stops at its next Python instruction) and count it until it
-    ends."""
+    """Raise RewardTimeout in the worker thread ``ident`` (it stops at its next Python instruction) and count it
+    until it ends."""
+    thread = next((t for t in threads if t.ident == ident), None)
+    if thread is None or not thread.is_alive():
+        return
     try:
         import ctypes
 
         ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(RewardTimeout))
     except (ImportError, AttributeError):  # not CPython: the thread is left to finish its call
         pass
-    thread = next((t for t in threads if t.ident == ident), None)
-    if thread is not None:
-        with _GIVEN_UP_LOCK:
-            _GIVEN_UP.append(thread)
+    with _GIVEN_UP_LOCK:
+        _GIVEN_UP.append(thread)
 
 
 def left_running() -> int:
