@@ -91,16 +91,17 @@ def score_batch(
             per_fn[name] = _score_lists(fn, completions, samples, size, limit, failed,
                                         per_value=is_batched(fn) and not is_group_level(fn))
         elif pool is not None and getattr(fn, "runs_in_pool", False):  # slow checkers: worker processes
-            result = pool.score(fn, completions, samples, name=name)
-            per_fn[name] = result.values
-            failed.count, failed.first = result.errors, result.first
+            result = pool.score(fn, completions, samples, name=name)  # which logs its own failures
+            per_fn[name], errors[name] = result.values, result.errors
+            if result.first is not None:
+                first[name] = result.first
+            continue
         else:
             per_fn[name] = _score_one_fn(fn, completions, samples, limit, failed)
         errors[name] = failed.count
         if failed.first is not None:
             first[name] = failed.first
-        if not (pool is not None and getattr(fn, "runs_in_pool", False)):  # the pool logs its own
-            _warn(name, failed, len(completions))
+        _warn(name, failed, len(completions))
     total = [_combine([per_fn[n][i] for n in table], weights) for i in range(len(completions))]
     return ScoreResult(total=total, per_fn=per_fn, errors=errors, steps=steps, first_errors=first)
 
