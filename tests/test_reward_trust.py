@@ -128,3 +128,18 @@ def test_a_hanging_reward_costs_its_timeout_once_per_step_and_the_summary_counts
     assert all(m["timing_s/reward"] < 8.0 for m in steps), [m["timing_s/reward"] for m in steps]  # ~1 s, not 16
     assert all(m["reward/flag/errors"] == 0.0 for m in steps)  # a bool is 0 or 1
     assert "reward failures       final_answer 0/32, flag 0/32, hang 32/32" in res.stdout
+
+
+def test_the_summaries_count_each_rewards_failures_over_the_logged_steps(tmp_path):
+    from rlft.stages.pipeline import summary_table
+    from rlft.stages.rl import reward_failures
+
+    stage = tmp_path / "0-grpo"
+    stage.mkdir()
+    rows = [{"step": 1, "reward/samples": 8.0, "reward/a/errors": 0.0, "reward/b/errors": 8.0},
+            {"step": 2, "reward/samples": 8.0, "reward/a/errors": 1.0, "reward/b/errors": 2.0},
+            {"step": 2, "reward/samples": 8.0, "reward/a/errors": 0.0, "reward/b/errors": 3.0}]  # resumed: step 2 again
+    (stage / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert reward_failures(stage / "metrics.jsonl") == {"a": (0, 16), "b": (11, 16)}
+    table = summary_table([{"stage": "grpo", "metrics": {"exact_match": 0.5}}], 1.0, tmp_path)
+    assert "reward failures: a 0/16, b 11/16" in table

@@ -51,7 +51,7 @@ from rlft.runs.start import (base_model_dir, prepare_run_dir, process_settings, 
 from rlft.stages.base import STAGES, StageInput, Task, with_labels
 from rlft.stages.label import judge_of
 from rlft.runs.start import write_json
-from rlft.stages.rl import rl_summary
+from rlft.stages.rl import reward_failures, rl_summary
 from rlft.trainers.sft import sft_examples
 
 SUMMARY = "summary.json"
@@ -238,7 +238,8 @@ def _finished(out: Path) -> dict | None:
 
 
 def summary_table(entries: list[dict], seconds: float, run_dir: Path) -> str:
-    """The pipeline's final table: per stage, its held-out exact match (or the RM's ranking accuracy)."""
+    """The pipeline's final table: per stage, its held-out exact match (or the RM's ranking accuracy), and an RL
+    stage's reward failures."""
     lines = ["", "rlft pipeline summary", "-" * 72, f"{'stage':<16}{'metric':<22}{'value':>10}"]
     for i, e in enumerate(entries):
         m = e["metrics"]
@@ -249,6 +250,9 @@ def summary_table(entries: list[dict], seconds: float, run_dir: Path) -> str:
         for name, part in m.get("sets", {}).items():  # the extra held-out sets (eval.sets)
             if "exact_match" in part:
                 lines.append(f"{'':<16}{name + '/exact_match':<22}{part['exact_match']:>10.3f}")
+        failures = reward_failures(run_dir / label / "metrics.jsonl")  # an RL stage's, per reward: failed/scored
+        if failures:
+            lines.append(f"{'':<16}reward failures: " + ", ".join(f"{k} {a}/{n}" for k, (a, n) in failures.items()))
     lines += [f"time                  {seconds:.1f} s", f"run directory         {run_dir}",
               f"summary               {run_dir / SUMMARY}"]
     return "\n".join(lines)
