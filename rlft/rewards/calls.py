@@ -83,6 +83,8 @@ def run_calls(fn: Callable, calls: Sequence[tuple], limit: float) -> list[tuple[
             i, outcome = results.get(timeout=_wait(started, outcomes, limit))
             if outcomes[i] is None:  # not given up already
                 outcomes[i] = outcome
+            if all(o is not None for o in outcomes):
+                break
             continue
         except queue.Empty:
             pass
