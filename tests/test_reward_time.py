@@ -86,3 +86,13 @@ def test_in_the_pool_a_checker_that_hangs_on_every_sample_costs_its_deadline_onc
     started = len(list(tmp_path.iterdir()))
     assert started <= 4 < N  # at most two per worker queued when the first timed out; the others never ran
     assert elapsed < N * 1.0  # 2 workers, one after another: N / 2 x 1 s and more before; about 1 s now
+
+
+def test_a_call_runs_with_the_callers_grad_mode():
+    import torch
+
+    seen = []
+    with torch.no_grad():
+        score_batch(["x"] * 3, [{}] * 3, [("grad", lambda c, s: seen.append(torch.is_grad_enabled()) or 1.0)], [1.0])
+    score_batch(["x"], [{}], [("grad", lambda c, s: seen.append(torch.is_grad_enabled()) or 1.0)], [1.0])
+    assert seen == [False, False, False, True]

@@ -18,7 +18,9 @@ reward) to :func:`run_calls`:
   it is left to finish on its own, counted by :func:`left_running` and logged. Its result is discarded.
 
 Calls run in threads, never under ``SIGALRM``, so the same rules hold in the main thread and off it (``train.async``
-scores in the rollout's thread), and a ``SIGINT`` / ``SIGTERM`` handler runs while the caller waits.
+scores in the rollout's thread), and a ``SIGINT`` / ``SIGTERM`` handler runs while the caller waits. What torch keeps
+per thread is carried over from the caller: its CUDA device (under ``accelerate launch`` each process's own GPU; a
+new thread would start on the first) and whether gradients are on.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from __future__ import annotations
 import itertools
 import logging
 import queue
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -59,9 +62,11 @@ def run_calls(fn: Callable, calls: Sequence[tuple], limit: float) -> list[tuple[
     results: queue.SimpleQueue = queue.SimpleQueue()
     counter = itertools.count()  # next(counter) is atomic: each index is taken by one worker
     stopped = [False]  # set by the caller at the first timeout: no further call starts
+    enter = _caller_context()
 
     def work() -> None:
         try:
+            enter()
             while True:
                 i = next(counter)
                 if i >= n or stopped[0]:
@@ -99,6 +104,23 @@ def run_calls(fn: Callable, calls: Sequence[tuple], limit: float) -> list[tuple[
             break
     skipped = NotCalled(f"not called: an earlier call timed out after {limit:g}s in this batch")
     return [o if o is not None else (False, skipped) for o in outcomes]
+
+
+def _caller_context() -> Callable[[], None]:
+    """What a worker thread runs first to take the caller's per-thread torch state (CUDA device, grad mode); nothing
+    when torch is not imported."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return lambda: None
+    grad = torch.is_grad_enabled()
+    device = torch.cuda.current_device() if torch.cuda.is_initialized() else None
+
+    def enter() -> None:
+        torch.set_grad_enabled(grad)
+        if device is not None:
+            torch.cuda.set_device(device)
+
+    return enter
 
 
 def _wait(started: dict[int, tuple[float, int]], outcomes: list, limit: float) -> float:
