@@ -180,9 +180,34 @@ MARKERS = ("group_level", "batched", "runs_in_pool")
 """The attributes rlft's decorators set on a reward function (its shape, and whether it is slow)."""
 
 
-def markers(fn: Callable) -> dict[str, bool]:
-    """Which of :data:`MARKERS` ``fn`` carries, and ``trl``: whether its signature is TRL's (:func:`trl_style`)."""
-    return {**{name: bool(getattr(fn, name, False)) for name in MARKERS}, "trl": trl_style(fn)}
+def markers(fn: Callable) -> dict[str, bool | str]:
+    """Which of :data:`MARKERS` ``fn`` carries, ``trl``: whether its signature is TRL's (:func:`trl_style`),
+    ``two_args``: whether it can be called with two positional arguments, as rlft calls a reward, and
+    ``signature``: its signature as text ("" when Python cannot read it)."""
+    return {**{name: bool(getattr(fn, name, False)) for name in MARKERS}, "trl": trl_style(fn),
+            "two_args": binds(fn, 2), "signature": _signature(fn)}
+
+
+def binds(fn: Callable, n: int) -> bool:
+    """Whether ``fn(a_1, ..., a_n)`` matches ``fn``'s signature (True when Python cannot read it).
+
+    >>> binds(lambda completion, sample: 0, 2), binds(lambda completion: 0, 2), binds(lambda *a: 0, 2)
+    (True, False, True)
+    """
+    try:
+        inspect.signature(fn).bind(*range(n))
+    except TypeError:
+        return False
+    except ValueError:  # no signature to read
+        return True
+    return True
+
+
+def _signature(fn: Callable) -> str:
+    try:
+        return f"{getattr(fn, '__name__', type(fn).__name__)}{inspect.signature(fn)}"
+    except (TypeError, ValueError):
+        return ""
 
 
 def trl_style(fn: Callable) -> bool:
@@ -331,7 +356,7 @@ def _child(work: Callable, args: tuple, send) -> None:
 def _plain(value):
     """``value`` as JSON can carry it: None, a bool, a number as a float, a str, or a list or dict of those; a
     TypeError for anything else (a reward returns numbers, None or lists of them; the caller checks which)."""
-    if value is None or isinstance(value, bool):  # kept a bool, which the caller refuses as a reward value
+    if value is None or isinstance(value, bool):  # kept a bool, which the caller counts as 0 or 1
         return value
     if isinstance(value, str):
         return str(value)

@@ -35,3 +35,13 @@ def digit_share_in_worker(completion: str, sample) -> float:
 
 
 digit_share_in_worker.runs_in_pool = True  # what rlft.rewards.pool.runs_in_pool sets
+
+
+def mark_and_hang(completion: str, sample) -> float:
+    """Leaves a file named by a fresh name in ``sample["dir"]`` (one per call started), then hangs."""
+    import pathlib
+    import uuid
+
+    (pathlib.Path(sample["dir"]) / uuid.uuid4().hex).touch()
+    time.sleep(3600)
+    return 1.0

@@ -325,6 +325,42 @@ def test_reward_hacking_needs_the_reward_to_rise_above_the_one_at_the_best_valid
     assert firing(out, "reward_hacking") == [3]
 
 
+def test_reward_failures_fires_on_the_window_mean_of_a_rewards_failed_frac():
+    # window 2, failed_frac of 'f': s1 0 -> mean 0; s2 1.0 -> mean .5 >= .5 FIRES; s3 .2 -> mean .6 FIRES;
+    # s4 0 -> mean .1 no
+    out = feed(monitor(window=2), [{"reward/f/failed_frac": v} for v in (0.0, 1.0, 0.2, 0.0)])
+    assert firing(out, "reward_failures") == [2, 3]
+
+
+def test_equal_rewards_are_not_blamed_on_the_task_while_a_reward_fails():
+    # window 1, every group's rewards equal (frac_reward_zero_std 1.0 > .9, group_std 0 < .05) at every step; the
+    # reward 'f' fails on every sample at s2 only: no_learning_signal and reward_std fire at s1 and s3, not s2
+    out = feed(monitor(window=1), [{"frac_reward_zero_std": 1.0, "reward/group_std": 0.0, "reward/f/failed_frac": v}
+                                   for v in (0.0, 1.0, 0.0)])
+    assert firing(out, "no_learning_signal") == [1, 3] and firing(out, "reward_std") == [1, 3]
+    assert firing(out, "reward_failures") == [2]
+
+
+def test_a_reward_failing_on_90_percent_for_reward_fail_steps_in_a_row_is_reported_with_its_first_error():
+    # reward_fail_steps 3; 'f' fails on .95, .9, .89 (< .9: the run of steps ends), .9, 1.0, .9 of the samples:
+    # steps 4-6 are three in a row, reported after s6 with the error of s4
+    mon = monitor(reward_fail_steps=3)
+    seen = []
+    for step, frac in enumerate((0.95, 0.9, 0.89, 0.9, 1.0, 0.9), start=1):
+        mon.update(step, {**CALM, "reward/f/failed_frac": frac, "reward/g/failed_frac": 0.0},
+                   {"f": f"sample 0: error of step {step}"})
+        seen.append(mon.failing_reward())
+    assert seen[:5] == [None] * 5
+    assert seen[5] == ("f", 4, 3, "sample 0: error of step 4")
+    again = monitor(reward_fail_steps=3)
+    again.load_state_dict(mon.state_dict())  # a resumed run keeps counting
+    assert again.failing_reward() == ("f", 4, 3, "sample 0: error of step 4")
+    never = monitor(reward_fail_steps=0)
+    for step in range(1, 10):
+        never.update(step, {**CALM, "reward/f/failed_frac": 1.0})
+    assert never.failing_reward() is None
+
+
 # --------------------------------------------------------------------------- the warnings
 
 
@@ -345,7 +381,7 @@ NAMED = {"kl_blowup": "health.kl_max", "grad_norm_explosion": "health.grad_norm_
          "clip_fraction": "actor/pg_clipfrac", "nonfinite": "health/skipped_steps",
          "length_budget": "rollout.max_new_tokens", "no_learning_signal": "algo.group_size",
          "reward_hacking": "eval.every", "rollout_mismatch": "algo.rollout_correction",
-         "reward_std": "health.reward_std_min"}
+         "reward_std": "health.reward_std_min", "reward_failures": "reward/<fn>/failed_frac"}
 
 
 def test_every_rule_is_covered_here_and_its_advice_names_what_to_look_at():

@@ -136,7 +136,8 @@ def test_a_run_scores_slow_rewards_in_the_pool(tmp_path, tiny_overrides, monkeyp
                                            "reward.fns=[final_answer,test_digit_share_in_worker]"))
     run_dir = run_pipeline(cfg, echo=lambda *a, **k: None).run_dir
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert len(started) == 1 and pool_module.active_pool() is None  # one pool for the run, closed at its end
+    # one pool for the rewards' trial before training (rlft.rewards.trial), one for the run, each closed at its end
+    assert len(started) == 2 and pool_module.active_pool() is None
     for rec in records:
         assert rec["reward/test_digit_share_in_worker/errors"] == 0.0
         assert 0.0 <= rec["reward/test_digit_share_in_worker/mean"] <= 1.0

@@ -150,9 +150,12 @@ class HealthConfig:
     """rollout_mismatch: rollout_corr/logp_gap_mean (mean |log pi_trainer - log pi_sampler| per token) above this."""
     val_drop: float = 0.05
     """reward_hacking: the latest val/<set>/exact_match this far below the best one while the training reward rose (needs eval.every)."""
+    reward_fail_steps: int = 3
+    """Stop the run, after a checkpoint, when one reward has failed (raised, timed out, returned no number) on at least 90% of the samples of this many RL steps in a row (reward/<fn>/failed_frac); 0: never stop."""
 
     def __post_init__(self) -> None:
         _check(self.window >= 1, "health.window", "must be >= 1")
+        _check(self.reward_fail_steps >= 0, "health.reward_fail_steps", "must be >= 0 (0: never stop)")
         for name in ("kl_max", "grad_norm_max", "entropy_min", "zero_std_max", "reward_std_min", "length_drop",
                      "clip_ratio_max", "clipfrac_max", "rollout_gap_max", "val_drop"):
             _check(math.isfinite(getattr(self, name)) and getattr(self, name) >= 0, f"health.{name}",

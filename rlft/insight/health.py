@@ -7,6 +7,12 @@ means and what to try (the usual advice of the RL-for-LLMs tutorials); the final
 summary and ``health.json`` list every rule that fired, with its first and last
 step. A rule whose metrics a run does not log (no KL term, no validation) never
 fires.
+
+The monitor also counts, per reward, the RL steps in a row where it failed on at least :data:`FAIL_FRAC` of the
+samples (``reward/<fn>/failed_frac``); the RL loop stops the run after ``health.reward_fail_steps`` of them
+(:meth:`HealthMonitor.failing_reward`). While rewards fail on most samples, the rules that read the rewards'
+spread (``no_learning_signal``, ``reward_std``) stay quiet: the rewards are missing, not equal, and
+``reward_failures`` says so instead.
 """
 
 from __future__ import annotations
@@ -26,6 +32,9 @@ class Rule:
 
 
 RULES: Registry[Rule] = Registry("health rule")
+
+FAIL_FRAC = 0.9
+"""A step counts toward ``health.reward_fail_steps`` when a reward failed on at least this share of its samples."""
 
 
 def _mean(monitor: "HealthMonitor", key: str) -> float | None:
@@ -62,7 +71,18 @@ def _entropy(monitor: "HealthMonitor", h) -> bool:
 
 def _reward_std(monitor: "HealthMonitor", h) -> bool:
     v = _mean(monitor, "reward/group_std")
-    return v is not None and v < h.reward_std_min
+    return v is not None and v < h.reward_std_min and not _rewards_failed(monitor, h)
+
+
+def _no_signal(monitor: "HealthMonitor", h) -> bool:
+    v = _mean(monitor, "frac_reward_zero_std")
+    return v is not None and v > h.zero_std_max and not _rewards_failed(monitor, h)
+
+
+def _rewards_failed(monitor: "HealthMonitor", h) -> bool:
+    """Over the window, some reward failed on half of its samples or more (the mean of its failed_frac)."""
+    keys = {k for m in monitor.window for k in m if k.startswith("reward/") and k.endswith("/failed_frac")}
+    return any((_mean(monitor, k) or 0.0) >= 0.5 for k in keys)
 
 
 def _length_collapse(monitor: "HealthMonitor", h) -> bool:
@@ -97,7 +117,7 @@ RULES.register("grad_norm_explosion")(Rule(_over("actor/grad_norm", "grad_norm_m
 RULES.register("entropy_collapse")(Rule(_entropy, "token entropy below health.entropy_min: the policy has become "
                                                   "nearly deterministic and stops exploring: raise "
                                                   "rollout.temperature or algo.entropy_coef, lower optim.lr"))
-RULES.register("no_learning_signal")(Rule(_over("frac_reward_zero_std", "zero_std_max"),
+RULES.register("no_learning_signal")(Rule(_no_signal,
                                           "most groups have equal rewards, so their advantages are 0: the task is "
                                           "too easy or too hard for the policy; use a larger algo.group_size, "
                                           "dynamic sampling (algo.dynamic_sampling) or other prompts"))
@@ -106,6 +126,11 @@ RULES.register("reward_std")(Rule(_reward_std, "the rewards barely differ inside
                                                 "little beyond noise: check that the reward can tell the samples "
                                                 "apart (a reward model's scale, a too coarse rule), raise "
                                                 "rollout.temperature or algo.group_size"))
+RULES.register("reward_failures")(Rule(_rewards_failed, "a reward fails on half of the samples or more "
+                                                        "(reward/<fn>/failed_frac): their rewards are missing, not "
+                                                        "wrong; read the first error in the \"reward ... failed\" "
+                                                        "lines of the log and fix the reward function (or its "
+                                                        "reward.timeout_s)"))
 RULES.register("length_collapse")(Rule(_length_collapse, "responses shrank below health.length_drop of their "
                                                          "first length: check the rewards for a length bias and "
                                                          "lower optim.lr"))
@@ -138,10 +163,14 @@ class HealthMonitor:
         # held-out set -> [(step, its val exact match, reward mean of the window then)]
         self.validations: dict[str, list[tuple[int, float, float]]] = {}
         self.fired: dict[str, list[int]] = {}  # rule -> [first step, last step, steps firing]
+        self.failing: dict[str, list] = {}  # reward -> [steps in a row failing >= FAIL_FRAC, first of them, its error]
 
-    def update(self, step: int, metrics: dict[str, float]) -> tuple[dict[str, float], list[str]]:
-        """``health/<rule>`` values of this step, and a warning line for each rule that fires for the first time."""
+    def update(self, step: int, metrics: dict[str, float],
+               errors: dict[str, str] | None = None) -> tuple[dict[str, float], list[str]]:
+        """``health/<rule>`` values of this step, and a warning line for each rule that fires for the first time;
+        ``errors``: each reward's first error of the step, kept for :meth:`failing_reward`."""
         self.window.append(dict(metrics))
+        self._count_failures(step, metrics, errors or {})
         if self.start_length is None and len(self.window) == self.window.maxlen:
             self.start_length = _mean(self, "response_length/mean")
         for key, v in metrics.items():  # val/<set>/exact_match of every held-out set
@@ -159,6 +188,26 @@ class HealthMonitor:
                 self.fired[name][1:] = [step, self.fired[name][2] + 1]
         return values, new
 
+    def _count_failures(self, step: int, metrics: dict[str, float], errors: dict[str, str]) -> None:
+        for key, v in metrics.items():
+            if key.startswith("reward/") and key.endswith("/failed_frac"):
+                name = key[len("reward/"):-len("/failed_frac")]
+                if v >= FAIL_FRAC:
+                    run = self.failing.setdefault(name, [0, step, ""])
+                    run[0] += 1
+                    run[2] = run[2] or errors.get(name, "")
+                else:
+                    self.failing.pop(name, None)
+
+    def failing_reward(self) -> tuple[str, int, int, str] | None:
+        """(reward, first step, steps in a row, its first error) of a reward that failed on at least FAIL_FRAC of
+        the samples of ``health.reward_fail_steps`` RL steps in a row; None when none did (or the limit is 0)."""
+        limit = self.h.reward_fail_steps
+        for name, (n, first, error) in self.failing.items():
+            if limit and n >= limit:
+                return name, first, n, error
+        return None
+
     def report(self) -> dict[str, dict]:
         """What fired: ``{rule: {first_step, last_step, steps, advice}}``."""
         return {name: {"first_step": a, "last_step": b, "steps": n, "advice": RULES.get(name).advice}
@@ -166,11 +215,12 @@ class HealthMonitor:
 
     def state_dict(self) -> dict:
         return {"window": list(self.window), "start_length": self.start_length, "validations": self.validations,
-                "fired": self.fired}
+                "fired": self.fired, "failing": self.failing}
 
     def load_state_dict(self, state: dict) -> None:
         self.window = deque(state["window"], maxlen=self.h.window)
         self.start_length, self.fired = state["start_length"], state["fired"]
+        self.failing = {name: list(run) for name, run in state.get("failing", {}).items()}  # older checkpoints: none
         saved = state["validations"]
         if isinstance(saved, list):  # a checkpoint from before several held-out sets: one unnamed set
             saved = {"": saved}

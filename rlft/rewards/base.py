@@ -129,11 +129,15 @@ REWARDS = RewardRegistry("reward function")
 
 
 def checked_value(value: object) -> float | None:
-    """A reward value as a float, or None; raises on anything else (bool, text, NaN, inf)."""
+    """A reward value as a float, or None; a bool counts as 0 or 1; raises on anything else (text, NaN, inf).
+
+    >>> checked_value(True), checked_value(0), checked_value(None)
+    (1.0, 0.0, None)
+    """
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"returned {type(value).__name__} {value!r}, expected a float or None")
+    if not isinstance(value, numbers.Real):  # bool is a Real: True is 1.0
+        raise TypeError(f"returned {type(value).__name__} {value!r}, expected a number, a bool or None")
     if not math.isfinite(value):
         raise ValueError(f"returned non-finite value {value!r}")
     return float(value)

@@ -51,8 +51,10 @@ is ignored, and ``slow: true`` with ``sandboxed: true`` is an error.
 
 The spec is checked when the entry is built, at config parse time: a malformed
 spec, a module or file that fails to import (its own exception is quoted), a
-missing attribute, something not callable, or a refused target is a
-``ValueError`` naming the spec. Refused: anything from modules such as
+missing attribute, something not callable, a function whose signature cannot
+take the two arguments of its shape (``score(completion)``), or a refused target
+is a ``ValueError`` naming the spec. Before training, ``rlft train`` also calls
+every reward on a few rows of the task (``rlft.rewards.trial``). Refused: anything from modules such as
 ``builtins``, ``os``, ``subprocess``, ``sys``, ``importlib`` or ``pickle``
 (``builtins:exec`` would run every completion in the trainer), also when a
 module of the user's re-exports it under another name, and anything but a
@@ -122,6 +124,11 @@ class Custom:
             raise ValueError(f"kind: {self.fn!r} is called TRL's way (signature: {self.signature}), on a list of "
                              "completions: kind must be batch (the default for it) or group, not sample")
         shape = marked or (self.kind if self.kind != "auto" else "batch" if trl else "sample")
+        if not trl and not marks.get("two_args", True):
+            expected = "fn(completion, sample)" if shape == "sample" else "fn(completions, samples)"
+            raise ValueError(f"fn: {self.fn!r}: {marks['signature'] or 'the function'} cannot be called as a "
+                             f"{shape}-level reward, {expected}; give it that signature (or a TRL one: "
+                             "fn(prompts, completions, **kwargs), with kind batch or group)")
         # sandboxed: a process per call instead of the pool (whose workers cannot start processes of their own)
         in_pool = not self.sandboxed and (self.slow or marks["runs_in_pool"])
         if in_pool and shape != "sample":

@@ -7,7 +7,11 @@ processes (a maintained pool, ``pebble``) for the whole run, and
 :meth:`RewardPool.score` sends one task per sample with its own deadline.
 
 - A task that runs past its deadline is stopped: pebble terminates its worker
-  and starts a fresh one. Only that sample is lost.
+  and starts a fresh one. That sample is lost, and so are the samples of the
+  same call of :meth:`RewardPool.score` not queued yet (at most two per worker
+  are queued at a time): they are not run, so a
+  checker that hangs on every sample costs its deadline once per batch, not once
+  per sample (the tasks already running keep their own deadlines).
 - A worker that dies (``os._exit``, a segfault, the kernel's OOM killer) costs
   only the sample it was running.
 - A checker that raises, or returns anything but ``None`` or a finite number,
@@ -41,7 +45,7 @@ import multiprocessing
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from concurrent.futures import Future, TimeoutError as FutureTimeout
+from concurrent.futures import FIRST_COMPLETED, Future, TimeoutError as FutureTimeout, wait
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,6 +70,10 @@ def active_pool() -> "RewardPool | None":
     return _active
 
 
+class NotRun(RuntimeError):
+    """A sample of :meth:`RewardPool.score` not run: an earlier sample of the same call ran past its deadline."""
+
+
 class TaskLost(RuntimeError):
     """A task of :meth:`RewardPool.submit` that ran past its deadline (its worker was stopped) or whose worker
     died."""
@@ -75,7 +83,8 @@ class TaskLost(RuntimeError):
 class PoolResult:
     values: list[float | None]  # (B,) one per sample; None where the sample was lost
     errors: int  # samples lost to a deadline, a dead worker, an exception or a bad return value
-    first_error: str | None = None
+    first_error: str | None = None  # "sample <i>: <what went wrong>"
+    first: tuple[int, str] | None = None  # the same as (sample index, what went wrong)
 
 
 class RewardPool:
@@ -90,6 +99,7 @@ class RewardPool:
         if not deadline_s > 0:
             raise ValueError(f"deadline_s must be > 0, got {deadline_s}")
         self.deadline_s = deadline_s
+        self.workers = workers
         methods = multiprocessing.get_all_start_methods()
         context = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
         self._pool = ProcessPool(max_workers=workers, context=context)
@@ -100,20 +110,40 @@ class RewardPool:
         if len(completions) != len(samples):
             raise ValueError(f"got {len(completions)} completions but {len(samples)} samples")
         deadline = getattr(fn, "deadline_s", None) or self.deadline_s  # a checker with its own inner timeout
-        futures = [self._pool.schedule(fn, args=(c, s), timeout=deadline) for c, s in zip(completions, samples)]
+        futures = self._until_timeout(fn, list(zip(completions, samples)), deadline)
         values: list[float | None] = []
         errors, first = 0, None
         for i, future in enumerate(futures):
             try:
+                if future is None:
+                    raise NotRun("not run: an earlier sample of this batch timed out")
                 values.append(checked_value(future.result()))
-            except Exception as e:  # the deadline, a dead worker, the checker's own error, a bad value
+            except Exception as e:  # the deadline, a dead worker, the checker's own error, a bad value, not run
                 values.append(None)
                 errors += 1
-                first = first or f"sample {i}: {_describe(e, deadline)}"
+                if first is None or (isinstance(first[2], NotRun) and not isinstance(e, NotRun)):
+                    first = (i, _describe(e, deadline), e)
+        text = None if first is None else f"sample {first[0]}: {first[1]}"
         if errors:
             logger.warning("reward %r lost %d/%d samples in the worker pool (scored None); first: %s",
-                           name or getattr(fn, "__name__", fn), errors, len(values), first)
-        return PoolResult(values=values, errors=errors, first_error=first)
+                           name or getattr(fn, "__name__", fn), errors, len(values), text)
+        return PoolResult(values=values, errors=errors, first_error=text, first=first and first[:2])
+
+    def _until_timeout(self, fn: Callable, calls: list[tuple], deadline: float) -> list[Future | None]:
+        """``fn(*args)`` per ``calls`` in the workers, at most two per worker queued at a time, so that none is
+        started after the first one runs past ``deadline`` (None: not started)."""
+        futures: list[Future | None] = [None] * len(calls)
+        in_flight: set[Future] = set()
+        queued, stop = 0, False
+        while True:
+            while not stop and queued < len(calls) and len(in_flight) < 2 * self.workers:
+                futures[queued] = self._pool.schedule(fn, args=calls[queued], timeout=deadline)
+                in_flight.add(futures[queued])
+                queued += 1
+            if not in_flight:
+                return futures
+            done, in_flight = wait(in_flight, return_when=FIRST_COMPLETED)
+            stop = stop or any(isinstance(f.exception(), FutureTimeout) for f in done)
 
     def submit(self, fn: Callable, args: tuple, deadline_s: float) -> Future:
         """``fn(*args)`` in a worker, stopped ``deadline_s`` after it starts there; :func:`result` waits for it.
@@ -159,6 +189,8 @@ def result(future: Future, deadline_s: float) -> Any:
 def _describe(e: BaseException, deadline_s: float) -> str:
     if isinstance(e, FutureTimeout):
         return f"timed out after {deadline_s}s"
+    if isinstance(e, NotRun):
+        return str(e)
     if isinstance(e, ProcessExpired):
         return f"worker died (exit code {e.exitcode})"
     return f"{type(e).__name__}: {e}"

@@ -1,22 +1,21 @@
 """Score a batch of completions with several reward functions.
 
 A reward function that raises, runs past ``timeout_s`` or returns something
-other than ``None`` or a finite real number costs only that sample (for a
+other than ``None``, a bool (0 or 1) or a finite real number costs only that sample (for a
 group-level or batched reward, the samples of that call; but a batched reward's
 values each depend on their own sample only, so one bad value in a well-formed
 list costs that sample alone): its value
 is ``None`` (unscorable, excluded downstream -- never a silent 0), the failure
-is counted in ``ScoreResult.errors`` and logged once per function per batch on
-the ``rlft.rewards`` logger.
+is counted in ``ScoreResult.errors``, the first one kept in ``ScoreResult.first_errors`` and logged once per
+function per batch on the ``rlft.rewards`` logger.
 
-Timeouts use ``signal.setitimer(ITIMER_REAL)`` and a ``SIGALRM`` handler, so
-they only apply in the main thread of the main interpreter on platforms that
-have ``SIGALRM`` (not Windows). Elsewhere functions run without a time limit;
-a reward that may hang declares itself slow (``pool.runs_in_pool``) and runs in
-the active ``RewardPool``, worker processes with a deadline per sample.
-The previous ``SIGALRM`` handler and any pending timer are restored after
-each call. Code that swallows ``BaseException`` (a bare ``except:``) can
-swallow the timeout too; the value is still discarded as a timeout.
+Time is bounded per batch, not per sample: a reward's calls for the batch run concurrently on a few threads, each
+with ``timeout_s`` from its own start, and the first call that runs past it stops that reward for the rest of the
+batch (its calls not yet started are not made and count as failures), so a reward that hangs on every sample costs
+about ``timeout_s`` per batch (``rlft.rewards.calls``). A timed-out call is interrupted where it runs Python code;
+one blocked outside Python is left to finish in its daemon thread, counted and its result discarded. A reward that
+may hang or compute for long declares itself slow (``pool.runs_in_pool``) and runs in the active ``RewardPool``:
+worker processes, stopped at their deadline, under the same rule for the batch.
 """
 
 from __future__ import annotations
@@ -32,6 +31,7 @@ from dataclasses import dataclass, field
 
 from rlft.registry import Registry
 from rlft.rewards.base import REWARDS, checked_value, is_batched, is_group_level, is_step_level
+from rlft.rewards.calls import NotCalled, RewardTimeout, run_calls
 from rlft.rewards.pool import active_pool
 
 logger = logging.getLogger("rlft.rewards")
@@ -43,10 +43,7 @@ class ScoreResult:
     per_fn: dict[str, list[float | None]]  # name -> (B,)
     errors: dict[str, int]  # name -> number of samples that raised / timed out / returned junk
     steps: dict[str, list[list[tuple[int, float | None]]]] = field(default_factory=dict)  # step-level name -> (B,)
-
-
-class RewardTimeout(BaseException):
-    """Raised inside a reward fn by the alarm; a BaseException so ``except Exception`` does not swallow it."""
+    first_errors: dict[str, tuple[int, str]] = field(default_factory=dict)  # name -> (sample, "Type: message")
 
 
 Term = "str | tuple[str, Callable]"  # a registered name (default parameters), or (label, built reward)
@@ -82,23 +79,45 @@ def score_batch(
     table = dict(_resolve(fn, registry) for fn in fns)  # unknown names fail before any scoring
     _check_args(completions, samples, fns, table, weights, timeout_s, group_size)
     pool = active_pool()
-    per_fn, errors, steps = {}, {}, {}
+    per_fn, errors, steps, first = {}, {}, {}, {}
     for name, fn in table.items():
         limit = getattr(fn, "deadline_s", None) or timeout_s  # a reward with its own deadline keeps it
+        failed = _Failures()
         if is_step_level(fn):  # per sample, in this process; its value is the mean scorable step reward
-            steps[name], errors[name] = _score_steps(name, fn, completions, samples, limit)
+            steps[name] = _score_steps(fn, completions, samples, limit, failed)
             per_fn[name] = [_mean_step(x) for x in steps[name]]
         elif is_group_level(fn) or is_batched(fn):
             size = group_size if is_group_level(fn) else max(1, len(completions))
-            per_fn[name], errors[name] = _score_lists(name, fn, completions, samples, size, limit,
-                                                      per_value=is_batched(fn) and not is_group_level(fn))
+            per_fn[name] = _score_lists(fn, completions, samples, size, limit, failed,
+                                        per_value=is_batched(fn) and not is_group_level(fn))
         elif pool is not None and getattr(fn, "runs_in_pool", False):  # slow checkers: worker processes
-            result = pool.score(fn, completions, samples, name=name)
+            result = pool.score(fn, completions, samples, name=name)  # which logs its own failures
             per_fn[name], errors[name] = result.values, result.errors
+            if result.first is not None:
+                first[name] = result.first
+            continue
         else:
-            per_fn[name], errors[name] = _score_one_fn(name, fn, completions, samples, limit)
+            per_fn[name] = _score_one_fn(fn, completions, samples, limit, failed)
+        errors[name] = failed.count
+        if failed.first is not None:
+            first[name] = failed.first
+        _warn(name, failed, len(completions))
     total = [_combine([per_fn[n][i] for n in table], weights) for i in range(len(completions))]
-    return ScoreResult(total=total, per_fn=per_fn, errors=errors, steps=steps)
+    return ScoreResult(total=total, per_fn=per_fn, errors=errors, steps=steps, first_errors=first)
+
+
+class _Failures:
+    """A reward's failures in one batch: how many samples, and the first (sample index, "Type: message")."""
+
+    def __init__(self):
+        self.count, self.first, self._not_called = 0, None, False
+
+    def add(self, index: int, e: BaseException, n: int = 1) -> None:
+        """``n`` samples from ``index`` on failed with ``e``; the first failure kept is the earliest one that is not
+        a call left out after a timeout (the timeout says why)."""
+        self.count += n
+        if self.first is None or (self._not_called and not isinstance(e, NotCalled)):
+            self.first, self._not_called = (index, f"{type(e).__name__}: {e}"), isinstance(e, NotCalled)
 
 
 def _resolve(term, registry) -> tuple[str, Callable]:
@@ -131,31 +150,31 @@ def _combine(values: list[float | None], weights: Sequence[float]) -> float | No
     return float(sum(w * v for v, w in zip(values, weights) if w != 0))
 
 
-def _score_one_fn(name, fn, completions, samples, timeout_s) -> tuple[list[float | None], int]:
-    values, n_errors, first_error = [], 0, None
-    for i, (completion, sample) in enumerate(zip(completions, samples)):
+def _score_one_fn(fn, completions, samples, timeout_s, failed: _Failures) -> list[float | None]:
+    values = []
+    for i, (ok, got) in enumerate(run_calls(fn, list(zip(completions, samples)), timeout_s)):
         try:
-            values.append(checked_value(call_with_timeout(fn, (completion, sample), timeout_s)))
+            if not ok:
+                raise got
+            values.append(checked_value(got))
         except (Exception, RewardTimeout) as e:
             values.append(None)
-            n_errors += 1
-            first_error = first_error or f"sample {i}: {type(e).__name__}: {e}"
-    _warn(name, n_errors, len(values), first_error)
-    return values, n_errors
+            failed.add(i, e)
+    return values
 
 
-def _score_steps(name, fn, completions, samples, timeout_s) -> tuple[list[list[tuple[int, float | None]]], int]:
+def _score_steps(fn, completions, samples, timeout_s, failed: _Failures) -> list[list[tuple[int, float | None]]]:
     """A step-level reward per sample; a failing sample has no steps (and so the value None)."""
-    values, n_errors, first_error = [], 0, None
-    for i, (completion, sample) in enumerate(zip(completions, samples)):
+    values = []
+    for i, (ok, got) in enumerate(run_calls(fn, list(zip(completions, samples)), timeout_s)):
         try:
-            values.append(checked_steps(call_with_timeout(fn, (completion, sample), timeout_s), len(completion)))
+            if not ok:
+                raise got
+            values.append(checked_steps(got, len(completions[i])))
         except (Exception, RewardTimeout) as e:
             values.append([])
-            n_errors += 1
-            first_error = first_error or f"sample {i}: {type(e).__name__}: {e}"
-    _warn(name, n_errors, len(values), first_error)
-    return values, n_errors
+            failed.add(i, e)
+    return values
 
 
 def checked_steps(value: object, n_chars: int) -> list[tuple[int, float | None]]:
@@ -183,66 +202,65 @@ def _mean_step(steps: list[tuple[int, float | None]]) -> float | None:
     return sum(ok) / len(ok) if ok else None
 
 
-def _score_lists(name, fn, completions, samples, size, timeout_s,
-                 per_value: bool = False) -> tuple[list[float | None], int]:
+def _score_lists(fn, completions, samples, size, timeout_s, failed: _Failures,
+                 per_value: bool = False) -> list[float | None]:
     """A list-valued reward on consecutive chunks of ``size`` samples; a failing chunk costs its samples.
-    ``per_value`` (a batched reward): a bad value in a well-formed list costs its own sample only."""
-    values, n_errors, first_error = [], 0, None
-    for start in range(0, len(completions), size):
-        chunk = slice(start, start + size)
+    ``per_value`` (a batched reward): a bad value in a well-formed list costs its own sample only, and a call that
+    raised is made again on each of its samples alone (one that timed out is not: it could hang as many times)."""
+    starts = list(range(0, len(completions), size))
+    calls = [(list(completions[k:k + size]), list(samples[k:k + size])) for k in starts]
+    values: list[float | None] = []
+    for start, (c, s), (ok, got) in zip(starts, calls, run_calls(fn, calls, timeout_s)):
         try:
-            out = call_with_timeout(fn, (list(completions[chunk]), list(samples[chunk])), timeout_s)
-            if not isinstance(out, Sequence) or isinstance(out, str) or len(out) != len(completions[chunk]):
-                raise TypeError(f"returned {type(out).__name__}, expected a list of {size} values")
-            out = list(out) if per_value else [checked_value(v) for v in out]
-        except RewardTimeout as e:  # a hung call: retrying its samples one by one could hang as many times
-            out = [None] * len(completions[chunk])
-            n_errors += len(out)
-            first_error = first_error or f"samples {start}-{start + len(out) - 1}: {type(e).__name__}: {e}"
+            if not ok:
+                raise got
+            out = _checked_list(got, len(c), per_value)
+        except (RewardTimeout, NotCalled) as e:
+            out = [None] * len(c)
+            failed.add(start, e, len(c))
         except Exception as e:
-            if per_value and size > 1:  # a batched reward that threw: each sample alone, so a bad one costs itself
-                out, bad, first = _one_by_one(fn, completions[chunk], samples[chunk], start, timeout_s)
-                n_errors += bad
-                first_error = first_error or first or f"samples {start}-{start + len(out) - 1}: " \
-                                                      f"{type(e).__name__}: {e} (each alone: scored)"
-                values.extend(out)
+            if per_value and len(c) > 1:  # a batched reward that threw: each sample alone, so a bad one costs itself
+                values.extend(_one_by_one(fn, c, s, start, timeout_s, failed))
                 continue
-            out = [None] * len(completions[chunk])
-            n_errors += len(out)
-            first_error = first_error or f"samples {start}-{start + len(out) - 1}: {type(e).__name__}: {e}"
+            out = [None] * len(c)
+            failed.add(start, e, len(c))
         else:
             for i, v in enumerate(out if per_value else ()):
                 try:
                     out[i] = checked_value(v)
                 except (TypeError, ValueError) as e:
                     out[i] = None
-                    n_errors += 1
-                    first_error = first_error or f"sample {start + i}: {type(e).__name__}: {e}"
+                    failed.add(start + i, e)
         values.extend(out)
-    _warn(name, n_errors, len(values), first_error)
-    return values, n_errors
+    return values
 
 
-def _one_by_one(fn, completions, samples, start: int, timeout_s: float) -> tuple[list[float | None], int, str | None]:
-    """A batched reward called on one sample at a time (after the whole call threw): (values, errors, first
-    error)."""
-    out, bad, first = [], 0, None
-    for i, (c, s) in enumerate(zip(completions, samples)):
+def _checked_list(out, n: int, per_value: bool) -> list:
+    """A list-valued reward's return value: a list of ``n`` values (checked here unless ``per_value``)."""
+    if not isinstance(out, Sequence) or isinstance(out, str) or len(out) != n:
+        raise TypeError(f"returned {type(out).__name__}, expected a list of {n} values")
+    return list(out) if per_value else [checked_value(v) for v in out]
+
+
+def _one_by_one(fn, completions, samples, start: int, timeout_s: float, failed: _Failures) -> list[float | None]:
+    """A batched reward called on one sample at a time (after the whole call threw)."""
+    out = []
+    for i, (ok, got) in enumerate(run_calls(fn, [([c], [s]) for c, s in zip(completions, samples)], timeout_s)):
         try:
-            got = call_with_timeout(fn, ([c], [s]), timeout_s)
-            if not isinstance(got, Sequence) or isinstance(got, str) or len(got) != 1:
-                raise TypeError(f"returned {type(got).__name__}, expected a list of 1 value")
-            out.append(checked_value(got[0]))
+            if not ok:
+                raise got
+            out.append(checked_value(_checked_list(got, 1, True)[0]))
         except (Exception, RewardTimeout) as e:
             out.append(None)
-            bad += 1
-            first = first or f"sample {start + i}: {type(e).__name__}: {e}"
-    return out, bad, first
+            failed.add(start + i, e)
+    return out
 
 
-def _warn(name: str, n_errors: int, n: int, first_error: str | None) -> None:
-    if n_errors:
-        logger.warning("reward %r failed on %d/%d samples (scored None); first: %s", name, n_errors, n, first_error)
+def _warn(name: str, failed: _Failures, n: int) -> None:
+    if failed.count:
+        index, text = failed.first
+        logger.warning("reward %r failed on %d/%d samples (scored None); first: sample %d: %s", name, failed.count,
+                       n, index, text)
 
 
 def _alarm_available() -> bool:

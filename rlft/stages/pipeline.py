@@ -45,16 +45,18 @@ from rlft.insight.report import build_report
 from rlft.models.loading import check_model_path, quiet_transformers
 from rlft.parallel import launch
 from rlft.parallel.dist import Dist
+from rlft.rewards.trial import try_rewards
 from rlft.runs import checkpoint, resume
 from rlft.runs.start import (base_model_dir, clear_run_dir, prepare_run_dir, process_settings, removed_if_start_fails,
                              seed_everything, stops_on_write_failure)
 from rlft.stages.base import STAGES, StageInput, Task, with_labels
 from rlft.stages.label import judge_of
 from rlft.runs.start import write_json
-from rlft.stages.rl import rl_summary
+from rlft.stages.rl import reward_failures, rl_summary
 from rlft.trainers.sft import sft_examples
 
 SUMMARY = "summary.json"
+REWARDED = ("rl", "distill", "rft")  # the stages that score with reward.fns: their rewards are tried first
 
 
 @dataclass(frozen=True)
@@ -190,7 +192,8 @@ def preflight(cfg: Config, kinds: list[str]) -> Task:
     task's data, the extra held-out sets of eval.sets and the data of the stages ``kinds`` that will run
     (sft.source for an sft stage or an SFT warm-up, rm.source, dpo.source), each read whole: a missing file or a
     malformed row fails here, naming file, row and field; a label stage's judge (built: its directory and parameters
-    checked) and an '@label' source without a label stage before it. Returns the task, read once for every stage."""
+    checked) and an '@label' source without a label stage before it; with a stage that scores with reward.fns, each
+    reward tried on a few training rows (``rlft.rewards.trial``). Returns the task, read once for every stage."""
     if cfg.model.path:
         check_model_path(cfg.model.path, "model.path")
     if cfg.critic.path:
@@ -207,7 +210,10 @@ def preflight(cfg: Config, kinds: list[str]) -> Task:
         judge_of(cfg)
     rankings = {name: load_rankings(cfg, getattr(cfg, name), name) for name in ("rm", "dpo")
                 if name in kinds and getattr(cfg, name).source not in ("", PIPELINE_LABELS)}
-    return Task(*load_task(cfg), load_sets(cfg), sft=sft, rankings=rankings)
+    task = Task(*load_task(cfg), load_sets(cfg), sft=sft, rankings=rankings)
+    if any(kind in REWARDED for kind in kinds):  # every reward called on a few training rows (rlft.rewards.trial)
+        try_rewards(cfg, [ex.to_mapping() for ex in task.train])
+    return task
 
 
 def _run_stages(cfg: Config, steps: list[Planned], run_dir: Path, model_dir: Path, task: Task, dist: Dist,
@@ -272,7 +278,8 @@ def _finished(out: Path) -> dict | None:
 
 
 def summary_table(entries: list[dict], seconds: float, run_dir: Path) -> str:
-    """The pipeline's final table: per stage, its held-out exact match (or the RM's ranking accuracy)."""
+    """The pipeline's final table: per stage, its held-out exact match (or the RM's ranking accuracy), and an RL
+    stage's reward failures."""
     lines = ["", "rlft pipeline summary", "-" * 72, f"{'stage':<16}{'metric':<22}{'value':>10}"]
     for i, e in enumerate(entries):
         m = e["metrics"]
@@ -283,6 +290,9 @@ def summary_table(entries: list[dict], seconds: float, run_dir: Path) -> str:
         for name, part in m.get("sets", {}).items():  # the extra held-out sets (eval.sets)
             if "exact_match" in part:
                 lines.append(f"{'':<16}{name + '/exact_match':<22}{part['exact_match']:>10.3f}")
+        failures = reward_failures(run_dir / label / "metrics.jsonl")  # an RL stage's, per reward: failed/scored
+        if failures:
+            lines.append(f"{'':<16}reward failures: " + ", ".join(f"{k} {a}/{n}" for k, (a, n) in failures.items()))
     lines += [f"time                  {seconds:.1f} s", f"run directory         {run_dir}",
               f"summary               {run_dir / SUMMARY}"]
     return "\n".join(lines)

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from rlft.config import Config, ConfigError
 from rlft.data.templates import encode_prompts
+from rlft.insight.plot import read_metrics
 from rlft.insight.eval import HeldOut, evaluate_sets, primary_set, prompt_tools, without_examples
 from rlft.models import memory
 from rlft.models.lora import is_peft, save_policy
@@ -199,8 +200,22 @@ def _evaluate(policy, tokenizer, held_out: list[HeldOut], cfg: Config, echo, lab
         return current().on_main(lambda: evaluate_sets(policy, tokenizer, held_out, cfg))
 
 
+def reward_failures(path: Path) -> dict[str, tuple[int, int]]:
+    """Per reward of the RL log ``path``: (samples it failed on, samples scored), over every step (the last record
+    of a step logged twice, by a resumed run)."""
+    if not path.is_file():
+        return {}
+    steps = {r.get("step"): r for r in read_metrics(path)}
+    names = list(dict.fromkeys(k[len("reward/"):-len("/errors")] for r in steps.values() for k in r
+                               if k.startswith("reward/") and k.endswith("/errors")))
+    return {name: (round(sum(r.get(f"reward/{name}/errors", 0.0) for r in steps.values())),
+                   round(sum(r.get("reward/samples", 0.0) for r in steps.values())))
+            for name in names}
+
+
 def rl_summary(results: dict, seconds: float, run_dir: Path) -> str:
-    """The table a run without stages ends with: held-out metrics before and after RL, and the health warnings."""
+    """The table a run without stages ends with: held-out metrics before and after RL, the reward failures (per
+    reward, samples failed / scored) and the health warnings."""
     before, after = results.get("before_rl"), results.get("after_rl", {})
     ks = [k for k in after if k.startswith("pass@")]
     lines = ["", "rlft summary", "-" * 56,
@@ -218,6 +233,9 @@ def rl_summary(results: dict, seconds: float, run_dir: Path) -> str:
               f"time                  {seconds:.1f} s",
               f"run directory         {run_dir}",
               f"final policy          {run_dir / 'policy'}"]
+    failures = reward_failures(run_dir / "metrics.jsonl")
+    if failures:
+        lines.append("reward failures       " + ", ".join(f"{name} {bad}/{n}" for name, (bad, n) in failures.items()))
     health = json.loads((run_dir / "health.json").read_text()) if (run_dir / "health.json").is_file() else {}
     lines.append(f"health warnings       {len(health) or 'none'}")
     for name, h in health.items():

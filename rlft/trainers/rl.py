@@ -27,6 +27,7 @@ from rlft.data.schema import Example
 from rlft.parallel.launch import strategy
 from rlft.models.forward import autocast
 from rlft.rewards import score_batch
+from rlft.rewards.calls import left_running
 from rlft.rewards.scoring import ScoreResult
 from rlft.rewards.steps import step_metrics, step_tensors
 from rlft.rewards.terms import built
@@ -227,6 +228,7 @@ def collect(state: RLState, cfg: Config, t: dict[str, float],
                         "dynamic_sampling/groups_drawn": float(len(drawn) * P),
                         "dynamic_sampling/groups_kept": float(n_kept)})
     batch = cat_batches(kept) if kept else drawn[-1][0]
+    state.reward_errors = first_errors([s for _, s in drawn])
     state.reward_parts = ({k: [v for p in kept_parts for v in p[k]] for k in kept_parts[0]} if kept
                           else drawn[-1][1].per_fn)
     return batch, metrics
@@ -283,10 +285,25 @@ def merge_scores(parts: Sequence[ScoreResult]) -> ScoreResult:
     """The ``ScoreResult`` of consecutive batches scored apart (the processes' shares, in rank order)."""
     names = list(parts[0].per_fn)
     steps = {name: [x for p in parts for x in p.steps.get(name, [])] for name in parts[0].steps}
+    first: dict[str, tuple[int, str]] = {}
+    offset = 0
+    for p in parts:  # each reward's first failure, its sample numbered in the whole batch
+        for name, (i, text) in p.first_errors.items():
+            first.setdefault(name, (offset + i, text))
+        offset += len(p.total)
     return ScoreResult(total=[x for p in parts for x in p.total],
                        per_fn={n: [x for p in parts for x in p.per_fn[n]] for n in names},
                        errors={n: sum(p.errors.get(n, 0) for p in parts) for n in {k for p in parts for k in p.errors}},
-                       steps=steps)
+                       steps=steps, first_errors=first)
+
+
+def first_errors(parts: Sequence[ScoreResult]) -> dict[str, str]:
+    """Each reward's first failure over the rounds ``parts`` of a step, as "sample <i>: <Type>: <message>"."""
+    out: dict[str, str] = {}
+    for p in parts:
+        for name, (i, text) in p.first_errors.items():
+            out.setdefault(name, f"sample {i}: {text}")
+    return out
 
 
 def score(batch: Batch, examples: Sequence[Example], cfg: Config, step: int = 1) -> ScoreResult:
@@ -338,8 +355,10 @@ def attach_steps(batch: Batch, scored: ScoreResult, tokenizer, cfg: Config, step
 
 def reward_metrics(drawn: list[tuple[Batch, ScoreResult]], cfg: Config, step: int = 1) -> dict[str, float]:
     """The step's reward metrics over every sample drawn: ``reward/mean``, ``reward/std`` (over the batch),
-    ``reward/group_std`` (the mean over groups of the within-group std), ``reward/<name>/mean``, ``/errors``, and
-    ``reward/<name>/weight`` (each reward.fns entry's weight at RL step ``step``, its schedule applied)."""
+    ``reward/group_std`` (the mean over groups of the within-group std), ``reward/<name>/mean``, ``/errors``,
+    ``/failed_frac`` (the share of the step's samples it failed on), ``reward/<name>/weight`` (each reward.fns entry's
+    weight at RL step ``step``, its schedule applied), ``reward/samples`` (the samples scored) and
+    ``reward/calls_left_running`` (timed-out calls still running in their threads, ``rlft.rewards.calls``)."""
     scores = torch.cat([b.scores for b, _ in drawn])
     valid = ~torch.isnan(scores)
     vals = scores[valid]
@@ -352,6 +371,8 @@ def reward_metrics(drawn: list[tuple[Batch, ScoreResult]], cfg: Config, step: in
         "reward/unscorable_frac": 1.0 - valid.float().mean().item(),
         "frac_reward_zero_std": zero_std.float().mean().item(),
         "reward/group_std": group_std.mean().item(),  # TRL's reward_std: a group with < 2 valid rewards counts 0
+        "reward/samples": float(len(scores)),
+        "reward/calls_left_running": float(left_running()),
         "response_length/mean": lengths.mean().item(),
         "response_length/max": lengths.max().item(),
         "response_length/clip_ratio": truncated.float().mean().item(),
@@ -361,6 +382,7 @@ def reward_metrics(drawn: list[tuple[Batch, ScoreResult]], cfg: Config, step: in
         out[f"reward/{name}/mean"] = sum(ok) / len(ok) if ok else 0.0
         if name in cfg.reward.keys:
             out[f"reward/{name}/errors"] = float(sum(s.errors.get(name, 0) for _, s in drawn))
+            out[f"reward/{name}/failed_frac"] = out[f"reward/{name}/errors"] / max(len(scores), 1)
     for name, weight in zip(cfg.reward.keys, cfg.reward.weights_at(step)):  # the step's weights, schedules applied
         out[f"reward/{name}/weight"] = weight
     return out

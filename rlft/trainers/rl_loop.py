@@ -60,13 +60,14 @@ def run_rl(policy, tokenizer, train_ex, train_prompts, cfg: Config, run_dir: Pat
                     metrics.update(validation(policy, tokenizer, held_out, cfg))
                 if dist.is_main and cfg.log.samples_every and state.step % cfg.log.samples_every == 0:
                     append_jsonl(run_dir / "samples.jsonl", sample_records(state, state.step, cfg.log.samples_groups))
-                values, warnings = state.health.update(state.step, metrics)
+                values, warnings = state.health.update(state.step, metrics, state.reward_errors)
                 metrics.update(values)
                 for line in warnings:
                     echo(f"rlft: health warning: {line}")
                 if log is not None:
                     log.log(state.step, metrics)
                 halt_on_skips(state, cfg, run_dir)
+                halt_on_rewards(state, cfg, run_dir)
                 bar.update(1)
                 bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", len=f"{metrics['response_length/mean']:.1f}")
                 saved = cfg.train.checkpoint_every and state.step % cfg.train.checkpoint_every == 0
@@ -161,6 +162,20 @@ def halt_on_skips(state: RLState, cfg: Config, run_dir: Path) -> None:
         f"RL steps {first}-{state.step}: every update met a non-finite loss or gradient and was skipped "
         f"({state.consecutive_skips} in a row, train.max_consecutive_skips={limit}); {where}. "
         "Try a lower optim.lr, optim.grad_clip, or check the rewards and the data for extreme values")
+
+
+def halt_on_rewards(state: RLState, cfg: Config, run_dir: Path) -> None:
+    """Stop, after writing a checkpoint, once a reward has failed on at least 90% of the samples of
+    ``health.reward_fail_steps`` RL steps in a row (``HealthMonitor.failing_reward``)."""
+    found = state.health.failing_reward()
+    if found is None:
+        return
+    name, first, n, error = found
+    save_checkpoint(state, cfg, run_dir)
+    raise TrainingHalted(
+        f"reward {name!r} failed on at least 90% of the samples of RL steps {first}-{state.step} ({n} in a row, "
+        f"health.reward_fail_steps={cfg.health.reward_fail_steps}); first error: {error or 'not recorded'}. "
+        f"Checkpoint {checkpoint.latest(run_dir)} written: fix the reward, then train.resume=true continues from it")
 
 
 def progress_bar(total: int, desc: str, cfg: Config, initial: int = 0):

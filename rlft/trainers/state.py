@@ -40,6 +40,7 @@ class RLState:
     dist: Dist = field(default_factory=Dist)  # this process's share of the work (rlft.parallel.dist)
     health: object | None = None  # rlft.insight.health.HealthMonitor (the run's health warnings)
     reward_parts: dict[str, list] = field(default_factory=dict)  # each reward's value per row of the last batch
+    reward_errors: dict[str, str] = field(default_factory=dict)  # each reward's first failure in the last batch
     last_batch: Batch | None = None  # the last step's batch, as it was trained on (for the sample log)
     rollouts: object | None = None  # rlft.trainers.async_rollout.AsyncRollouts (train.async_rollout), else None
     partial: object | None = None  # rlft.rollout.partial.PartialRollouts (rollout.partial_tokens), else None
