@@ -19,6 +19,7 @@ from rlft.data.loaders import load_examples
 from rlft.data.schema import DataError, Example
 from rlft.data.sft_data import with_system_prompt
 from rlft.data.synthetic import configured_task
+from rlft.data.task import held_out_origin
 from rlft.data.templates import encode_prompts
 from rlft.envs.build import factory
 from rlft.envs.tool_env import shown_tools
@@ -31,10 +32,12 @@ from rlft.rollout.multiturn import rollout_env, row_params
 
 
 def _responses(model, tokenizer, prompts: list[list[int]], examples: Sequence[Example], n: int, cfg: Config,
-               greedy: bool, lengths: list[int] | None = None, episodes: list[dict] | None = None) -> list[str]:
+               greedy: bool, lengths: list[int] | None = None, episodes: list[dict] | None = None,
+               bar=None) -> list[str]:
     """``n`` responses per prompt (contiguous), generated in chunks of at most eval.batch_size sequences (with
     ``env`` set: trajectories with the environment, whose records are appended to ``episodes`` when given); their
-    lengths in tokens are appended to ``lengths`` when given."""
+    lengths in tokens are appended to ``lengths`` when given; ``bar`` (a progress bar) advances by the prompts
+    done."""
     per_chunk = max(1, cfg.eval.batch_size // n)
     texts: list[str] = []
     for start in range(0, len(prompts), per_chunk):
@@ -50,6 +53,8 @@ def _responses(model, tokenizer, prompts: list[list[int]], examples: Sequence[Ex
             lengths.extend(batch.response_lengths.tolist())
         if episodes is not None:
             episodes.extend(batch.episodes)
+        if bar is not None:
+            bar.update(len(chunk))
     return texts
 
 
@@ -60,19 +65,21 @@ def rule_hits(texts: list[str], samples: list[dict], fn: str, timeout_s: float) 
 
 
 def evaluate(model, tokenizer, prompts: list[list[int]], examples: Sequence[Example], cfg: Config,
-             rules=None) -> dict:
+             rules=None, bar=None) -> dict:
     """Metrics over the held-out problems: ``n``, ``exact_match``, ``format_rate``, ``response_length`` (mean
     tokens) of the greedy responses and, where the references are numbers or text, ``plausibly_correct``: the
     share of them that hold the reference anywhere (``rlft.rewards.math.mentions_answer``); with samples,
     ``pass@k`` for each k and ``maj@K`` for the largest (the answer most of the K samples give, by
     ``vote_extractor``, judged by ``correct_fn``). ``rules`` (a :class:`HeldOut`, default the ``eval`` section)
-    names ``correct_fn``, ``format_fn`` and ``vote_extractor``."""
+    names ``correct_fn``, ``format_fn`` and ``vote_extractor``; ``bar``, a progress bar, advances by the prompts
+    of each pass (:func:`passes`)."""
     rules = rules or cfg.eval
     samples = [ex.to_mapping() for ex in examples]
     timeout = cfg.reward.timeout_s
     lengths: list[int] = []
     episodes: list[dict] = []
-    greedy = _responses(model, tokenizer, prompts, examples, 1, cfg, greedy=True, lengths=lengths, episodes=episodes)
+    greedy = _responses(model, tokenizer, prompts, examples, 1, cfg, greedy=True, lengths=lengths, episodes=episodes,
+                        bar=bar)
     with_env = _with_env(samples, episodes)
     correct = rule_hits(greedy, with_env, rules.correct_fn, timeout)
     formatted = rule_hits(greedy, with_env, rules.format_fn, timeout)
@@ -89,7 +96,8 @@ def evaluate(model, tokenizer, prompts: list[list[int]], examples: Sequence[Exam
     hits: list[bool] = []
     if k_max:
         episodes = []
-        sampled = _responses(model, tokenizer, prompts, examples, k_max, cfg, greedy=False, episodes=episodes)
+        sampled = _responses(model, tokenizer, prompts, examples, k_max, cfg, greedy=False, episodes=episodes,
+                             bar=bar)
         hits = rule_hits(sampled, _with_env([s for s in samples for _ in range(k_max)], episodes), rules.correct_fn,
                      timeout)
         counts = [(k_max, sum(hits[i * k_max:(i + 1) * k_max])) for i in range(n)]
@@ -100,14 +108,14 @@ def evaluate(model, tokenizer, prompts: list[list[int]], examples: Sequence[Exam
         out[f"maj@{k_max}"] = sum(maj_at_k(keys[i * k_max:(i + 1) * k_max], hits[i * k_max:(i + 1) * k_max])
                                   for i in range(n)) / n
     if cfg.eval.best_of:
-        out.update(_best_of(model, tokenizer, prompts, examples, samples, cfg, rules, (sampled, hits, k_max)))
+        out.update(_best_of(model, tokenizer, prompts, examples, samples, cfg, rules, (sampled, hits, k_max), bar))
     out["examples"] = [{"prompt_index": i, "response": greedy[i], "ground_truth": examples[i].ground_truth,
                         "correct": correct[i]} for i in range(min(n, 5))]
     return out
 
 
 def _best_of(model, tokenizer, prompts: list[list[int]], examples: Sequence[Example], samples: list[dict],
-             cfg: Config, rules, drawn: tuple[list[str], list[bool], int]) -> dict[str, float]:
+             cfg: Config, rules, drawn: tuple[list[str], list[bool], int], bar=None) -> dict[str, float]:
     """``best_of@N``: per problem, of N samples the one ``eval.verifier`` scores highest, judged by the rules'
     ``correct_fn`` (the first N of the pass@k samples ``drawn`` = (texts, hits, per problem) when there are that
     many); ``best_of_unscored``: samples the verifier gave no verdict (they are never picked over a scored one)."""
@@ -118,7 +126,7 @@ def _best_of(model, tokenizer, prompts: list[list[int]], examples: Sequence[Exam
         texts, hits = [texts[i] for i in keep], [hits[i] for i in keep]
     else:
         episodes: list[dict] = []
-        texts = _responses(model, tokenizer, prompts, examples, big_n, cfg, greedy=False, episodes=episodes)
+        texts = _responses(model, tokenizer, prompts, examples, big_n, cfg, greedy=False, episodes=episodes, bar=bar)
         hits = rule_hits(texts, _with_env([s for s in samples for _ in range(big_n)], episodes), rules.correct_fn,
                      cfg.reward.timeout_s)
     rows = [s for s in samples for _ in range(big_n)]
@@ -247,14 +255,35 @@ def _set_examples(s: EvalSet, cfg: Config) -> list[Example]:
     return with_system_prompt(rows[: s.limit or None], d.system_prompt)
 
 
-def evaluate_sets(model, tokenizer, sets: Sequence[HeldOut], cfg: Config) -> dict:
+def passes(cfg: Config) -> int:
+    """How many times ``evaluate`` generates for each prompt: greedy, the pass@k samples, best-of-N's own."""
+    e = cfg.eval
+    return 1 + bool(e.num_samples) + bool(e.best_of and e.num_samples < e.best_of)
+
+
+def evaluate_sets(model, tokenizer, sets: Sequence[HeldOut], cfg: Config, progress: bool = False) -> dict:
     """``evaluate`` on every set: the first (primary) set's metrics at the top level, the others' under
-    ``"sets": {name: metrics}`` (absent without extra sets)."""
-    first, *rest = sets
-    out = evaluate(model, tokenizer, first.prompts, first.examples, cfg, first)
-    if rest:
-        out["sets"] = {h.name: evaluate(model, tokenizer, h.prompts, h.examples, cfg, h) for h in rest}
+    ``"sets": {name: metrics}`` (absent without extra sets). ``progress``: a bar of the prompts generated for (on
+    a terminal, as the other bars; ``log.progress=false`` hides it)."""
+    from tqdm.auto import tqdm
+
+    total = passes(cfg) * sum(len(h.examples) for h in sets)
+    with tqdm(total=total, desc="eval", disable=True if not (progress and cfg.log.progress) else None,
+              dynamic_ncols=True) as bar:
+        first, *rest = sets
+        out = evaluate(model, tokenizer, first.prompts, first.examples, cfg, first, bar)
+        if rest:
+            out["sets"] = {h.name: evaluate(model, tokenizer, h.prompts, h.examples, cfg, h, bar) for h in rest}
     return out
+
+
+def describe_sets(cfg: Config, held_out: list[Example], sets: Sequence[HeldOut]) -> list[str]:
+    """What ``rlft eval`` evaluates, one line per set: its data source, split and number of rows."""
+    lines = [f"data: {held_out_origin(cfg)}: {len(held_out)} rows"]
+    for s, h in zip(cfg.eval.sets, sets):
+        where = s.source if s.source.startswith("synthetic:") else f"{s.source}, split {s.split!r}"
+        lines.append(f"eval.sets {h.name}: {where}: {len(h.examples)} rows")
+    return lines
 
 
 def val_metrics(results: dict, name: str) -> dict[str, float]:
@@ -273,9 +302,9 @@ def without_examples(results: dict) -> dict:
 
 
 def evaluate_task(model, tokenizer, cfg: Config, held_out: list[Example], *, sets: list[HeldOut] | None = None,
-                  examples: bool = False) -> dict:
+                  examples: bool = False, progress: bool = False) -> dict:
     """The primary set ``held_out`` and the sets of ``eval.sets`` (``sets`` when read already, else loaded here),
-    encoded and evaluated (with a few example responses when ``examples``)."""
+    encoded and evaluated (with a few example responses when ``examples``; ``progress``: with a progress bar)."""
     sets = [primary_set(cfg, held_out), *(load_sets(cfg) if sets is None else sets)]
-    results = evaluate_sets(model, tokenizer, [h.encode(tokenizer, cfg) for h in sets], cfg)
+    results = evaluate_sets(model, tokenizer, [h.encode(tokenizer, cfg) for h in sets], cfg, progress)
     return results if examples else without_examples(results)
