@@ -122,7 +122,9 @@ def test_hf_source_calls_load_dataset(monkeypatch):
 
 def test_hf_source_without_datasets_is_a_clear_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "datasets", None)  # makes `import datasets` fail
-    with pytest.raises(ImportError, match="pip install datasets"):
+    from rlft.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"hf:openai/gsm8k:main: .*datasets package.*pip install 'rlft\[hub\]'"):
         load_rows("hf:openai/gsm8k:main")
 
 

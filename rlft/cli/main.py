@@ -57,7 +57,7 @@ def cmd_eval(ns: argparse.Namespace) -> int:
     """``rlft eval``: the held-out metrics of a saved policy, as JSON on stdout; on stderr which configuration
     (the run's config.yaml beside the policy, unless a recipe is given) and which data it evaluated."""
     from rlft.insight.eval import describe_sets, evaluate_task, load_sets
-    from rlft.models.loading import check_model_path, load_policy, quiet_transformers
+    from rlft.models.loading import check_device, check_model_path, load_policy, quiet_transformers
     from rlft.data.task import load_task
     from rlft.runs.start import seed_everything
 
@@ -65,6 +65,7 @@ def cmd_eval(ns: argparse.Namespace) -> int:
     check_model_path(ns.model)
     run_config = None if recipe else _run_config(ns.model)
     cfg = load_config(recipe or run_config, overrides)
+    check_device(cfg.model.device)
     with contextlib.redirect_stdout(sys.stderr):  # stdout holds the JSON alone, whatever a library prints
         print(f"rlft eval: {ns.model} with " + (f"the run's configuration {run_config}" if run_config else
               f"the recipe {recipe}" if recipe else "the default configuration (the embedded demo task)")

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlft.config import PIPELINE_LABELS, Config, ConfigError
+from rlft.config.extras import check_extras
 from rlft.data.rankings import load_rankings
 from rlft.data.task import load_task
 from rlft.errors import WriteFailed, writing
@@ -45,6 +46,7 @@ from rlft.models.loading import check_model_path, quiet_transformers
 from rlft.parallel import launch
 from rlft.parallel.dist import Dist
 from rlft.runs import checkpoint
+from rlft.runs.console import RunLog
 from rlft.runs.start import (base_model_dir, prepare_run_dir, process_settings, removed_if_start_fails,
                              seed_everything, stops_on_write_failure)
 from rlft.stages.base import STAGES, StageInput, Task, with_labels
@@ -91,13 +93,19 @@ def plan(cfg: Config, only: str | None = None) -> list[Planned]:
 
 
 def run_pipeline(cfg: Config, echo=print, only: str | None = None) -> RunResult:
-    """Run the planned stages of ``cfg`` (``only``: that one stage) in one run directory."""
+    """Run the planned stages of ``cfg`` (``only``: that one stage) in one run directory; what the console shows
+    is kept in its run.log (``rlft.runs.console``)."""
+    with RunLog(echo) as log:
+        return _pipeline(cfg, log, only)
+
+
+def _pipeline(cfg: Config, log: RunLog, only: str | None) -> RunResult:
     t0 = time.perf_counter()
     quiet_transformers()
     process_settings(cfg)
-    strategy = launch.init(cfg.model.device)
+    strategy = launch.init(cfg.model.device, log.echo)
     dist = strategy.dist
-    echo = echo if dist.is_main else _silent
+    echo = log.echo if dist.is_main else _silent
     steps = plan(cfg, only)
     flat = steps[0].out == ""
     _check_resume(cfg, steps, flat)
@@ -106,6 +114,8 @@ def run_pipeline(cfg: Config, echo=print, only: str | None = None) -> RunResult:
         strategy.check(cfg)
     cfg = prepare_run_dir(cfg)
     run_dir = cfg.log.path
+    if dist.is_main:
+        log.attach(run_dir)
     with removed_if_start_fails(run_dir, keep=cfg.train.resume):
         model_dir = Path(base_model_dir(cfg, run_dir))
     try:
@@ -151,6 +161,7 @@ def preflight(cfg: Config, kinds: list[str]) -> Task:
     (sft.source for an sft stage or an SFT warm-up, rm.source, dpo.source), each read whole: a missing file or a
     malformed row fails here, naming file, row and field; a label stage's judge (built: its directory and parameters
     checked) and an '@label' source without a label stage before it. Returns the task, read once for every stage."""
+    check_extras(cfg)
     if cfg.model.path:
         check_model_path(cfg.model.path, "model.path")
     if cfg.critic.path:
