@@ -94,3 +94,34 @@ def test_eval_fraction_out_of_range_is_refused(value):
 
     with pytest.raises(ConfigError, match="data.eval_fraction"):
         load_config(None, [f"data.eval_fraction={value}"])
+
+
+def test_eval_shows_a_progress_bar_on_a_terminal(tmp_path, tiny_model_dir):
+    """stderr a terminal (a pseudo-terminal 100 columns wide): a bar counts the prompts generated for."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 100, 0, 0))
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "rlft", "eval", str(tiny_model_dir), "data.num_eval=3",
+                             "eval.ks=[1]", "model.device=cpu"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=follower)
+    os.close(follower)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(leader, 4096)
+        except OSError:  # the other end closed
+            break
+        if not chunk:
+            break
+        seen += chunk
+    out, _ = proc.communicate(timeout=300)
+    os.close(leader)
+    assert proc.returncode == 0, seen.decode(errors="replace")[-3000:]
+    text = seen.decode(errors="replace")
+    assert "eval: 100%" in text and "6/6" in text, text[-3000:]  # 3 problems, greedy and the pass@1 samples
+    assert json.loads(out)["n"] == 3

@@ -32,12 +32,11 @@ from rlft.rollout.multiturn import rollout_env, row_params
 
 
 def _responses(model, tokenizer, prompts: list[list[int]], examples: Sequence[Example], n: int, cfg: Config,
-               greedy: bool, lengths: list[int] | None = None, episodes: list[dict] | None = None,
-               bar=None) -> list[str]:
+               greedy: bool, lengths: list[int] | None = None, episodes: list[dict] | None = None) -> list[str]:
     """``n`` responses per prompt (contiguous), generated in chunks of at most eval.batch_size sequences (with
     ``env`` set: trajectories with the environment, whose records are appended to ``episodes`` when given); their
-    lengths in tokens are appended to ``lengths`` when given; ``bar`` (a progress bar) advances by the prompts
-    done."""
+    lengths in tokens are appended to ``lengths`` when given. The progress bar of ``evaluate_sets``, when one is
+    shown, advances by the prompts done."""
     per_chunk = max(1, cfg.eval.batch_size // n)
     texts: list[str] = []
     for start in range(0, len(prompts), per_chunk):
@@ -53,8 +52,8 @@ def _responses(model, tokenizer, prompts: list[list[int]], examples: Sequence[Ex
             lengths.extend(batch.response_lengths.tolist())
         if episodes is not None:
             episodes.extend(batch.episodes)
-        if bar is not None:
-            bar.update(len(chunk))
+        if _BAR:
+            _BAR[-1].update(len(chunk))
     return texts
 
 
@@ -65,21 +64,19 @@ def rule_hits(texts: list[str], samples: list[dict], fn: str, timeout_s: float) 
 
 
 def evaluate(model, tokenizer, prompts: list[list[int]], examples: Sequence[Example], cfg: Config,
-             rules=None, bar=None) -> dict:
+             rules=None) -> dict:
     """Metrics over the held-out problems: ``n``, ``exact_match``, ``format_rate``, ``response_length`` (mean
     tokens) of the greedy responses and, where the references are numbers or text, ``plausibly_correct``: the
     share of them that hold the reference anywhere (``rlft.rewards.math.mentions_answer``); with samples,
     ``pass@k`` for each k and ``maj@K`` for the largest (the answer most of the K samples give, by
     ``vote_extractor``, judged by ``correct_fn``). ``rules`` (a :class:`HeldOut`, default the ``eval`` section)
-    names ``correct_fn``, ``format_fn`` and ``vote_extractor``; ``bar``, a progress bar, advances by the prompts
-    of each pass (:func:`passes`)."""
+    names ``correct_fn``, ``format_fn`` and ``vote_extractor``."""
     rules = rules or cfg.eval
     samples = [ex.to_mapping() for ex in examples]
     timeout = cfg.reward.timeout_s
     lengths: list[int] = []
     episodes: list[dict] = []
-    greedy = _responses(model, tokenizer, prompts, examples, 1, cfg, greedy=True, lengths=lengths, episodes=episodes,
-                        bar=bar)
+    greedy = _responses(model, tokenizer, prompts, examples, 1, cfg, greedy=True, lengths=lengths, episodes=episodes)
     with_env = _with_env(samples, episodes)
     correct = rule_hits(greedy, with_env, rules.correct_fn, timeout)
     formatted = rule_hits(greedy, with_env, rules.format_fn, timeout)
@@ -96,8 +93,7 @@ def evaluate(model, tokenizer, prompts: list[list[int]], examples: Sequence[Exam
     hits: list[bool] = []
     if k_max:
         episodes = []
-        sampled = _responses(model, tokenizer, prompts, examples, k_max, cfg, greedy=False, episodes=episodes,
-                             bar=bar)
+        sampled = _responses(model, tokenizer, prompts, examples, k_max, cfg, greedy=False, episodes=episodes)
         hits = rule_hits(sampled, _with_env([s for s in samples for _ in range(k_max)], episodes), rules.correct_fn,
                      timeout)
         counts = [(k_max, sum(hits[i * k_max:(i + 1) * k_max])) for i in range(n)]
@@ -108,14 +104,14 @@ def evaluate(model, tokenizer, prompts: list[list[int]], examples: Sequence[Exam
         out[f"maj@{k_max}"] = sum(maj_at_k(keys[i * k_max:(i + 1) * k_max], hits[i * k_max:(i + 1) * k_max])
                                   for i in range(n)) / n
     if cfg.eval.best_of:
-        out.update(_best_of(model, tokenizer, prompts, examples, samples, cfg, rules, (sampled, hits, k_max), bar))
+        out.update(_best_of(model, tokenizer, prompts, examples, samples, cfg, rules, (sampled, hits, k_max)))
     out["examples"] = [{"prompt_index": i, "response": greedy[i], "ground_truth": examples[i].ground_truth,
                         "correct": correct[i]} for i in range(min(n, 5))]
     return out
 
 
 def _best_of(model, tokenizer, prompts: list[list[int]], examples: Sequence[Example], samples: list[dict],
-             cfg: Config, rules, drawn: tuple[list[str], list[bool], int], bar=None) -> dict[str, float]:
+             cfg: Config, rules, drawn: tuple[list[str], list[bool], int]) -> dict[str, float]:
     """``best_of@N``: per problem, of N samples the one ``eval.verifier`` scores highest, judged by the rules'
     ``correct_fn`` (the first N of the pass@k samples ``drawn`` = (texts, hits, per problem) when there are that
     many); ``best_of_unscored``: samples the verifier gave no verdict (they are never picked over a scored one)."""
@@ -126,7 +122,7 @@ def _best_of(model, tokenizer, prompts: list[list[int]], examples: Sequence[Exam
         texts, hits = [texts[i] for i in keep], [hits[i] for i in keep]
     else:
         episodes: list[dict] = []
-        texts = _responses(model, tokenizer, prompts, examples, big_n, cfg, greedy=False, episodes=episodes, bar=bar)
+        texts = _responses(model, tokenizer, prompts, examples, big_n, cfg, greedy=False, episodes=episodes)
         hits = rule_hits(texts, _with_env([s for s in samples for _ in range(big_n)], episodes), rules.correct_fn,
                      cfg.reward.timeout_s)
     rows = [s for s in samples for _ in range(big_n)]
@@ -255,6 +251,9 @@ def _set_examples(s: EvalSet, cfg: Config) -> list[Example]:
     return with_system_prompt(rows[: s.limit or None], d.system_prompt)
 
 
+_BAR: list = []  # the progress bar of the evaluate_sets call in progress (none: an empty list)
+
+
 def passes(cfg: Config) -> int:
     """How many times ``evaluate`` generates for each prompt: greedy, the pass@k samples, best-of-N's own."""
     e = cfg.eval
@@ -270,10 +269,14 @@ def evaluate_sets(model, tokenizer, sets: Sequence[HeldOut], cfg: Config, progre
     total = passes(cfg) * sum(len(h.examples) for h in sets)
     with tqdm(total=total, desc="eval", disable=True if not (progress and cfg.log.progress) else None,
               dynamic_ncols=True) as bar:
-        first, *rest = sets
-        out = evaluate(model, tokenizer, first.prompts, first.examples, cfg, first, bar)
-        if rest:
-            out["sets"] = {h.name: evaluate(model, tokenizer, h.prompts, h.examples, cfg, h, bar) for h in rest}
+        _BAR.append(bar)
+        try:
+            first, *rest = sets
+            out = evaluate(model, tokenizer, first.prompts, first.examples, cfg, first)
+            if rest:
+                out["sets"] = {h.name: evaluate(model, tokenizer, h.prompts, h.examples, cfg, h) for h in rest}
+        finally:
+            _BAR.pop()
     return out
 
 

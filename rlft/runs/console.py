@@ -30,10 +30,10 @@ class RunLog:
         self._file: TextIO | None = None
         self._handler = _Warnings(self)
 
-    def echo(self, *args, sep: str = " ", end: str = "\n", **kwargs) -> None:
-        """``print``'s signature: the line to the console (the wrapped echo) and to run.log."""
-        self._echo(*args, sep=sep, end=end, **kwargs)
-        self.write(sep.join(map(str, args)) + end)
+    def echo(self, *args, **kwargs) -> None:
+        """The line to the console (the wrapped echo, called with exactly these arguments) and to run.log."""
+        self._echo(*args, **kwargs)
+        self.write(kwargs.get("sep", " ").join(map(str, args)) + kwargs.get("end", "\n"))
 
     def write(self, text: str) -> None:
         if self._file is None:
