@@ -125,3 +125,16 @@ def test_eval_shows_a_progress_bar_on_a_terminal(tmp_path, tiny_model_dir):
     text = seen.decode(errors="replace")
     assert "eval: 100%" in text and "6/6" in text, text[-3000:]  # 3 problems, greedy and the pass@1 samples
     assert json.loads(out)["n"] == 3
+
+
+def test_the_run_config_of_a_flat_run_and_of_a_pipeline_stage(tmp_path):
+    from rlft.cli.main import _run_config
+
+    (tmp_path / "runs" / "flat" / "policy").mkdir(parents=True)
+    (tmp_path / "runs" / "flat" / "config.yaml").write_text("{}\n")
+    (tmp_path / "runs" / "pipe" / "1-grpo" / "policy").mkdir(parents=True)
+    (tmp_path / "runs" / "pipe" / "config.yaml").write_text("{}\n")
+    (tmp_path / "models" / "qwen").mkdir(parents=True)
+    assert _run_config(str(tmp_path / "runs" / "flat" / "policy")) == tmp_path / "runs" / "flat" / "config.yaml"
+    assert _run_config(str(tmp_path / "runs" / "pipe" / "1-grpo" / "policy")) == tmp_path / "runs" / "pipe" / "config.yaml"
+    assert _run_config(str(tmp_path / "models" / "qwen")) is None and _run_config("Qwen/Qwen2.5-0.5B") is None
