@@ -41,6 +41,7 @@ def test_carving_depends_on_the_rows_not_their_order_and_keeps_one_prompt_on_one
     assert len(carve(rows[:3], 0.01, "x")[1]) == 1  # at least one row
 
 
+@pytest.mark.slow
 def test_eval_of_a_run_uses_its_config_and_never_its_training_rows(tmp_path):
     """A run trained on one .jsonl file: `rlft eval runs/<name>/policy` evaluates that file's carved-off rows (the
     run's config.yaml, not the demo task), says so, and none of them was ever a training prompt."""

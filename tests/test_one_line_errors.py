@@ -96,6 +96,7 @@ def test_the_device_chosen_is_said(monkeypatch):
     assert loading.device_report("auto") == ["device: cpu (no CUDA device)"]  # every GPU hidden on purpose
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.version.cuda is not None, reason="the warning is for a CPU build of torch")
 def test_run_log_keeps_the_console_without_progress_bars_and_grows_on_resume(tmp_path):
     """run.log holds the device line (with the warning that a GPU goes unused: a stand-in nvidia-smi), the health

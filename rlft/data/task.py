@@ -18,6 +18,7 @@ from rlft.data.loaders import HF_PREFIX, load_examples, resolve_path
 from rlft.data.schema import Example
 from rlft.data.sft_data import with_system_prompt
 from rlft.data.synthetic import configured_task
+from rlft.parallel.dist import current
 
 logger = logging.getLogger("rlft.data")
 SALT = b"rlft held-out split\0"  # fixed: the carved rows do not change with train.seed
@@ -35,8 +36,9 @@ def load_task(cfg: Config) -> tuple[list[Example], list[Example]]:
         rows = load_examples(d.source, d.train_split, **keys)
         if carves(cfg):
             rows, held_out = carve(rows, d.eval_fraction, where=f"data.source {d.source}")
-            logger.warning("rlft: data: no held-out split in %s; %s (%d rows) carved off for evaluation "
-                           "(data.eval_fraction)", d.source, f"{d.eval_fraction:.0%}", len(held_out))
+            if current().is_main:  # said once, not by every process of a launch
+                logger.warning("rlft: data: no held-out split in %s; %s (%d rows) carved off for evaluation "
+                               "(data.eval_fraction)", d.source, f"{d.eval_fraction:.0%}", len(held_out))
         else:
             held_out = load_examples(d.source, d.eval_split, **keys)
         train, held_out = rows[: d.num_train or None], held_out[: d.num_eval or None]
