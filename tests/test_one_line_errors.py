@@ -133,3 +133,24 @@ def test_run_log_ends_with_the_error_that_stopped_the_run(tmp_path):
         raise ValueError("bad value\nsecond line")
     lines = (tmp_path / "run.log").read_text().splitlines()
     assert lines[1:] == ["rlft: step 1", "rlft: failed: ValueError: bad value"]
+
+
+def test_missing_tensorboard_is_said_in_one_line(tmp_path, monkeypatch, caplog):
+    from rlft.runs.tracking import MetricsLog
+
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # makes the import fail
+    with caplog.at_level("WARNING", logger="rlft"):
+        MetricsLog(tmp_path, tensorboard=True).close()
+    assert [r.getMessage() for r in caplog.records] == [
+        "rlft: no tensorboard/ (log.tensorboard: tensorboard is not installed; metrics.jsonl has every metric): "
+        "pip install 'rlft[tensorboard]', or log.tensorboard=false"]
+
+
+def test_vllm_sampler_without_vllm_names_the_extra(monkeypatch):
+    from rlft.config import ConfigError
+    from rlft.config.extras import check_extras
+    from rlft.recipe import load_config
+
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    with pytest.raises(ConfigError, match=r"rollout.sampler=vllm needs the vllm package.*pip install 'rlft\[vllm\]'"):
+        check_extras(load_config(None, ["rollout.sampler=vllm"]))
