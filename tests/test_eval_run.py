@@ -93,7 +93,7 @@ def test_eval_fraction_out_of_range_is_refused(value):
     from rlft.config import ConfigError
     from rlft.recipe import load_config
 
-    with pytest.raises(ConfigError, match="data.eval_fraction"):
+    with pytest.raises(ConfigError, match=r"data.eval_fraction: must be in \(0, 0.5\]"):
         load_config(None, [f"data.eval_fraction={value}"])
 
 
