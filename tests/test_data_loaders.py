@@ -120,9 +120,21 @@ def test_hf_source_calls_load_dataset(monkeypatch):
     assert examples == [Example(prompt="p", ground_truth="1", extra={"answer": "1"})]  # the column kept by its name
 
 
+def test_a_hub_dataset_that_cannot_load_is_one_data_error(monkeypatch):
+    def load_dataset(name, config=None, split="train"):
+        raise ConnectionError("Couldn't reach 'openai/gsm8k' on the Hub (LocalEntryNotFoundError)\nmore")
+
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
+    with pytest.raises(DataError, match=r"^hf:openai/gsm8k\[test\]: cannot load it from the Hugging Face Hub "
+                                        r"\(ConnectionError: Couldn't reach 'openai/gsm8k' on the Hub [^\n]*$"):
+        load_rows("hf:openai/gsm8k", "test")
+
+
 def test_hf_source_without_datasets_is_a_clear_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "datasets", None)  # makes `import datasets` fail
-    with pytest.raises(ImportError, match="pip install datasets"):
+    from rlft.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"hf:openai/gsm8k:main: .*datasets package.*pip install 'rlft\[hub\]'"):
         load_rows("hf:openai/gsm8k:main")
 
 

@@ -108,6 +108,8 @@ class DataConfig:
     """Use the first N training examples (0: all)."""
     num_eval: int = 500
     """Number of held-out problems to evaluate (0: all of a file's split; 500 for a synthetic task)."""
+    eval_fraction: float = 0.05
+    """A data.source without a separate held-out split (one file, a directory without the data.eval_split file, or data.eval_split naming the training file): this share of its rows (at least 1) is carved off for evaluation, by a hash of each prompt (the same rows whatever their order or train.seed; rows with one prompt stay together), and never trained on. In (0, 0.5]."""
     synth_train_size: int = 4000
     """Synthetic task: number of training problems."""
     synth_max_operand: int = 99
@@ -144,6 +146,7 @@ class DataConfig:
         _check(self.max_prompt_tokens >= 1, "data.max_prompt_tokens", "must be >= 1")
         _check(self.num_train >= 0, "data.num_train", "must be >= 0")
         _check(self.num_eval >= 0, "data.num_eval", "must be >= 0")
+        _check(0.0 < self.eval_fraction <= 0.5, "data.eval_fraction", f"must be in (0, 0.5], got {self.eval_fraction}")
         _check(self.synth_train_size >= 1, "data.synth_train_size", "must be >= 1")
         _check(self.synth_seed >= -1, "data.synth_seed", "must be >= 0, or -1 (train.seed)")
         _check(self.ptx_max_tokens >= 2, "data.ptx_max_tokens", "must be >= 2")

@@ -7,7 +7,7 @@
 * a directory holding ``{split}.parquet``, ``{split}.jsonl`` or ``{split}.json``
   (looked for in that order);
 * ``hf:<name>[:<config>]``, read with ``datasets.load_dataset(name, config,
-  split=split)`` (needs ``pip install datasets``).
+  split=split)`` (needs the datasets package: ``pip install 'rlft[hub]'``).
 
 A path that does not exist is a ``FileNotFoundError``; unreadable content is a
 ``DataError`` naming the file (and the line, for JSON).
@@ -19,6 +19,7 @@ import json
 import re
 from pathlib import Path
 
+from rlft.config import ConfigError
 from rlft.data.schema import DataError, Example, Rows, rows_to_examples
 from rlft.errors import utf8_text
 
@@ -203,10 +204,15 @@ def _load_hf(source: str, split: str) -> list[dict]:
     try:
         import datasets
     except ImportError:
-        raise ImportError(
-            f"reading {source!r} needs the 'datasets' package: pip install datasets (or rlft[hub])"
-        ) from None
-    ds = datasets.load_dataset(name, config or None, split=split)
+        raise ConfigError(f"{source}: reading a Hub dataset needs the datasets package, which does not import "
+                          "here: pip install 'rlft[hub]'") from None
+    try:
+        ds = datasets.load_dataset(name, config or None, split=split)
+    except (OSError, ValueError) as e:  # not reachable (no network, HF_HUB_OFFLINE), not found, no such split
+        first = str(e).strip().splitlines()
+        raise DataError(f"{source}[{split}]: cannot load it from the Hugging Face Hub ({type(e).__name__}: "
+                        f"{first[0] if first else ''}); download it where the Hub is reachable, or give a local "
+                        "file or directory") from None
     rows = [dict(row) for row in ds]
     if not rows:
         raise DataError(f"{source}[{split}]: no rows")

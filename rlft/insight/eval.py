@@ -19,6 +19,7 @@ from rlft.data.loaders import load_examples
 from rlft.data.schema import DataError, Example
 from rlft.data.sft_data import with_system_prompt
 from rlft.data.synthetic import configured_task
+from rlft.data.task import held_out_origin
 from rlft.data.templates import encode_prompts
 from rlft.envs.build import factory
 from rlft.envs.tool_env import shown_tools
@@ -34,7 +35,8 @@ def _responses(model, tokenizer, prompts: list[list[int]], examples: Sequence[Ex
                greedy: bool, lengths: list[int] | None = None, episodes: list[dict] | None = None) -> list[str]:
     """``n`` responses per prompt (contiguous), generated in chunks of at most eval.batch_size sequences (with
     ``env`` set: trajectories with the environment, whose records are appended to ``episodes`` when given); their
-    lengths in tokens are appended to ``lengths`` when given."""
+    lengths in tokens are appended to ``lengths`` when given. The progress bar of ``evaluate_sets``, when one is
+    shown, advances by the prompts done."""
     per_chunk = max(1, cfg.eval.batch_size // n)
     texts: list[str] = []
     for start in range(0, len(prompts), per_chunk):
@@ -50,6 +52,8 @@ def _responses(model, tokenizer, prompts: list[list[int]], examples: Sequence[Ex
             lengths.extend(batch.response_lengths.tolist())
         if episodes is not None:
             episodes.extend(batch.episodes)
+        if _BAR:
+            _BAR[-1].update(len(chunk))
     return texts
 
 
@@ -247,14 +251,42 @@ def _set_examples(s: EvalSet, cfg: Config) -> list[Example]:
     return with_system_prompt(rows[: s.limit or None], d.system_prompt)
 
 
-def evaluate_sets(model, tokenizer, sets: Sequence[HeldOut], cfg: Config) -> dict:
+_BAR: list = []  # the progress bar of the evaluate_sets call in progress (none: an empty list)
+
+
+def passes(cfg: Config) -> int:
+    """How many times ``evaluate`` generates for each prompt: greedy, the pass@k samples, best-of-N's own."""
+    e = cfg.eval
+    return 1 + bool(e.num_samples) + bool(e.best_of and e.num_samples < e.best_of)
+
+
+def evaluate_sets(model, tokenizer, sets: Sequence[HeldOut], cfg: Config, progress: bool = False) -> dict:
     """``evaluate`` on every set: the first (primary) set's metrics at the top level, the others' under
-    ``"sets": {name: metrics}`` (absent without extra sets)."""
-    first, *rest = sets
-    out = evaluate(model, tokenizer, first.prompts, first.examples, cfg, first)
-    if rest:
-        out["sets"] = {h.name: evaluate(model, tokenizer, h.prompts, h.examples, cfg, h) for h in rest}
+    ``"sets": {name: metrics}`` (absent without extra sets). ``progress``: a bar of the prompts generated for (on
+    a terminal, as the other bars; ``log.progress=false`` hides it)."""
+    from tqdm.auto import tqdm
+
+    total = passes(cfg) * sum(len(h.examples) for h in sets)
+    with tqdm(total=total, desc="eval", disable=True if not (progress and cfg.log.progress) else None,
+              dynamic_ncols=True) as bar:
+        _BAR.append(bar)
+        try:
+            first, *rest = sets
+            out = evaluate(model, tokenizer, first.prompts, first.examples, cfg, first)
+            if rest:
+                out["sets"] = {h.name: evaluate(model, tokenizer, h.prompts, h.examples, cfg, h) for h in rest}
+        finally:
+            _BAR.pop()
     return out
+
+
+def describe_sets(cfg: Config, held_out: list[Example], sets: Sequence[HeldOut]) -> list[str]:
+    """What ``rlft eval`` evaluates, one line per set: its data source, split and number of rows."""
+    lines = [f"data: {held_out_origin(cfg)}: {len(held_out)} rows"]
+    for s, h in zip(cfg.eval.sets, sets):
+        where = s.source if s.source.startswith("synthetic:") else f"{s.source}, split {s.split!r}"
+        lines.append(f"eval.sets {h.name}: {where}: {len(h.examples)} rows")
+    return lines
 
 
 def val_metrics(results: dict, name: str) -> dict[str, float]:
@@ -273,9 +305,9 @@ def without_examples(results: dict) -> dict:
 
 
 def evaluate_task(model, tokenizer, cfg: Config, held_out: list[Example], *, sets: list[HeldOut] | None = None,
-                  examples: bool = False) -> dict:
+                  examples: bool = False, progress: bool = False) -> dict:
     """The primary set ``held_out`` and the sets of ``eval.sets`` (``sets`` when read already, else loaded here),
-    encoded and evaluated (with a few example responses when ``examples``)."""
+    encoded and evaluated (with a few example responses when ``examples``; ``progress``: with a progress bar)."""
     sets = [primary_set(cfg, held_out), *(load_sets(cfg) if sets is None else sets)]
-    results = evaluate_sets(model, tokenizer, [h.encode(tokenizer, cfg) for h in sets], cfg)
+    results = evaluate_sets(model, tokenizer, [h.encode(tokenizer, cfg) for h in sets], cfg, progress)
     return results if examples else without_examples(results)

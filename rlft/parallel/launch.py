@@ -7,6 +7,8 @@
 
 from __future__ import annotations
 
+from rlft.config.extras import require
+from rlft.models.loading import check_device, device_report
 from rlft.parallel import fsdp, zero
 from rlft.parallel import dist
 from rlft.parallel.dist import env_flag
@@ -15,14 +17,22 @@ from rlft.parallel.strategy import Strategy
 _STRATEGY: Strategy | None = None
 
 
-def init(device: str = "auto") -> Strategy:
-    """This run's strategy, set up once (with the process group it needs): ``device`` is ``model.device``."""
+def init(device: str = "auto", echo=None) -> Strategy:
+    """This run's strategy, set up once (with the process group it needs): ``device`` is ``model.device``. A
+    device the installed torch cannot use, or a DeepSpeed launch without deepspeed, is a one-line ConfigError
+    first; ``echo`` (the main process's) is told the device chosen (``rlft.models.loading.device_report``)."""
     global _STRATEGY
+    check_device(device)
     if _STRATEGY is None or not dist.set_up():  # never read, or the process group was shut down since
         plan, zero_plan = fsdp.plan_from_env(), zero.plan_from_env()
+        if zero_plan is not None:
+            require("deepspeed", "accelerate launch with a DeepSpeed configuration")
         dist.init_dist(device, shard=plan, zero=zero_plan)
         _STRATEGY = fsdp.FSDP(plan) if plan is not None else zero.Zero(zero_plan) if zero_plan is not None \
             else Strategy()
+    if echo is not None and _STRATEGY.dist.is_main:
+        for line in device_report(device):
+            echo(f"rlft: {line}")
     return _STRATEGY
 
 

@@ -6,6 +6,7 @@ A write that fails (a full disk, a read-only directory) raises :class:`~rlft.err
 from __future__ import annotations
 
 import json
+import logging
 import math
 from pathlib import Path
 
@@ -25,6 +26,9 @@ class MetricsLog:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError:  # tensorboard is optional: metrics.jsonl is always written
                 SummaryWriter = None
+                logging.getLogger("rlft").warning(
+                    "rlft: no tensorboard/ (log.tensorboard: tensorboard is not installed; metrics.jsonl has every "
+                    "metric): pip install 'rlft[tensorboard]', or log.tensorboard=false")
             if SummaryWriter is not None:
                 self._tb = SummaryWriter(log_dir=str(Path(run_dir) / "tensorboard"))
 

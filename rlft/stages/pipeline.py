@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlft.config import PIPELINE_LABELS, Config, ConfigError
+from rlft.config.extras import check_extras
 from rlft.data.rankings import load_rankings
 from rlft.data.task import load_task
 from rlft.errors import WriteFailed, writing
@@ -47,6 +48,7 @@ from rlft.parallel import launch
 from rlft.parallel.dist import Dist
 from rlft.rewards.trial import try_rewards
 from rlft.runs import checkpoint, resume
+from rlft.runs.console import RunLog
 from rlft.runs.start import (base_model_dir, clear_run_dir, prepare_run_dir, process_settings, removed_if_start_fails,
                              seed_everything, stops_on_write_failure)
 from rlft.stages.base import STAGES, StageInput, Task, with_labels
@@ -94,13 +96,19 @@ def plan(cfg: Config, only: str | None = None) -> list[Planned]:
 
 
 def run_pipeline(cfg: Config, echo=print, only: str | None = None) -> RunResult:
-    """Run the planned stages of ``cfg`` (``only``: that one stage) in one run directory."""
+    """Run the planned stages of ``cfg`` (``only``: that one stage) in one run directory; what the console shows
+    is kept in its run.log (``rlft.runs.console``)."""
+    with RunLog(echo) as log:
+        return _pipeline(cfg, log, only)
+
+
+def _pipeline(cfg: Config, log: RunLog, only: str | None) -> RunResult:
     t0 = time.perf_counter()
     quiet_transformers()
     process_settings(cfg)
-    strategy = launch.init(cfg.model.device)
+    strategy = launch.init(cfg.model.device, log.echo)
     dist = strategy.dist
-    echo = echo if dist.is_main else _silent
+    echo = log.echo if dist.is_main else _silent
     steps = plan(cfg, only)
     flat = steps[0].out == ""
     resuming = _check_resume(cfg, steps, flat, echo)
@@ -111,6 +119,8 @@ def run_pipeline(cfg: Config, echo=print, only: str | None = None) -> RunResult:
         cfg = _start_over(cfg, dist, echo)
     cfg = prepare_run_dir(cfg, write_config=not (resuming.from_checkpoint or resuming.pipeline))
     run_dir = cfg.log.path
+    if dist.is_main:
+        log.attach(run_dir)
     if resuming.pipeline and dist.is_main:
         resume.record(run_dir, cfg, None, None, echo)
     with removed_if_start_fails(run_dir, keep=cfg.train.resume):
@@ -194,6 +204,7 @@ def preflight(cfg: Config, kinds: list[str]) -> Task:
     malformed row fails here, naming file, row and field; a label stage's judge (built: its directory and parameters
     checked) and an '@label' source without a label stage before it; with a stage that scores with reward.fns, each
     reward tried on a few training rows (``rlft.rewards.trial``). Returns the task, read once for every stage."""
+    check_extras(cfg)
     if cfg.model.path:
         check_model_path(cfg.model.path, "model.path")
     if cfg.critic.path:
