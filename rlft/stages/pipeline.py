@@ -51,6 +51,7 @@ from rlft.stages.base import STAGES, StageInput, Task, with_labels
 from rlft.stages.label import judge_of
 from rlft.runs.start import write_json
 from rlft.stages.rl import rl_summary
+from rlft.trainers.resumable import WARM_UP
 from rlft.trainers.sft import sft_examples
 
 SUMMARY = "summary.json"
@@ -141,7 +142,8 @@ def _check_resume(cfg: Config, steps: list[Planned], flat: bool) -> None:
         return
     if not flat and not (cfg.log.path / "config.yaml").is_file():
         raise ConfigError(f"train.resume: no pipeline run in {cfg.log.path}")
-    if flat and STAGES.get(steps[0].kind).resumes and checkpoint.latest(cfg.log.path) is None:
+    if flat and STAGES.get(steps[0].kind).resumes and checkpoint.latest(cfg.log.path) is None \
+            and checkpoint.latest(cfg.log.path / WARM_UP) is None:  # RL stopped in its SFT warm-up
         raise ConfigError(f"train.resume: no checkpoint under {cfg.log.path / 'checkpoints'}")
 
 

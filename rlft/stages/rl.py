@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 from pathlib import Path
 
 from rlft.config import Config, ConfigError
@@ -44,7 +45,8 @@ from rlft.runs.start import removed_if_start_fails, seed_everything, stops_on_wr
 from rlft.runs.tracking import MetricsLog
 from rlft.stages.base import StageInput, StageResult, Task, stage
 from rlft.trainers.distill import load_teachers
-from rlft.trainers.policy import attach_roles, training_policy
+from rlft.trainers.policy import attach_roles
+from rlft.trainers.resumable import WARM_UP, resume_point, resumed_policy
 from rlft.trainers.rl_loop import progress_bar, run_rl
 from rlft.trainers.rm_refresh import own_reward_model
 from rlft.trainers.sft import train_sft
@@ -77,6 +79,8 @@ def run_rl_stage(inp: StageInput, distill: bool = False) -> StageResult:
     batch (``rlft.stages.distill``)."""
     out_dir, echo, dist = Path(inp.out_dir), inp.echo, current()
     ckpt = checkpoint.latest(out_dir) if inp.resume else None
+    warm_ckpt = resume_point(out_dir / WARM_UP, inp.resume and ckpt is None and inp.warm_up,  # stopped in it
+                             out_dir / "sft_metrics.jsonl")
     cfg = with_reward_model(inp.cfg, inp.scorers.get("rm"), inp.scorers.get("prm"))
     task = inp.problems
     with removed_if_start_fails(out_dir, keep=inp.resume):
@@ -90,7 +94,7 @@ def run_rl_stage(inp: StageInput, distill: bool = False) -> StageResult:
             raise ConfigError(f"roles {list(cfg.roles.names)}: several roles train in one process; run without "
                               f"accelerate launch / torchrun ({dist.world} processes)")
         with dist.main_first():  # LoRA on a pipeline's adapters writes their merged base once
-            policy, tokenizer = training_policy(cfg, str(inp.model_dir), ckpt, out_dir)
+            policy, tokenizer = resumed_policy(cfg, str(inp.model_dir), ckpt or warm_ckpt, out_dir)
         teachers = load_teachers(cfg, tokenizer) if distill else []
         n_params = sum(p.numel() for p in policy.parameters())
         n_train = sum(p.numel() for p in policy.parameters() if p.requires_grad)
@@ -115,7 +119,7 @@ def run_rl_stage(inp: StageInput, distill: bool = False) -> StageResult:
         if ckpt is None:
             warm = inp.warm_up and cfg.sft.steps > 0
             if warm:  # in the main process; the others then take its weights
-                dist.on_main(lambda: _warm_up(policy, tokenizer, task, cfg, out_dir))
+                dist.on_main(lambda: _warm_up(policy, tokenizer, task, cfg, out_dir, warm_ckpt))
                 dist.sync_params_(policy)
             if cfg.roles.multi_agent:  # the warm-up trained the base; each role's adapter starts from it
                 policy = attach_roles(policy, tokenizer, cfg, out_dir, changed=warm)
@@ -131,6 +135,7 @@ def run_rl_stage(inp: StageInput, distill: bool = False) -> StageResult:
             checkpoint.write_dir(out_dir / "policy",
                                  lambda tmp: save_policy(policy, tokenizer, tmp, cfg.lora.save, state_dict=whole)
                                  if not has_roles(policy) else save_model(policy, tokenizer, tmp))
+            shutil.rmtree(out_dir / WARM_UP, ignore_errors=True)  # the warm-up's checkpoints: RL is done
     dist.barrier()  # the stage's files are complete when any process returns
     before, after = inp.start or results.get("before_rl", {}), results["after_rl"]
     start = f"{before['exact_match']:.3f} -> " if "exact_match" in before else ""
@@ -174,18 +179,20 @@ def _memory_estimate(policy, train_prompts: list[list[int]], cfg: Config, n_para
         memory.check(est, available, lora=lora)
 
 
-def _warm_up(policy, tokenizer, task: Task, cfg: Config, out_dir: Path) -> None:
-    """The SFT warm-up of a run without stages: ``sft.steps`` on the task's reference responses."""
+def _warm_up(policy, tokenizer, task: Task, cfg: Config, out_dir: Path, ckpt: Path | None = None) -> None:
+    """The SFT warm-up of a run without stages: ``sft.steps`` on the task's reference responses, with its
+    checkpoints in ``out_dir/warm_up`` (``ckpt``: the one to continue from)."""
     log = MetricsLog(out_dir, tensorboard=False, filename="sft_metrics.jsonl")
     bar = progress_bar(cfg.sft.steps, "sft", cfg)
 
     def on_step(step: int, m: dict) -> None:
-        log.log(step, m)
+        log.log(step + 1, m)  # steps counted from 1, as the sft stage's
         bar.update(1)
         bar.set_postfix(loss=f"{m['sft/loss']:.3f}")
 
     try:
-        train_sft(policy, tokenizer, task.train, cfg, on_step, rows=task.sft)
+        train_sft(policy, tokenizer, task.train, cfg, on_step, rows=task.sft, checkpoints=out_dir / WARM_UP,
+                  resume=ckpt)
     finally:
         bar.close()
         log.close()

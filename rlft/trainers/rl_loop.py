@@ -3,8 +3,7 @@ warnings, checkpoints, and a clean stop on SIGINT/SIGTERM or on too many skipped
 
 from __future__ import annotations
 
-import signal
-import threading
+import contextlib
 import time
 from pathlib import Path
 
@@ -13,7 +12,7 @@ from rlft.errors import TrainingHalted
 from rlft.insight.eval import HeldOut, evaluate_sets, val_metrics
 from rlft.parallel.dist import current
 from rlft.parallel.launch import strategy
-from rlft.runs import checkpoint
+from rlft.runs import checkpoint, stop
 from rlft.runs.start import append_jsonl, seed_everything, write_json
 from rlft.runs.tracking import MetricsLog
 from rlft.rollout.partial import PartialRollouts
@@ -50,14 +49,18 @@ def run_rl(policy, tokenizer, train_ex, train_prompts, cfg: Config, run_dir: Pat
     policy.train()
     try:
         budget = cfg.train.time_budget_s
-        with StopSignals() as stop:
+        with stop.handling():  # installed once by the command; this covers a call from Python
             while state.step < cfg.train.steps:
                 if dist.broadcast(bool(budget) and time.perf_counter() - t0 > budget):  # the main process's clock
                     echo(f"rlft: time budget of {budget:g} s spent after {state.step} RL steps")
                     break
-                metrics = rl_step(state, cfg)
+                try:
+                    metrics = rl_step(state, cfg)
+                except stop.Stopping as e:  # during the rollout: the step is abandoned, its update never ran
+                    raise _stopped(state, cfg, run_dir, e.signum, f"during RL step {state.step + 1}") from None
                 if cfg.eval.every and state.step % cfg.eval.every == 0:
-                    metrics.update(validation(policy, tokenizer, held_out, cfg))
+                    with contextlib.suppress(stop.Stopping):  # stopped during validation: logged without it
+                        metrics.update(validation(policy, tokenizer, held_out, cfg))
                 if dist.is_main and cfg.log.samples_every and state.step % cfg.log.samples_every == 0:
                     append_jsonl(run_dir / "samples.jsonl", sample_records(state, state.step, cfg.log.samples_groups))
                 values, warnings = state.health.update(state.step, metrics)
@@ -72,14 +75,10 @@ def run_rl(policy, tokenizer, train_ex, train_prompts, cfg: Config, run_dir: Pat
                 saved = cfg.train.save_every and state.step % cfg.train.save_every == 0
                 if saved and state.step < cfg.train.steps:
                     save_checkpoint(state, cfg, run_dir)
-                signum = dist.broadcast(stop.signum)  # the main process's: every process stops after the same step
+                signum = dist.broadcast(stop.requested())  # the main process's: every process stops after one step
                 if signum is not None:
-                    if not saved or state.step == cfg.train.steps:
-                        save_checkpoint(state, cfg, run_dir)
-                    name = signal.Signals(signum).name
-                    raise TrainingHalted(f"{name} after RL step {state.step}: checkpoint "
-                                         f"{run_dir / 'checkpoints' / f'step_{state.step:06d}'} written; "
-                                         "train.resume=true continues from it", exit_code=128 + signum)
+                    raise _stopped(state, cfg, run_dir, signum, f"after RL step {state.step}",
+                                   saved=saved and state.step < cfg.train.steps)
     finally:
         if state.rollouts is not None:  # a rollout still in flight (a time budget, an error): waited for, dropped
             state.rollouts.close()
@@ -102,6 +101,7 @@ def pretrain_critic(state: RLState, cfg: Config, run_dir: Path) -> None:
     bar = progress_bar(cfg.critic.pretrain_steps, "critic", cfg)
     try:
         for step in range(1, cfg.critic.pretrain_steps + 1):
+            stop.check("the critic's pre-training (no checkpoint before RL starts)")
             m = rl_step(state, cfg, train_policy=False)
             if log is not None:
                 log.log(step, {k: v for k, v in m.items() if k.startswith(("critic/", "reward/mean", "timing_s/"))})
@@ -113,29 +113,12 @@ def pretrain_critic(state: RLState, cfg: Config, run_dir: Path) -> None:
             log.close()
 
 
-class StopSignals:
-    """While active, SIGINT and SIGTERM ask the RL loop to stop after the current step (``signum``), which then
-    writes a checkpoint and exits; a second SIGINT interrupts at once. Outside the main thread it does nothing."""
-
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-    def __init__(self):
-        self.signum: int | None = None
-        self._previous: dict = {}
-
-    def _handle(self, signum, frame) -> None:
-        if self.signum is not None and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        self.signum = signum
-
-    def __enter__(self) -> "StopSignals":
-        if threading.current_thread() is threading.main_thread():
-            self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for s, handler in self._previous.items():
-            signal.signal(s, handler)
+def _stopped(state: RLState, cfg: Config, run_dir: Path, signum: int, where: str, saved: bool = False):
+    """The error that ends the RL loop on a stop signal, after the checkpoint of its last finished step (written
+    now unless ``saved``)."""
+    if not saved:
+        save_checkpoint(state, cfg, run_dir)
+    return stop.halted(signum, where, run_dir / "checkpoints" / f"step_{state.step:06d}")
 
 
 def validation(policy, tokenizer, held_out: list[HeldOut], cfg: Config) -> dict[str, float]:
