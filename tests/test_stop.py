@@ -16,8 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from rlft.runs import stop
-
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
 ACK = "stopping after this step; press again to stop now"
@@ -155,7 +153,7 @@ def test_a_second_ctrl_c_stops_at_once_without_a_traceback(tmp_path, tiny_overri
 
 def test_sigterm_during_rlft_eval_exits_143_without_a_traceback(tmp_path, tiny_model_dir):
     proc = start(tmp_path, "eval", str(tiny_model_dir), "model.device=cpu", "data.source=synthetic:max",
-                 "data.num_eval=100000", "data.synth_eval_size=100000", "eval.batch_size=4",
+                 "data.num_eval=5000", "eval.batch_size=4",
                  "rollout.max_new_tokens=64", "train.threads=1", "eval.ks=[1]")
     wait_for(proc, lambda: catches_sigterm(proc), "rlft's stop handling")
     time.sleep(3.0)  # into the model's loading or the evaluation itself
@@ -185,6 +183,8 @@ def test_rlft_chat_ends_on_ctrl_c_without_a_traceback(tmp_path, tiny_model_dir):
 
 
 def test_stop_handling_records_the_first_signal_and_a_second_ctrl_c_stops_now():
+    from rlft.runs import stop
+
     with stop.handling():
         assert stop.requested() is None
         stop.check()  # nothing asked: nothing raised
@@ -202,3 +202,31 @@ def test_stop_handling_records_the_first_signal_and_a_second_ctrl_c_stops_now():
     assert err.exit_code == 130
     assert str(err) == ("SIGINT after SFT step 3 of 10: checkpoint runs/x/checkpoints/step_000003 written; "
                         "train.resume=true continues from it")
+
+
+@pytest.mark.parametrize("stage, args, out", [
+    ("dpo", ["dpo.steps=4", "dpo.batch_size=4", "dpo.num_eval=4", "data.synth_train_size=16", "data.num_eval=2",
+             "eval.ks=[1]", "rollout.max_new_tokens=4"], "policy"),
+    ("rm", ["rm.steps=4", "rm.batch_size=4", "rm.num_eval=8", "data.synth_train_size=32"], "reward_model"),
+])
+def test_a_resumed_dpo_or_rm_stage_reaches_the_weights_of_a_run_never_stopped(tmp_path, tiny_model_dir, stage, args,
+                                                                             out):
+    from safetensors.torch import load_file
+
+    from rlft.cli.main import main
+
+    common = [stage, f"model.path={tiny_model_dir}", f"log.run_dir={tmp_path}", "model.device=cpu",
+              "train.save_every=2", *args]
+    assert main([*common, "log.name=a"]) == 0
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert [p.name for p in (a / "checkpoints").iterdir()] == ["step_000002"]
+    shutil.copytree(a, b)  # b: killed after step 3, its last checkpoint at step 2
+    shutil.rmtree(b / out)
+    log = b / f"{stage}_metrics.jsonl"
+    log.write_text("".join(x + "\n" for x in log.read_text().splitlines()[:3]))
+    assert main([*common, "log.name=b", "train.resume=true"]) == 0
+    wa, wb = (load_file(run / out / "model.safetensors") for run in (a, b))
+    assert wa.keys() == wb.keys() and all((wa[k] == wb[k]).all() for k in wa)
+    ra, rb = ([{k: v for k, v in r.items() if "per_s" not in k} for r in lines(run / f"{stage}_metrics.jsonl")]
+              for run in (a, b))
+    assert ra == rb and [r["step"] for r in rb] == [1, 2, 3, 4]

@@ -55,15 +55,23 @@ def resumed_policy(cfg: Config, model_dir: str, ckpt: Path | None, work_dir: Pat
     return training_policy(cfg, model_dir, ckpt, work_dir)
 
 
+def saved_state(ckpt: Path) -> dict[str, Any]:
+    """The trainer's state a checkpoint holds (its step, its data position and what it stored as ``fixed``)."""
+    return checkpoint.load_state(ckpt)["trainer"]
+
+
 class Checkpoints:
     """The checkpoints of one trainer's run of ``total`` steps, under ``root`` (None: none are written, as in a call
     from Python outside a stage; a stop signal still ends the loop). ``what`` names a step in messages ("SFT
-    step")."""
+    step"); ``fixed``: what the stage computed before training and stores in every checkpoint (DPO's reference
+    log-probs), read back with :func:`saved_state`. ``optimizer`` and ``scheduler`` may be set by the trainer
+    that makes them."""
 
-    def __init__(self, root: Path | None, cfg: Config, what: str, total: int, *, model, tokenizer, optimizer,
-                 scheduler):
+    def __init__(self, root: Path | None, cfg: Config, what: str, total: int, *, model, tokenizer, optimizer=None,
+                 scheduler=None, fixed: dict[str, Any] | None = None):
         self.root, self.cfg, self.what, self.total = None if root is None else Path(root), cfg, what, total
         self.model, self.tokenizer, self.optimizer, self.scheduler = model, tokenizer, optimizer, scheduler
+        self.fixed = dict(fixed or {})
 
     def restore(self, ckpt: Path) -> dict[str, Any]:
         """Load the optimizer, schedule and random states of ``ckpt`` (its model is loaded by the stage); returns
@@ -87,5 +95,5 @@ class Checkpoints:
 
     def save(self, step: int, state: dict[str, Any]) -> Path:
         return checkpoint.save(self.root, step, model=self.model, tokenizer=self.tokenizer, optimizer=self.optimizer,
-                               scheduler=self.scheduler, trainer_state={"step": step, **state},
+                               scheduler=self.scheduler, trainer_state={**self.fixed, "step": step, **state},
                                keep=self.cfg.train.keep_checkpoints)
