@@ -204,19 +204,26 @@ def test_stop_handling_records_the_first_signal_and_a_second_ctrl_c_stops_now():
                         "train.resume=true continues from it")
 
 
+RFT = ["rft.rounds=4", "rft.prompts_per_round=2", "rft.samples_per_prompt=3", "rft.steps_per_round=2",
+       "rft.batch_size=4", "rft.lr=1e-3", "data.synth_train_size=12", "rft.min_reward=0.05", "data.num_eval=2",
+       "eval.ks=[1]", "rollout.max_new_tokens=8"]
+
+
 @pytest.mark.parametrize("stage, args, out", [
     ("dpo", ["dpo.steps=4", "dpo.batch_size=4", "dpo.num_eval=4", "data.synth_train_size=16", "data.num_eval=2",
              "eval.ks=[1]", "rollout.max_new_tokens=4"], "policy"),
     ("rm", ["rm.steps=4", "rm.batch_size=4", "rm.num_eval=8", "data.synth_train_size=32"], "reward_model"),
+    *(("rft", [*RFT, f"rft.mode={mode}", f"rft.pool={pool}"], "policy") for mode, pool in (("online", "growing"),
+                                                                                           ("offline", "round"))),
 ])
-def test_a_resumed_dpo_or_rm_stage_reaches_the_weights_of_a_run_never_stopped(tmp_path, tiny_model_dir, stage, args,
-                                                                             out):
+def test_a_resumed_dpo_rm_or_rft_stage_reaches_the_weights_of_a_run_never_stopped(tmp_path, tiny_model_dir, stage,
+                                                                                  args, out, request):
     from safetensors.torch import load_file
 
     from rlft.cli.main import main
 
     common = [stage, f"model.path={tiny_model_dir}", f"log.run_dir={tmp_path}", "model.device=cpu",
-              "train.save_every=2", *args]
+              "train.save_every=2", *args, *(request.getfixturevalue("digit_reward") if stage == "rft" else [])]
     assert main([*common, "log.name=a"]) == 0
     a, b = tmp_path / "a", tmp_path / "b"
     assert [p.name for p in (a / "checkpoints").iterdir()] == ["step_000002"]
@@ -227,6 +234,6 @@ def test_a_resumed_dpo_or_rm_stage_reaches_the_weights_of_a_run_never_stopped(tm
     assert main([*common, "log.name=b", "train.resume=true"]) == 0
     wa, wb = (load_file(run / out / "model.safetensors") for run in (a, b))
     assert wa.keys() == wb.keys() and all((wa[k] == wb[k]).all() for k in wa)
-    ra, rb = ([{k: v for k, v in r.items() if "per_s" not in k} for r in lines(run / f"{stage}_metrics.jsonl")]
+    ra, rb = ([{k: v for k, v in r.items() if "per_s" not in k and not k.startswith("timing_s/")} for r in lines(run / f"{stage}_metrics.jsonl")]
               for run in (a, b))
     assert ra == rb and [r["step"] for r in rb] == [1, 2, 3, 4]

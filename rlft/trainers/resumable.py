@@ -87,11 +87,15 @@ class Checkpoints:
         and, when a stop signal arrived, a checkpoint (unless just written) and the error that ends the run."""
         saved = self.save(step, state) if self.root is not None and save_due(self.cfg, step, self.total) else None
         signum = stop.requested()
-        if signum is None:
-            return
+        if signum is not None:
+            raise self.stopped(signum, step, state, f"after {self.what} {step} of {self.total}", saved)
+
+    def stopped(self, signum: int, step: int, state: dict[str, Any], where: str, saved: Path | None = None):
+        """The error that ends the run on ``signum`` ``where``, after the checkpoint of ``step`` steps done (written
+        now unless ``saved``; none without ``root``)."""
         if saved is None and self.root is not None:
             saved = self.save(step, state)
-        raise stop.halted(signum, f"after {self.what} {step} of {self.total}", saved)
+        return stop.halted(signum, where, saved)
 
     def save(self, step: int, state: dict[str, Any]) -> Path:
         return checkpoint.save(self.root, step, model=self.model, tokenizer=self.tokenizer, optimizer=self.optimizer,

@@ -4,6 +4,7 @@ warnings, checkpoints, and a clean stop on SIGINT/SIGTERM or on too many skipped
 from __future__ import annotations
 
 import contextlib
+import copy
 import time
 from pathlib import Path
 
@@ -54,9 +55,11 @@ def run_rl(policy, tokenizer, train_ex, train_prompts, cfg: Config, run_dir: Pat
                 if dist.broadcast(bool(budget) and time.perf_counter() - t0 > budget):  # the main process's clock
                     echo(f"rlft: time budget of {budget:g} s spent after {state.step} RL steps")
                     break
+                before = _data_position(state)
                 try:
                     metrics = rl_step(state, cfg)
-                except stop.Stopping as e:  # during the rollout: the step is abandoned, its update never ran
+                except stop.Stopping as e:  # during the rollout: the step is abandoned before its update ran
+                    _rewind(state, before)  # the checkpoint's next step draws what this one drew
                     raise _stopped(state, cfg, run_dir, e.signum, f"during RL step {state.step + 1}") from None
                 if cfg.eval.every and state.step % cfg.eval.every == 0:
                     with contextlib.suppress(stop.Stopping):  # stopped during validation: logged without it
@@ -111,6 +114,17 @@ def pretrain_critic(state: RLState, cfg: Config, run_dir: Path) -> None:
         bar.close()
         if log is not None:
             log.close()
+
+
+def _data_position(state: RLState) -> tuple[dict, dict]:
+    """The prompt sampler's state and the random states before a step: what its rollout moves on."""
+    return copy.deepcopy(state.sampler.state_dict()), checkpoint.rng_state()
+
+
+def _rewind(state: RLState, position: tuple[dict, dict]) -> None:
+    """Back to ``_data_position``'s point, for a step abandoned in its rollout (its prompts are drawn again)."""
+    state.sampler.load_state_dict(position[0])
+    checkpoint.set_rng_state(position[1])
 
 
 def _stopped(state: RLState, cfg: Config, run_dir: Path, signum: int, where: str, saved: bool = False):
