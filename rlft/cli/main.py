@@ -262,8 +262,12 @@ def main(argv: list[str] | None = None) -> int:
     except TrainingHalted as e:
         print(f"rlft: stopped: {e}", file=sys.stderr)
         return e.exit_code
-    except KeyboardInterrupt:  # a second Ctrl-C in a run, or Ctrl-C in a command that stops at once
-        print("rlft: stopped: interrupted (Ctrl-C)", file=sys.stderr)
+    except KeyboardInterrupt as e:  # a second Ctrl-C in a run, or Ctrl-C in a command that stops at once
+        from rlft.runs.stop import StoppedNow
+
+        print("rlft: stopped: " + ("Ctrl-C pressed again: stopped at once; what was being written was dropped "
+                                   "whole, train.resume=true continues from the last checkpoint"
+                                   if isinstance(e, StoppedNow) else "interrupted (Ctrl-C)"), file=sys.stderr)
         return 130
 
 

@@ -59,23 +59,28 @@ def requested() -> int | None:
     return _STATE.signum
 
 
-def check(during: str = "") -> None:
-    """Raise :class:`Stopping` when a stop was asked for (``during``: the phase, for the message); nothing in a
-    thread other than the main one, or in a run of several processes (they stop together after a step)."""
+def due() -> bool:
+    """Whether a long phase running here should end now: a stop was asked for, this is the main thread (a
+    background rollout is joined by the loop) and the only process (several stop together after a step)."""
     if _STATE.signum is None or threading.current_thread() is not threading.main_thread():
-        return
+        return False
     from rlft.parallel.dist import current
 
-    if not current().active:
+    return not current().active
+
+
+def check(during: str = "") -> None:
+    """Raise :class:`Stopping` when :func:`due` (``during``: the phase, for the message)."""
+    if due():
         raise Stopping(_STATE.signum, during)
 
 
-def halted(signum: int, where: str, ckpt=None) -> TrainingHalted:
+def halted(signum: int, where: str, ckpt=None, then: str = "") -> TrainingHalted:
     """The error that ends a run stopped by ``signum`` ``where`` (e.g. "after SFT step 12"), naming the checkpoint
-    it wrote (``ckpt``) and how to continue from it."""
+    it wrote (``ckpt``) and how to continue from it, or saying ``then`` instead."""
     name = signal.Signals(signum).name
-    then = (f"checkpoint {ckpt} written; train.resume=true continues from it" if ckpt is not None else
-            "no checkpoint written")
+    then = then or (f"checkpoint {ckpt} written; train.resume=true continues from it" if ckpt is not None else
+                    "no checkpoint written")
     return TrainingHalted(f"{name} {where}: {then}", exit_code=128 + signum)
 
 

@@ -39,7 +39,7 @@ from rlft.rewards.model import PIPELINE_RM
 from rlft.rewards.prm import PIPELINE_PRM
 from rlft.rewards.terms import reward_pool
 from rlft.rollout import lean
-from rlft.runs import checkpoint
+from rlft.runs import checkpoint, stop
 from rlft.runs.checkpoint import save_model
 from rlft.runs.start import removed_if_start_fails, seed_everything, stops_on_write_failure, write_json
 from rlft.runs.tracking import MetricsLog
@@ -124,12 +124,44 @@ def run_rl_stage(inp: StageInput, distill: bool = False) -> StageResult:
             if cfg.roles.multi_agent:  # the warm-up trained the base; each role's adapter starts from it
                 policy = attach_roles(policy, tokenizer, cfg, out_dir, changed=warm)
             if cfg.eval.before_rl and inp.start is None:
-                results["before_rl"] = _evaluate(policy, tokenizer, held_out, cfg, echo, "before RL")
+                try:
+                    results["before_rl"] = _evaluate(policy, tokenizer, held_out, cfg, echo, "before RL")
+                except stop.Stopping as e:
+                    raise stop.halted(e.signum, "during the evaluation before RL", then=_before_rl(out_dir, warm)) \
+                        from None
                 write_json(out_dir / "eval.json", results)
         run_rl(policy, tokenizer, task.train, train_prompts, cfg, out_dir, ckpt, echo, held_out, teachers)
-        results["after_rl"] = _evaluate(policy, tokenizer, held_out, cfg, echo, "after RL")
+        try:
+            results["after_rl"] = _evaluate(policy, tokenizer, held_out, cfg, echo, "after RL")
+        except stop.Stopping as e:  # RL is done: its policy is kept, the evaluation left to `rlft eval`
+            if dist.active:
+                raise
+            _save_policy(policy, tokenizer, cfg, out_dir)
+            raise stop.halted(e.signum, "during the evaluation after RL", then=f"RL finished and its policy is in "
+                              f"{out_dir / 'policy'}; rlft eval {out_dir / 'policy'} evaluates it") from None
         write_json(out_dir / "eval.json", results)
-    whole, _ = strategy().whole_state(policy)  # every process takes part; the main one writes (None: not sharded)
+    _save_policy(policy, tokenizer, cfg, out_dir)
+    before, after = inp.start or results.get("before_rl", {}), results["after_rl"]
+    start = f"{before['exact_match']:.3f} -> " if "exact_match" in before else ""
+    name = f"distill ({cfg.distill.signal}, {len(teachers)} teacher{'s' * (len(teachers) > 1)})" if distill \
+        else cfg.algo.name
+    line = f"{name}: exact match {start}{after['exact_match']:.3f}; policy in {out_dir / 'policy'}"
+    return StageResult(model_dir=out_dir / "policy", metrics=without_examples(after), summary=line)
+
+
+def _before_rl(out_dir: Path, warm: bool) -> str:
+    """What a run stopped before its first RL step can continue from."""
+    ckpt = checkpoint.latest(out_dir / WARM_UP) if warm else None
+    if ckpt is None:
+        return "no checkpoint written, RL had not begun; start the run again"
+    return f"RL had not begun; train.resume=true continues from the SFT warm-up's checkpoint {ckpt}"
+
+
+def _save_policy(policy, tokenizer, cfg: Config, out_dir: Path) -> None:
+    """``out_dir/policy``, written whole by the main process (every process takes part in gathering a sharded one);
+    the warm-up's checkpoints are then removed."""
+    whole, _ = strategy().whole_state(policy)  # None: not sharded
+    dist = current()
     if dist.is_main:
         with stops_on_write_failure(out_dir):  # policy/ appears whole or not at all
             checkpoint.write_dir(out_dir / "policy",
@@ -137,12 +169,6 @@ def run_rl_stage(inp: StageInput, distill: bool = False) -> StageResult:
                                  if not has_roles(policy) else save_model(policy, tokenizer, tmp))
             shutil.rmtree(out_dir / WARM_UP, ignore_errors=True)  # the warm-up's checkpoints: RL is done
     dist.barrier()  # the stage's files are complete when any process returns
-    before, after = inp.start or results.get("before_rl", {}), results["after_rl"]
-    start = f"{before['exact_match']:.3f} -> " if "exact_match" in before else ""
-    name = f"distill ({cfg.distill.signal}, {len(teachers)} teacher{'s' * (len(teachers) > 1)})" if distill \
-        else cfg.algo.name
-    line = f"{name}: exact match {start}{after['exact_match']:.3f}; policy in {out_dir / 'policy'}"
-    return StageResult(model_dir=out_dir / "policy", metrics=without_examples(after), summary=line)
 
 
 def _memory_estimate(policy, train_prompts: list[list[int]], cfg: Config, n_params: int, n_train: int, echo,
