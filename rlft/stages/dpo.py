@@ -6,6 +6,8 @@ once and cached; it is then trained in place. Writes to ``out_dir``::
 
     policy/              the trained policy + tokenizer
     dpo_metrics.jsonl    dpo/loss, dpo/rewards/{chosen,rejected,accuracies,margins} per step
+    checkpoints/         step_N/: model, optimizer, schedule, random states, data position (train.save_every;
+                         on a stop signal); train.resume=true continues from the last (rlft.trainers.resumable)
     dpo_eval.json        {"preferences": held-out dpo/* metrics, "task_before": ..., "task_after": ...}
 
 The task metrics are the rule-checked held-out evaluation of ``rlft eval``

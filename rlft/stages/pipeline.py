@@ -19,7 +19,7 @@ stage, one report and one plot set at the run's root. Layout of a pipeline::
     runs/<name>/report.html, plots/       the run on one page, its curves
 
 ``train.resume=true`` skips the stages that finished and continues the one that did not (a stage registered with
-``resumes=True``, RL, from its last checkpoint; the others from their start). Every stage starts from
+``resumes=True``: rl, sft, rm, dpo, rft, from its last checkpoint; the others from their start). Every stage starts from
 ``train.seed``. Under ``accelerate launch`` / ``torchrun`` a stage registered with ``every_process=True`` (RL)
 runs in every process (data-parallel, ``rlft.parallel``); the others run in the main process while the others
 wait for its result.

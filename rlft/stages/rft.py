@@ -7,6 +7,8 @@ Writes to ``out_dir``::
 
     policy/              the fine-tuned model + tokenizer
     rft_metrics.jsonl    one line per round: rft/accept_rate, rft/kept, rft/samples_total, rft/loss, ...
+    checkpoints/         step_N/: model, optimizer, schedule, random states, data position (train.save_every;
+                         on a stop signal); train.resume=true continues from the last (rlft.trainers.resumable)
     rft_eval.json        {"rft": totals, "task_before": ..., "task_after": ...}: rule-checked held-out metrics
 """
 

@@ -8,6 +8,7 @@ A ``reward_model`` reward whose path is ``@rm`` scores with the reward model the
     policy/            the final policy + tokenizer (save_pretrained)
     metrics.jsonl      one JSON object per RL step
     sft_metrics.jsonl  the SFT warm-up's losses (when it runs)
+    warm_up/           the SFT warm-up's checkpoints (rlft.trainers.resumable), until the final policy is written
     eval.json          {"before_rl": {...}, "after_rl": {...}}
     health.json        the health warnings that fired
     samples.jsonl      sampled completions with their rewards (log.samples_every)
@@ -45,8 +46,8 @@ from rlft.runs.start import removed_if_start_fails, seed_everything, stops_on_wr
 from rlft.runs.tracking import MetricsLog
 from rlft.stages.base import StageInput, StageResult, Task, stage
 from rlft.trainers.distill import load_teachers
-from rlft.trainers.policy import attach_roles
-from rlft.trainers.resumable import WARM_UP, resume_point, resumed_policy
+from rlft.trainers.policy import attach_roles, training_policy
+from rlft.trainers.resumable import WARM_UP, resume_point
 from rlft.trainers.rl_loop import progress_bar, run_rl
 from rlft.trainers.rm_refresh import own_reward_model
 from rlft.trainers.sft import train_sft
@@ -94,7 +95,10 @@ def run_rl_stage(inp: StageInput, distill: bool = False) -> StageResult:
             raise ConfigError(f"roles {list(cfg.roles.names)}: several roles train in one process; run without "
                               f"accelerate launch / torchrun ({dist.world} processes)")
         with dist.main_first():  # LoRA on a pipeline's adapters writes their merged base once
-            policy, tokenizer = resumed_policy(cfg, str(inp.model_dir), ckpt or warm_ckpt, out_dir)
+            if warm_ckpt is not None and cfg.roles.multi_agent:  # the warm-up's plain model; the roles come after
+                policy, tokenizer = training_policy(cfg, str(warm_ckpt / "policy"), None, out_dir)
+            else:
+                policy, tokenizer = training_policy(cfg, str(inp.model_dir), ckpt or warm_ckpt, out_dir)
         teachers = load_teachers(cfg, tokenizer) if distill else []
         n_params = sum(p.numel() for p in policy.parameters())
         n_train = sum(p.numel() for p in policy.parameters() if p.requires_grad)

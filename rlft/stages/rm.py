@@ -14,6 +14,8 @@ when there are any). Writes to ``out_dir``::
 
     reward_model/         the reward model + tokenizer (AutoModelForSequenceClassification, one label)
     rm_metrics.jsonl      rm/loss, rm/grad_norm, rm/lr and training-batch accuracy per step
+    checkpoints/         step_N/: model, optimizer, schedule, random states, data position (train.save_every;
+                         on a stop signal); train.resume=true continues from the last (rlft.trainers.resumable)
     rm_eval.json          {"before": {...}, "after": {...}} held-out rm/accuracy, rm/margin, rm/loss, rewards
 """
 

@@ -5,6 +5,8 @@ reference responses. Writes to ``out_dir``::
 
     policy/              the fine-tuned model + tokenizer
     sft_metrics.jsonl    sft/loss, sft/mean_token_accuracy, sft/num_tokens, sft/samples_per_s per step
+    checkpoints/         step_N/: model, optimizer, schedule, random states, data position (train.save_every;
+                         on a stop signal); train.resume=true continues from the last (rlft.trainers.resumable)
     sft_eval.json        {"task_before": ..., "task_after": ...}: rule-checked held-out metrics
 """
 
