@@ -44,7 +44,7 @@ from rlft.insight.report import build_report
 from rlft.models.loading import check_model_path, quiet_transformers
 from rlft.parallel import launch
 from rlft.parallel.dist import Dist
-from rlft.runs import checkpoint
+from rlft.runs import checkpoint, stop
 from rlft.runs.start import (base_model_dir, prepare_run_dir, process_settings, removed_if_start_fails,
                              seed_everything, stops_on_write_failure)
 from rlft.stages.base import STAGES, StageInput, Task, with_labels
@@ -209,6 +209,10 @@ def _run_stages(cfg: Config, steps: list[Planned], run_dir: Path, model_dir: Pat
         entries.append(done)
         if dist.is_main and not flat:
             write_json(run_dir / SUMMARY, {"stages": entries})
+        signum = dist.broadcast(stop.requested())  # asked to stop while a stage without steps to stop after ran
+        if signum is not None and i + 1 < len(steps):
+            raise stop.halted(signum, f"after stage {i} {s.name}", then="train.resume=true continues with stage "
+                              f"{i + 1} {steps[i + 1].name}")
     return entries
 
 
