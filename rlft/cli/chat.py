@@ -102,14 +102,26 @@ class ChatSession:
 
 def chat_loop(session: ChatSession, lines, write: Callable[[str], None] = sys.stdout.write,
               interactive: bool = False) -> int:
-    """Read turns from ``lines`` (an iterable of input lines) until ``/exit`` or its end; returns the turns taken."""
+    """Read turns from ``lines`` (an iterable of input lines) until ``/exit`` or its end; returns the turns taken.
+    Ctrl-C ends the chat (``KeyboardInterrupt`` goes on to ``rlft``, which exits 130 with one line), after ending
+    the line on the screen."""
+    try:
+        return _turns(session, lines, write, interactive)
+    except KeyboardInterrupt:
+        write("\n")
+        raise
+
+
+def _turns(session: ChatSession, lines, write: Callable[[str], None], interactive: bool) -> int:
     turns = 0
     while True:
         if interactive:
             write("you> ")
             sys.stdout.flush()
         line = next(lines, None)
-        if line is None:
+        if line is None:  # end of input (Ctrl-D)
+            if interactive:
+                write("\n")
             return turns
         text = line.rstrip("\n").strip()
         if not text:

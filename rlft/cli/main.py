@@ -268,22 +268,42 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+STOPPABLE = {cmd_train, cmd_stage, cmd_eval, cmd_difficulty}  # SIGINT / SIGTERM: stop after a step (rlft.runs.stop)
+
+
 def main(argv: list[str] | None = None) -> int:
     ns = build_parser().parse_args(argv)
     try:
-        return ns.fn(ns)
+        if ns.fn not in STOPPABLE:
+            return ns.fn(ns)
+        from rlft.runs.stop import handling
+
+        with handling():
+            return ns.fn(ns)
     except (ConfigError, DataError, FileNotFoundError) as e:
         print(f"rlft: error: {e}", file=sys.stderr)
         return 2
     except TrainingHalted as e:
         print(f"rlft: stopped: {e}", file=sys.stderr)
         return e.exit_code
+    except KeyboardInterrupt as e:  # a second Ctrl-C in a run, or Ctrl-C in a command that stops at once
+        from rlft.runs.stop import StoppedNow
+
+        print("rlft: stopped: " + ("Ctrl-C pressed again: stopped at once; what was being written was dropped "
+                                   "whole, train.resume=true continues from the last checkpoint"
+                                   if isinstance(e, StoppedNow) else "interrupted (Ctrl-C)"), file=sys.stderr)
+        return 130
 
 
 def entry() -> None:
     """The ``rlft`` command and ``python -m rlft``: ``main``, then end the process (through ``rlft.parallel.dist.leave`` when
     the command loaded it: it may have closed a process group)."""
     code = main()
+    if code in (130, 143):  # stopped by a signal: one more (a Ctrl-C pressed again) does not kill the exit midway
+        import signal
+
+        for s in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(s, signal.SIG_IGN)
     dist = sys.modules.get("rlft.parallel.dist")
     if dist is not None:
         dist.leave(code)

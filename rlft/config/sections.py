@@ -236,7 +236,7 @@ class TrainConfig:
     """At the RL stage's start, refuse a run whose estimated peak memory (printed as "rlft: memory estimate: ...", rlft.models.memory; docs/speed.md, "The memory model") exceeds 1.5 x the machine's available memory (a CUDA device's total memory; on a CPU the available RAM), naming the knobs to turn. false: print the estimate only."""
     seed: int = 0
     save_every: int = -1
-    """Checkpoint every N RL steps; -1 (the default): every 10% of train.steps (train.steps // 10, so a run of 10 steps or more writes at least one, a shorter one none); 0: no checkpoints, only the final policy. The last step writes the final policy instead. Each checkpoint holds manifest.json, the size and sha256 of each of its files, checked on resume."""
+    """Checkpoint every N steps of the stage that runs (RL steps; SFT, reward-model and DPO steps; RFT rounds; a stop signal writes one too); -1 (the default): every 10% of the stage's steps (train.steps // 10 for RL, so a run of 10 steps or more writes at least one, a shorter one none); 0: no checkpoints, only the final policy. The last step writes the final policy instead. Each checkpoint holds manifest.json, the size and sha256 of each of its files, checked on resume."""
     keep_checkpoints: int = 2
     """How many recent checkpoints to keep (a resume whose newest checkpoint is damaged falls back to the one before)."""
     resume: bool = False
@@ -275,7 +275,12 @@ class TrainConfig:
     @property
     def checkpoint_every(self) -> int:
         """The RL steps between checkpoints: ``save_every``, or for -1 a tenth of ``steps`` (0: none)."""
-        return self.steps // 10 if self.save_every == -1 else self.save_every
+        return self.checkpoint_interval(self.steps)
+
+    def checkpoint_interval(self, total: int) -> int:
+        """The steps between checkpoints of a stage of ``total`` steps: ``save_every``, or for -1 a tenth of
+        ``total`` (0: none)."""
+        return total // 10 if self.save_every == -1 else self.save_every
 
     @property
     def overlapped(self) -> bool:

@@ -29,6 +29,7 @@ from rlft.rewards.math import mentions_answer
 from rlft.rewards.terms import build
 from rlft.rollout.hf import generate, sampling_args
 from rlft.rollout.multiturn import rollout_env, row_params
+from rlft.runs import stop
 
 
 def _responses(model, tokenizer, prompts: list[list[int]], examples: Sequence[Example], n: int, cfg: Config,
@@ -40,6 +41,7 @@ def _responses(model, tokenizer, prompts: list[list[int]], examples: Sequence[Ex
     per_chunk = max(1, cfg.eval.batch_size // n)
     texts: list[str] = []
     for start in range(0, len(prompts), per_chunk):
+        stop.check("the evaluation")  # a stop signal: the evaluation is abandoned (rlft.runs.stop)
         chunk = prompts[start:start + per_chunk]
         if cfg.env.multi_turn:
             batch, _ = rollout_env(model, tokenizer, examples[start:start + per_chunk], chunk, cfg, group_size=n,

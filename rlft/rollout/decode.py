@@ -38,6 +38,7 @@ from rlft.models.forward import cache_kwarg, returned_cache, with_cache
 from rlft.models.lora import core_model
 from rlft.rollout.batch import left_pad
 from rlft.rollout.lean import LeanDecoder, SharedPrefix
+from rlft.runs.stop import check as check_stop
 
 # Compact the batch (drop finished rows from it and from the cache) once this share of its rows has finished:
 # dropping rows copies the whole cache, so doing it for every single finished row would cost more than it saves.
@@ -246,6 +247,7 @@ def sample(model, prompts: list[list[int]], *, group_size: int, max_new_tokens: 
     stop_ids = torch.tensor(stops, dtype=torch.long, device=device)
     warped = top_k > 0 or top_p < 1.0
     for t in range(max_new_tokens):
+        check_stop("a generation")  # a stop signal: the rollout is abandoned (rlft.runs.stop)
         nxt, lp = choose(logits, temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy, warped=warped)
         n_live = record(t, nxt, lp, rows, live, tokens, logps, lengths, ended, stop_ids, pad_id)
         if n_live == 0 or t == max_new_tokens - 1:

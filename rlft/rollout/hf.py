@@ -17,6 +17,7 @@ from rlft.registry import Registry
 from rlft.rollout.batch import Batch, left_pad
 from rlft.rollout.decode import Sampled, sample, supports_fast_sampling
 from rlft.rollout.session import ContinuingSampler
+from rlft.runs.stop import check as check_stop, due
 
 # rollout.sampler -> fn(model, prompts, *, group_size, max_new_tokens, stops, pad_id, temperature, top_p, top_k,
 # greedy) -> Sampled: the rollout backends; a backend with settings of its own (RolloutConfig.sampler_options) also
@@ -115,13 +116,20 @@ def _hf_generate(model, prompts: list[list[int]], *, group_size: int, max_new_to
     gen_cfg = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=not greedy, pad_token_id=pad_id,
                                eos_token_id=stops, use_cache=True, **neutral, **sampling)
     out = model.generate(input_ids=prompt_ids.to(device), attention_mask=prompt_mask.to(device),
-                         generation_config=gen_cfg, return_dict_in_generate=True, output_logits=True)
+                         generation_config=gen_cfg, return_dict_in_generate=True, output_logits=True,
+                         stopping_criteria=[_on_stop_signal])
+    check_stop("a generation")  # cut short by a stop signal: the rollout is abandoned (rlft.runs.stop)
     response_ids = out.sequences[:, prompt_ids.shape[1]:].cpu()  # (B, T)
     is_eos = torch.isin(response_ids, torch.tensor(stops))
     after_eos = (is_eos.long().cumsum(1) - is_eos.long()) > 0  # strictly after the first eos
     logp = chosen_logprobs(out.logits, response_ids, temperature).masked_fill(after_eos, 0.0)  # (B, T)
     return Sampled(prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=response_ids.masked_fill(after_eos, pad_id),
                    response_mask=(~after_eos).long(), truncated=~is_eos.any(1), logprobs=logp)
+
+
+def _on_stop_signal(input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
+    """A stopping criterion of ``model.generate``: every row ends once a stop signal arrived (rlft.runs.stop.due)."""
+    return torch.full((input_ids.shape[0],), due(), dtype=torch.bool, device=input_ids.device)
 
 
 def chosen_logprobs(logits: tuple, ids: torch.Tensor, temperature: float) -> torch.Tensor:

@@ -53,6 +53,7 @@ from rlft.rollout.batch import left_pad, right_pad
 from rlft.rollout.decode import (COMPACT_SHARE, Sampled, choose, record, reserved_cache, sample,
                                  supports_fast_sampling)
 from rlft.rollout.lean import LeanDecoder
+from rlft.runs.stop import check as check_stop
 
 # Contexts compared at once with the remembered rows when matching (bounds the (contexts, rows, tokens) table).
 MATCH_CELLS = 1 << 24
@@ -202,6 +203,7 @@ class ContinuingSampler:
                 parked[r] = kv[:, :, j, :len(c)]  # (layers, 2, n, Hk, D)
 
         for t in range(max_new_tokens):
+            check_stop("a generation")  # a stop signal: the rollout is abandoned (rlft.runs.stop)
             nxt, lp = choose(logits, temperature=temperature, top_k=self.top_k, top_p=self.top_p,
                              greedy=self.greedy, warped=warped)
             n_live = record(t, nxt, lp, rows, live, tokens, logps, lengths, ended, stop_ids, pad_id)

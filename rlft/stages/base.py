@@ -117,6 +117,21 @@ def task_metrics(policy, tokenizer, inp: StageInput) -> dict:
     return evaluate_task(policy, tokenizer, inp.cfg, task.held_out, sets=task.sets)
 
 
+def before_stage(path: Path, key: str, ckpt: Path | None, measure: Callable[[], dict]) -> dict:
+    """The metrics of the stage's starting model: ``measure()``, kept under ``key`` in ``path`` (the stage's
+    evaluation file, rewritten when it ends) so that a stage resumed from its checkpoint ``ckpt`` reads them back
+    rather than measuring its resumed model."""
+    import json
+
+    from rlft.runs.start import write_json
+
+    if ckpt is not None and path.is_file() and key in (saved := json.loads(path.read_text())):
+        return saved[key]
+    metrics = measure()
+    write_json(path, {key: metrics})
+    return metrics
+
+
 @contextmanager
 def step_log(out_dir: Path, filename: str, total: int = 0,
              show: bool = False) -> Iterator[Callable[[int, dict], None]]:

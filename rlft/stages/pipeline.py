@@ -19,7 +19,7 @@ stage, one report and one plot set at the run's root. Layout of a pipeline::
     runs/<name>/report.html, plots/       the run on one page, its curves
 
 ``train.resume=true`` skips the stages that finished and continues the one that did not (a stage registered with
-``resumes=True``, RL, from its last checkpoint; the others from their start). Every stage starts from
+``resumes=True``: rl, sft, rm, dpo, rft, from its last checkpoint; the others from their start). Every stage starts from
 ``train.seed``. Under ``accelerate launch`` / ``torchrun`` a stage registered with ``every_process=True`` (RL)
 runs in every process (data-parallel, ``rlft.parallel``); the others run in the main process while the others
 wait for its result.
@@ -47,7 +47,7 @@ from rlft.models.loading import check_model_path, quiet_transformers
 from rlft.parallel import launch
 from rlft.parallel.dist import Dist
 from rlft.rewards.trial import try_rewards
-from rlft.runs import checkpoint, resume
+from rlft.runs import checkpoint, resume, stop
 from rlft.runs.console import RunLog
 from rlft.runs.start import (base_model_dir, clear_run_dir, prepare_run_dir, process_settings, removed_if_start_fails,
                              seed_everything, stops_on_write_failure)
@@ -55,6 +55,7 @@ from rlft.stages.base import STAGES, StageInput, Task, with_labels
 from rlft.stages.label import judge_of
 from rlft.runs.start import write_json
 from rlft.stages.rl import reward_failures, rl_summary
+from rlft.trainers.resumable import WARM_UP
 from rlft.trainers.sft import sft_examples
 
 SUMMARY = "summary.json"
@@ -175,6 +176,8 @@ def _check_resume(cfg: Config, steps: list[Planned], flat: bool, echo) -> Resumi
     if not STAGES.get(steps[0].kind).resumes:
         return Resuming()
     ckpt = checkpoint.latest(path, warn=echo)
+    if ckpt is None and steps[0].warm_up:  # RL stopped in its SFT warm-up: that stage's checkpoint
+        ckpt = checkpoint.latest(path / WARM_UP, warn=echo)
     if ckpt is None:
         damaged = checkpoint.damaged(path)
         if damaged:
@@ -264,6 +267,10 @@ def _run_stages(cfg: Config, steps: list[Planned], run_dir: Path, model_dir: Pat
         entries.append(done)
         if dist.is_main and not flat:
             write_json(run_dir / SUMMARY, {"stages": entries})
+        signum = dist.broadcast(stop.requested())  # asked to stop while a stage without steps to stop after ran
+        if signum is not None and i + 1 < len(steps):
+            raise stop.halted(signum, f"after stage {i} {s.name}", then="train.resume=true continues with stage "
+                              f"{i + 1} {steps[i + 1].name}")
     return entries
 
 

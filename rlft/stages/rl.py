@@ -8,6 +8,7 @@ A ``reward_model`` reward whose path is ``@rm`` scores with the reward model the
     policy/            the final policy + tokenizer (save_pretrained)
     metrics.jsonl      one JSON object per RL step
     sft_metrics.jsonl  the SFT warm-up's losses (when it runs)
+    warm_up/           the SFT warm-up's checkpoints (rlft.trainers.resumable), until the final policy is written
     eval.json          {"before_rl": {...}, "after_rl": {...}}
     health.json        the health warnings that fired
     samples.jsonl      sampled completions with their rewards (log.samples_every)
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 from pathlib import Path
 
 from rlft.config import Config, ConfigError
@@ -39,13 +41,14 @@ from rlft.rewards.model import PIPELINE_RM
 from rlft.rewards.prm import PIPELINE_PRM
 from rlft.rewards.terms import reward_pool
 from rlft.rollout import lean
-from rlft.runs import checkpoint
+from rlft.runs import checkpoint, stop
 from rlft.runs.checkpoint import save_model
 from rlft.runs.start import removed_if_start_fails, seed_everything, stops_on_write_failure, write_json
 from rlft.runs.tracking import MetricsLog
 from rlft.stages.base import StageInput, StageResult, Task, stage
 from rlft.trainers.distill import load_teachers
 from rlft.trainers.policy import attach_roles, training_policy
+from rlft.trainers.resumable import WARM_UP, resume_point
 from rlft.trainers.rl_loop import progress_bar, run_rl
 from rlft.trainers.rm_refresh import own_reward_model
 from rlft.trainers.sft import train_sft
@@ -78,6 +81,8 @@ def run_rl_stage(inp: StageInput, distill: bool = False) -> StageResult:
     batch (``rlft.stages.distill``)."""
     out_dir, echo, dist = Path(inp.out_dir), inp.echo, current()
     ckpt = checkpoint.latest(out_dir) if inp.resume else None
+    warm_ckpt = resume_point(out_dir / WARM_UP, inp.resume and ckpt is None and inp.warm_up,  # stopped in it
+                             out_dir / "sft_metrics.jsonl")
     cfg = with_reward_model(inp.cfg, inp.scorers.get("rm"), inp.scorers.get("prm"))
     task = inp.problems
     with removed_if_start_fails(out_dir, keep=inp.resume):
@@ -91,7 +96,10 @@ def run_rl_stage(inp: StageInput, distill: bool = False) -> StageResult:
             raise ConfigError(f"roles {list(cfg.roles.names)}: several roles train in one process; run without "
                               f"accelerate launch / torchrun ({dist.world} processes)")
         with dist.main_first():  # LoRA on a pipeline's adapters writes their merged base once
-            policy, tokenizer = training_policy(cfg, str(inp.model_dir), ckpt, out_dir)
+            if warm_ckpt is not None and cfg.roles.multi_agent:  # the warm-up's plain model; the roles come after
+                policy, tokenizer = training_policy(cfg, str(warm_ckpt / "policy"), None, out_dir)
+            else:
+                policy, tokenizer = training_policy(cfg, str(inp.model_dir), ckpt or warm_ckpt, out_dir)
         teachers = load_teachers(cfg, tokenizer) if distill else []
         n_params = sum(p.numel() for p in policy.parameters())
         n_train = sum(p.numel() for p in policy.parameters() if p.requires_grad)
@@ -116,29 +124,56 @@ def run_rl_stage(inp: StageInput, distill: bool = False) -> StageResult:
         if ckpt is None:
             warm = inp.warm_up and cfg.sft.steps > 0
             if warm:  # in the main process; the others then take its weights
-                dist.on_main(lambda: _warm_up(policy, tokenizer, task, cfg, out_dir))
+                dist.on_main(lambda: _warm_up(policy, tokenizer, task, cfg, out_dir, warm_ckpt))
                 dist.sync_params_(policy)
             if cfg.roles.multi_agent:  # the warm-up trained the base; each role's adapter starts from it
                 policy = attach_roles(policy, tokenizer, cfg, out_dir, changed=warm)
             if cfg.eval.before_rl and inp.start is None:
-                results["before_rl"] = _evaluate(policy, tokenizer, held_out, cfg, echo, "before RL")
+                try:
+                    results["before_rl"] = _evaluate(policy, tokenizer, held_out, cfg, echo, "before RL")
+                except stop.Stopping as e:
+                    raise stop.halted(e.signum, "during the evaluation before RL", then=_before_rl(out_dir, warm)) \
+                        from None
                 write_json(out_dir / "eval.json", results)
         run_rl(policy, tokenizer, task.train, train_prompts, cfg, out_dir, ckpt, echo, held_out, teachers)
-        results["after_rl"] = _evaluate(policy, tokenizer, held_out, cfg, echo, "after RL")
+        try:
+            results["after_rl"] = _evaluate(policy, tokenizer, held_out, cfg, echo, "after RL")
+        except stop.Stopping as e:  # RL is done: its policy is kept, the evaluation left to `rlft eval`
+            if dist.active:
+                raise
+            _save_policy(policy, tokenizer, cfg, out_dir)
+            raise stop.halted(e.signum, "during the evaluation after RL", then=f"RL finished and its policy is in "
+                              f"{out_dir / 'policy'}; rlft eval {out_dir / 'policy'} evaluates it") from None
         write_json(out_dir / "eval.json", results)
-    whole, _ = strategy().whole_state(policy)  # every process takes part; the main one writes (None: not sharded)
-    if dist.is_main:
-        with stops_on_write_failure(out_dir):  # policy/ appears whole or not at all
-            checkpoint.write_dir(out_dir / "policy",
-                                 lambda tmp: save_policy(policy, tokenizer, tmp, cfg.lora.save, state_dict=whole)
-                                 if not has_roles(policy) else save_model(policy, tokenizer, tmp))
-    dist.barrier()  # the stage's files are complete when any process returns
+    _save_policy(policy, tokenizer, cfg, out_dir)
     before, after = inp.start or results.get("before_rl", {}), results["after_rl"]
     start = f"{before['exact_match']:.3f} -> " if "exact_match" in before else ""
     name = f"distill ({cfg.distill.signal}, {len(teachers)} teacher{'s' * (len(teachers) > 1)})" if distill \
         else cfg.algo.name
     line = f"{name}: exact match {start}{after['exact_match']:.3f}; policy in {out_dir / 'policy'}"
     return StageResult(model_dir=out_dir / "policy", metrics=without_examples(after), summary=line)
+
+
+def _before_rl(out_dir: Path, warm: bool) -> str:
+    """What a run stopped before its first RL step can continue from."""
+    ckpt = checkpoint.latest(out_dir / WARM_UP) if warm else None
+    if ckpt is None:
+        return "no checkpoint written, RL had not begun; start the run again"
+    return f"RL had not begun; train.resume=true continues from the SFT warm-up's checkpoint {ckpt}"
+
+
+def _save_policy(policy, tokenizer, cfg: Config, out_dir: Path) -> None:
+    """``out_dir/policy``, written whole by the main process (every process takes part in gathering a sharded one);
+    the warm-up's checkpoints are then removed."""
+    whole, _ = strategy().whole_state(policy)  # None: not sharded
+    dist = current()
+    if dist.is_main:
+        with stops_on_write_failure(out_dir):  # policy/ appears whole or not at all
+            checkpoint.write_dir(out_dir / "policy",
+                                 lambda tmp: save_policy(policy, tokenizer, tmp, cfg.lora.save, state_dict=whole)
+                                 if not has_roles(policy) else save_model(policy, tokenizer, tmp))
+            shutil.rmtree(out_dir / WARM_UP, ignore_errors=True)  # the warm-up's checkpoints: RL is done
+    dist.barrier()  # the stage's files are complete when any process returns
 
 
 def _memory_estimate(policy, train_prompts: list[list[int]], cfg: Config, n_params: int, n_train: int, echo,
@@ -175,18 +210,20 @@ def _memory_estimate(policy, train_prompts: list[list[int]], cfg: Config, n_para
         memory.check(est, available, lora=lora)
 
 
-def _warm_up(policy, tokenizer, task: Task, cfg: Config, out_dir: Path) -> None:
-    """The SFT warm-up of a run without stages: ``sft.steps`` on the task's reference responses."""
+def _warm_up(policy, tokenizer, task: Task, cfg: Config, out_dir: Path, ckpt: Path | None = None) -> None:
+    """The SFT warm-up of a run without stages: ``sft.steps`` on the task's reference responses, with its
+    checkpoints in ``out_dir/warm_up`` (``ckpt``: the one to continue from)."""
     log = MetricsLog(out_dir, tensorboard=False, filename="sft_metrics.jsonl")
     bar = progress_bar(cfg.sft.steps, "sft", cfg)
 
     def on_step(step: int, m: dict) -> None:
-        log.log(step, m)
+        log.log(step + 1, m)  # steps counted from 1, as the sft stage's
         bar.update(1)
         bar.set_postfix(loss=f"{m['sft/loss']:.3f}")
 
     try:
-        train_sft(policy, tokenizer, task.train, cfg, on_step, rows=task.sft)
+        train_sft(policy, tokenizer, task.train, cfg, on_step, rows=task.sft, checkpoints=out_dir / WARM_UP,
+                  resume=ckpt)
     finally:
         bar.close()
         log.close()

@@ -14,6 +14,8 @@ when there are any). Writes to ``out_dir``::
 
     reward_model/         the reward model + tokenizer (AutoModelForSequenceClassification, one label)
     rm_metrics.jsonl      rm/loss, rm/grad_norm, rm/lr and training-batch accuracy per step
+    checkpoints/         step_N/: model, optimizer, schedule, random states, data position (train.save_every;
+                         on a stop signal); train.resume=true continues from the last (rlft.trainers.resumable)
     rm_eval.json          {"before": {...}, "after": {...}} held-out rm/accuracy, rm/margin, rm/loss, rewards
 """
 
@@ -25,10 +27,11 @@ from rlft.config import Config, ConfigError
 from rlft.data.preferences import Ranking
 from rlft.models.loading import DTYPES, resolve_device
 from rlft.models.reward_head import build_reward_model
-from rlft.stages.base import StageInput, StageResult, Task, stage, step_log, with_labels
+from rlft.stages.base import StageInput, StageResult, Task, before_stage, stage, step_log, with_labels
 from rlft.runs.start import write_json
 from rlft.runs.checkpoint import save_model, save_whole
 from rlft.trainers.policy_pairs import policy_preferences
+from rlft.trainers.resumable import Checkpoints, resume_point
 from rlft.trainers.rm import encode_ranking, evaluate_rm, train_rm
 
 
@@ -58,7 +61,7 @@ def rm_rankings(cfg: Config, model_dir: str, task: Task) -> tuple[list[Ranking],
     return train + p_train, by_kind, stats
 
 
-@stage("rm", scorer=True)
+@stage("rm", scorer=True, resumes=True)
 def rm_stage(inp: StageInput) -> StageResult:
     """Train a reward model on the backbone at ``model_dir``; the result's model is the reward model.
 
@@ -67,7 +70,8 @@ def rm_stage(inp: StageInput) -> StageResult:
     cfg, out_dir, echo, model_dir = with_labels(inp.cfg, inp.scorers.get("label"), "rm"), Path(inp.out_dir), \
         inp.echo, str(inp.model_dir)
     r = cfg.rm
-    model, tok = build_reward_model(model_dir, pooling=r.pooling, dtype=DTYPES[cfg.model.dtype],
+    ckpt = resume_point(out_dir, inp.resume, out_dir / "rm_metrics.jsonl")
+    model, tok = build_reward_model(model_dir if ckpt is None else str(ckpt / "policy"), pooling=r.pooling, dtype=DTYPES[cfg.model.dtype],
                                     device=resolve_device(cfg.model.device),
                                     trust_remote_code=cfg.model.trust_remote_code)
     train, by_kind, stats = rm_rankings(cfg, model_dir, inp.problems)
@@ -88,9 +92,11 @@ def rm_stage(inp: StageInput) -> StageResult:
                 out[f"rm/{kind}/pairs"] = float(len(enc))
         return out
 
-    before = evaluate()
+    before = before_stage(out_dir / "rm_eval.json", "before", ckpt, evaluate)  # the starting model's
+    ckpts = Checkpoints(out_dir, cfg, "reward-model step", r.steps, model=model, tokenizer=tok)
     with step_log(out_dir, "rm_metrics.jsonl", cfg.rm.steps, cfg.log.progress) as on_step:
-        train_rm(model, tok.pad_token_id, enc_train, r, cfg.optim, cfg.train.seed, on_step=on_step)
+        train_rm(model, tok.pad_token_id, enc_train, r, cfg.optim, cfg.train.seed, on_step=on_step,
+                 checkpoints=ckpts, resume=ckpt)
     after = {**evaluate(), **stats}
     save_to = save_whole(Path(out_dir) / "reward_model", lambda tmp: save_model(model, tok, tmp))
     write_json(Path(out_dir) / "rm_eval.json", {"before": before, "after": after, "pairs": n_pairs})

@@ -18,6 +18,7 @@ lowering the chosen likelihood along with the rejected one.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import torch
 from torch import Tensor
@@ -31,6 +32,7 @@ from rlft.data.schema import Example
 from rlft.data.templates import encode_prompts, encode_response
 from rlft.models.forward import response_logprobs
 from rlft.rollout.batch import left_pad, right_pad
+from rlft.trainers.resumable import Checkpoints
 
 Pair = tuple[list[int], list[int], list[int]]  # prompt ids, chosen ids, rejected ids
 LOSSES = {"sigmoid": dpo_loss, "ipo": ipo_loss}
@@ -112,15 +114,25 @@ def evaluate_dpo(model, pairs: Sequence[Pair], ref: Tensor, pad_id: int, dpo: DP
 
 def train_dpo(model, pairs: Sequence[Pair], ref: Tensor, pad_id: int, dpo: DPOConfig,
               optim: OptimConfig = OptimConfig(), seed: int = 0,
-              on_step: Callable[[int, dict], None] = lambda step, m: None) -> None:
-    """``dpo.steps`` AdamW steps on random batches of ``pairs`` against the cached reference ``ref`` (N, 2)."""
+              on_step: Callable[[int, dict], None] = lambda step, m: None, *,
+              checkpoints: Checkpoints | None = None, resume: Path | None = None) -> None:
+    """``dpo.steps`` AdamW steps on random batches of ``pairs`` against the cached reference ``ref`` (N, 2).
+    ``checkpoints`` (``rlft.trainers.resumable``, its optimizer and schedule set here): every ``train.save_every``
+    steps and on a stop signal; ``resume``: one of them, whose weights ``model`` already has, to continue from."""
     from rlft.trainers.optim import make_optimizer, make_scheduler
 
     opt = make_optimizer(model.parameters(), lr=dpo.lr, weight_decay=optim.weight_decay)
     sched = make_scheduler(opt, warmup=min(10, dpo.steps // 10), total=dpo.steps, schedule="cosine")
     gen = torch.Generator().manual_seed(seed)
+    start = 0
+    if checkpoints is not None:
+        checkpoints.optimizer, checkpoints.scheduler = opt, sched
+        if resume is not None:
+            saved = checkpoints.restore(resume)
+            gen.set_state(saved["generator"])
+            start = saved["step"]
     model.train()
-    for step in range(dpo.steps):
+    for step in range(start, dpo.steps):
         idx = torch.randint(len(pairs), (min(dpo.batch_size, len(pairs)),), generator=gen)
         batch = [pairs[i] for i in idx.tolist()]
         chosen, rejected = pair_logps(model, batch, pad_id)  # (B,) each
@@ -133,3 +145,5 @@ def train_dpo(model, pairs: Sequence[Pair], ref: Tensor, pad_id: int, dpo: DPOCo
         m = dpo_metrics(chosen.detach(), rejected.detach(), ref[idx], dpo.beta)
         on_step(step, {"dpo/loss": loss.item(), "dpo/grad_norm": grad_norm.item(), "dpo/lr": sched.get_last_lr()[0],
                        **{k: v.item() for k, v in m.items()}})
+        if checkpoints is not None:
+            checkpoints.after(step + 1, {"generator": gen.get_state()})

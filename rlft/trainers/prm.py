@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from rlft.data.schema import Example
 from rlft.models.prm_head import encode_steps, line_steps, step_logits
+from rlft.runs import stop
 
 _LAST_INT = re.compile(r"-?\d+(?=\D*$)")
 
@@ -99,6 +100,7 @@ def train_prm(model, pad_id: int, train: Sequence[StepExample], steps: int, batc
     gen = torch.Generator().manual_seed(seed)
     model.train()
     for step in range(steps):
+        stop.check(f"PRM training, before step {step + 1} (the prm stage writes no checkpoint)")
         idx = torch.randint(len(train), (min(batch_size, len(train)),), generator=gen).tolist()
         loss, m = prm_loss(model, [train[i] for i in idx], pad_id)
         loss.backward()

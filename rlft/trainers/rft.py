@@ -38,6 +38,7 @@ import dataclasses
 import math
 import time
 from collections import Counter
+from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
 import torch
@@ -47,8 +48,10 @@ from rlft.data.schema import Example
 from rlft.data.templates import encode_prompts
 from rlft.registry import Registry
 from rlft.rollout.hf import generate, sampling_args
+from rlft.runs import checkpoint, stop
 from rlft.trainers.optim import make_optimizer, make_scheduler
 from rlft.trainers.state import PromptSampler
+from rlft.trainers.resumable import Checkpoints
 from rlft.trainers.rl import score
 from rlft.trainers.sft import Item, sft_item, sft_updates
 
@@ -93,30 +96,38 @@ def is_accepted(reward: float | None, min_reward: float) -> bool:
 
 
 Draw = Callable[[], tuple[list[Item], Counter]]  # one round: the kept items and the round's counts
-MODES: Registry[Callable[[Draw, int, str], Iterator[tuple[list[Item], Counter]]]] = Registry("rft.mode")
+MODES: Registry[Callable[..., Iterator[tuple[list[Item], Counter]]]] = Registry("rft.mode")  # (draw, rounds, pool,
+# start, kept): the rounds' pools and counts, from round ``start`` with ``kept`` the pool of the last one
 
 
 @MODES.register("online")
-def online(draw: Draw, rounds: int, pool: str) -> Iterator[tuple[list[Item], Counter]]:
+def online(draw: Draw, rounds: int, pool: str, start: int = 0,
+           kept: Sequence[Item] = ()) -> Iterator[tuple[list[Item], Counter]]:
     """Each round samples from the policy as the previous rounds left it, and trains on what it kept
-    (``pool=round``) or on everything kept so far (``pool=growing``)."""
-    kept: list[Item] = []
-    for _ in range(rounds):
+    (``pool=round``) or on everything kept so far (``pool=growing``). ``start``, ``kept``: a resumed run's rounds
+    done and the pool of the last one."""
+    kept = list(kept)
+    for _ in range(start, rounds):
         items, counts = draw()
         kept = kept + items if pool == "growing" else items
         yield kept, counts
 
 
 @MODES.register("offline")
-def offline(draw: Draw, rounds: int, pool: str) -> Iterator[tuple[list[Item], Counter]]:
+def offline(draw: Draw, rounds: int, pool: str, start: int = 0,
+            kept: Sequence[Item] = ()) -> Iterator[tuple[list[Item], Counter]]:
     """Every round is drawn before the first update (from the starting model); each round trains on the whole
-    pool (``pool`` changes nothing: everything is drawn already)."""
-    drawn = [draw() for _ in range(rounds)]
-    everything = [item for items, _ in drawn for item in items]
-    counts = Counter()
-    for _, c in drawn:
-        counts.update(c)  # update adds every value (Counter's + would drop a total reward <= 0)
-    for r in range(rounds):
+    pool (``pool`` changes nothing: everything is drawn already). Resumed after ``start`` rounds, ``kept`` is that
+    pool."""
+    if start:
+        everything, counts = list(kept), Counter()
+    else:
+        drawn = [draw() for _ in range(rounds)]
+        everything = [item for items, _ in drawn for item in items]
+        counts = Counter()
+        for _, c in drawn:
+            counts.update(c)  # update adds every value (Counter's + would drop a total reward <= 0)
+    for r in range(start, rounds):
         yield everything, counts if r == 0 else Counter()
 
 
@@ -176,9 +187,14 @@ def round_metrics(counts: Counter) -> dict[str, float]:
 
 
 def train_rft(policy, tokenizer, examples: Sequence[Example], cfg: Config,
-              on_round: Callable[[int, dict], None] = lambda r, m: None) -> dict[str, float]:
+              on_round: Callable[[int, dict], None] = lambda r, m: None, *, checkpoints: Path | None = None,
+              resume: Path | None = None) -> dict[str, float]:
     """Run ``rft.rounds`` rounds of ``rft.mode`` on the training ``examples``; returns the totals
-    (``rft/samples_total``, ``rft/accept_rate``, ``rft/kept_total``, ``rft/steps_total``)."""
+    (``rft/samples_total``, ``rft/accept_rate``, ``rft/kept_total``, ``rft/steps_total``).
+
+    ``checkpoints``: the directory whose ``checkpoints/`` receive a checkpoint after every ``train.save_every``
+    rounds and on a stop signal (``rlft.trainers.resumable``; one arriving while a round samples abandons the
+    round, whose prompts the resumed run draws again); ``resume``: one of them, whose weights ``policy`` has."""
     r = cfg.rft
     prompts = encode_prompts(examples, cfg.data.template, tokenizer, cfg.data.max_prompt_tokens, "train data")
     sampler = PromptSampler(len(examples), cfg.train.seed)
@@ -188,6 +204,15 @@ def train_rft(policy, tokenizer, examples: Sequence[Example], cfg: Config,
     sched = make_scheduler(opt, warmup=r.warmup_steps, total=r.rounds * r.steps_per_round, schedule="constant")
     gen = torch.Generator().manual_seed(cfg.train.seed)
     totals = Counter()
+    ckpts = Checkpoints(checkpoints, cfg, "RFT round", r.rounds, model=policy, tokenizer=tokenizer, optimizer=opt,
+                        scheduler=sched)
+    start, pool = 0, []
+    if resume is not None:
+        saved = ckpts.restore(resume)
+        gen.set_state(saved["generator"])
+        sampler.load_state_dict(saved["sampler"])
+        totals.update(saved["totals"])
+        start, pool = saved["step"], saved["pool"]
 
     def draw() -> tuple[list[Item], Counter]:
         t0 = time.perf_counter()
@@ -197,27 +222,49 @@ def train_rft(policy, tokenizer, examples: Sequence[Example], cfg: Config,
         totals.update(counts)
         return items, counts
 
+    def position(items: list[Item]) -> dict:  # what a checkpoint after a round holds besides the model
+        return {"generator": gen.get_state(), "sampler": sampler.state_dict(), "totals": dict(totals),
+                "pool": items}
+
     schedule = round_steps(r.step_schedule, r.rounds, r.steps_per_round)
-    for i, (items, counts) in enumerate(MODES.get(r.mode)(draw, r.rounds, r.pool)):
-        t0 = time.perf_counter()
-        steps = schedule[i] if items else 0  # nothing accepted yet: no update this round
-        policy.train()
-        losses = []
-        sft_updates(policy, items, opt, sched, steps=steps, batch_size=r.batch_size, pad_id=tokenizer.pad_token_id,
-                    grad_clip=o.grad_clip, gen=gen, on_step=lambda s, m: losses.append(m),
-                    chunk=cfg.train.logprob_chunk)
-        metrics = {**round_metrics(counts), "rft/samples_total": float(totals["sampled"]), "rft/steps": float(steps),
-                   "rft/pool": float(len(items)), "timing_s/train": time.perf_counter() - t0}
-        if counts["sampled"]:
-            metrics["timing_s/sample"] = counts["sample_s"]
-        if losses:
-            for key in ("loss", "mean_token_accuracy"):
-                metrics[f"rft/{key}"] = sum(m[f"sft/{key}"] for m in losses) / len(losses)
-        totals["steps"] += steps
-        on_round(i, metrics)
+    rounds = MODES.get(r.mode)(draw, r.rounds, r.pool, start, pool)
+    for i in range(start, r.rounds):
+        mark = sampler.state_dict(), checkpoint.rng_state(), Counter(totals)
+        try:
+            items, counts = next(rounds)
+        except stop.Stopping as e:  # while sampling: back to the end of the last round, its checkpoint
+            sampler.load_state_dict(mark[0])
+            checkpoint.set_rng_state(mark[1])
+            totals = mark[2]
+            raise ckpts.stopped(e.signum, i, position(pool), f"during RFT round {i + 1} of {r.rounds}") from None
+        on_round(i, train_round(policy, tokenizer, items, counts, schedule[i] if items else 0, opt, sched, gen, cfg,
+                                totals))  # nothing accepted yet: no update this round
+        pool = items
+        ckpts.after(i + 1, position(pool))
     return {"rft/samples_total": float(totals["sampled"]),
             "rft/accept_rate": totals["accepted"] / max(totals["sampled"], 1),
             "rft/kept_total": float(totals["kept"]), "rft/steps_total": float(totals["steps"])}
+
+
+def train_round(policy, tokenizer, items: list[Item], counts: Counter, steps: int, opt, sched, gen: torch.Generator,
+                cfg: Config, totals: Counter) -> dict[str, float]:
+    """``steps`` fine-tuning steps on a round's pool ``items``; returns the round's metrics (``counts``: its
+    sampling counts)."""
+    t0 = time.perf_counter()
+    policy.train()
+    losses = []
+    sft_updates(policy, items, opt, sched, steps=steps, batch_size=cfg.rft.batch_size, pad_id=tokenizer.pad_token_id,
+                grad_clip=cfg.optim.grad_clip, gen=gen, on_step=lambda s, m: losses.append(m),
+                chunk=cfg.train.logprob_chunk)
+    metrics = {**round_metrics(counts), "rft/samples_total": float(totals["sampled"]), "rft/steps": float(steps),
+               "rft/pool": float(len(items)), "timing_s/train": time.perf_counter() - t0}
+    if counts["sampled"]:
+        metrics["timing_s/sample"] = counts["sample_s"]
+    if losses:
+        for key in ("loss", "mean_token_accuracy"):
+            metrics[f"rft/{key}"] = sum(m[f"sft/{key}"] for m in losses) / len(losses)
+    totals["steps"] += steps
+    return metrics
 
 
 def forced_mode(cfg: Config, mode: str) -> Config:

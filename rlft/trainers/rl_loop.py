@@ -3,8 +3,8 @@ warnings, checkpoints, and a clean stop on SIGINT/SIGTERM or on too many skipped
 
 from __future__ import annotations
 
-import signal
-import threading
+import contextlib
+import copy
 import time
 from pathlib import Path
 
@@ -13,7 +13,7 @@ from rlft.errors import TrainingHalted
 from rlft.insight.eval import HeldOut, evaluate_sets, val_metrics
 from rlft.parallel.dist import current
 from rlft.parallel.launch import strategy
-from rlft.runs import checkpoint
+from rlft.runs import checkpoint, stop
 from rlft.runs.start import append_jsonl, seed_everything, write_json
 from rlft.runs.tracking import MetricsLog
 from rlft.rollout.partial import PartialRollouts
@@ -50,14 +50,20 @@ def run_rl(policy, tokenizer, train_ex, train_prompts, cfg: Config, run_dir: Pat
     policy.train()
     try:
         budget = cfg.train.time_budget_s
-        with StopSignals() as stop:
+        with stop.handling():  # installed once by the command; this covers a call from Python
             while state.step < cfg.train.steps:
                 if dist.broadcast(bool(budget) and time.perf_counter() - t0 > budget):  # the main process's clock
                     echo(f"rlft: time budget of {budget:g} s spent after {state.step} RL steps")
                     break
-                metrics = rl_step(state, cfg)
+                before = _data_position(state)
+                try:
+                    metrics = rl_step(state, cfg)
+                except stop.Stopping as e:  # during the rollout: the step is abandoned before its update ran
+                    _rewind(state, before)  # the checkpoint's next step draws what this one drew
+                    raise _stopped(state, cfg, run_dir, e.signum, f"during RL step {state.step + 1}") from None
                 if cfg.eval.every and state.step % cfg.eval.every == 0:
-                    metrics.update(validation(policy, tokenizer, held_out, cfg))
+                    with contextlib.suppress(stop.Stopping):  # stopped during validation: logged without it
+                        metrics.update(validation(policy, tokenizer, held_out, cfg))
                 if dist.is_main and cfg.log.samples_every and state.step % cfg.log.samples_every == 0:
                     append_jsonl(run_dir / "samples.jsonl", sample_records(state, state.step, cfg.log.samples_groups))
                 values, warnings = state.health.update(state.step, metrics, state.reward_errors)
@@ -73,14 +79,10 @@ def run_rl(policy, tokenizer, train_ex, train_prompts, cfg: Config, run_dir: Pat
                 saved = cfg.train.checkpoint_every and state.step % cfg.train.checkpoint_every == 0
                 if saved and state.step < cfg.train.steps:
                     save_checkpoint(state, cfg, run_dir)
-                signum = dist.broadcast(stop.signum)  # the main process's: every process stops after the same step
+                signum = dist.broadcast(stop.requested())  # the main process's: every process stops after one step
                 if signum is not None:
-                    if not saved or state.step == cfg.train.steps:
-                        save_checkpoint(state, cfg, run_dir)
-                    name = signal.Signals(signum).name
-                    raise TrainingHalted(f"{name} after RL step {state.step}: checkpoint "
-                                         f"{run_dir / 'checkpoints' / f'step_{state.step:06d}'} written; "
-                                         "train.resume=true continues from it", exit_code=128 + signum)
+                    raise _stopped(state, cfg, run_dir, signum, f"after RL step {state.step}",
+                                   saved=saved and state.step < cfg.train.steps)
     finally:
         if state.rollouts is not None:  # a rollout still in flight (a time budget, an error): waited for, dropped
             state.rollouts.close()
@@ -103,6 +105,7 @@ def pretrain_critic(state: RLState, cfg: Config, run_dir: Path) -> None:
     bar = progress_bar(cfg.critic.pretrain_steps, "critic", cfg)
     try:
         for step in range(1, cfg.critic.pretrain_steps + 1):
+            stop.check("the critic's pre-training (no checkpoint before RL starts)")
             m = rl_step(state, cfg, train_policy=False)
             if log is not None:
                 log.log(step, {k: v for k, v in m.items() if k.startswith(("critic/", "reward/mean", "timing_s/"))})
@@ -114,29 +117,23 @@ def pretrain_critic(state: RLState, cfg: Config, run_dir: Path) -> None:
             log.close()
 
 
-class StopSignals:
-    """While active, SIGINT and SIGTERM ask the RL loop to stop after the current step (``signum``), which then
-    writes a checkpoint and exits; a second SIGINT interrupts at once. Outside the main thread it does nothing."""
+def _data_position(state: RLState) -> tuple[dict, dict]:
+    """The prompt sampler's state and the random states before a step: what its rollout moves on."""
+    return copy.deepcopy(state.sampler.state_dict()), checkpoint.rng_state()
 
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
-    def __init__(self):
-        self.signum: int | None = None
-        self._previous: dict = {}
+def _rewind(state: RLState, position: tuple[dict, dict]) -> None:
+    """Back to ``_data_position``'s point, for a step abandoned in its rollout (its prompts are drawn again)."""
+    state.sampler.load_state_dict(position[0])
+    checkpoint.set_rng_state(position[1])
 
-    def _handle(self, signum, frame) -> None:
-        if self.signum is not None and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        self.signum = signum
 
-    def __enter__(self) -> "StopSignals":
-        if threading.current_thread() is threading.main_thread():
-            self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for s, handler in self._previous.items():
-            signal.signal(s, handler)
+def _stopped(state: RLState, cfg: Config, run_dir: Path, signum: int, where: str, saved: bool = False):
+    """The error that ends the RL loop on a stop signal, after the checkpoint of its last finished step (written
+    now unless ``saved``)."""
+    if not saved:
+        save_checkpoint(state, cfg, run_dir)
+    return stop.halted(signum, where, run_dir / "checkpoints" / f"step_{state.step:06d}")
 
 
 def validation(policy, tokenizer, held_out: list[HeldOut], cfg: Config) -> dict[str, float]:
@@ -156,7 +153,8 @@ def halt_on_skips(state: RLState, cfg: Config, run_dir: Path) -> None:
         return
     ckpt = checkpoint.latest(run_dir)
     where = (f"the last checkpoint is {ckpt} (train.resume=true continues from it)" if ckpt is not None else
-             "there is no checkpoint (train.save_every=0)")
+             f"there is no checkpoint yet (train.save_every={cfg.train.save_every}: "
+             + (f"every {cfg.train.checkpoint_every} steps)" if cfg.train.checkpoint_every else "none)"))
     first = state.step - state.consecutive_skips + 1
     raise TrainingHalted(
         f"RL steps {first}-{state.step}: every update met a non-finite loss or gradient and was skipped "

@@ -22,6 +22,8 @@ the saved checkpoint loads anywhere Hugging Face models load, and in rlft's
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from pathlib import Path
+
 import torch
 from torch import Tensor
 
@@ -31,6 +33,7 @@ from rlft.core.preference import bradley_terry_loss, ranking_pairs, reward_cente
 from rlft.data.preferences import Ranking
 from rlft.models.reward_head import pad_batch, pooled_scores
 from rlft.rewards.model import encode
+from rlft.trainers.resumable import Checkpoints
 
 
 def encode_ranking(ranking: Ranking, tokenizer, max_tokens: int) -> list[list[int]]:
@@ -76,15 +79,22 @@ def evaluate_rm(model, encoded: Sequence[list[list[int]]], pad_id: int, batch_si
 
 
 def train_rm(model, pad_id: int, train: Sequence[list[list[int]]], rm: RMConfig, optim: OptimConfig = OptimConfig(),
-             seed: int = 0, on_step: Callable[[int, dict], None] = lambda step, m: None) -> None:
-    """``rm.steps`` AdamW steps on random batches of encoded rankings (each a list of K sequences)."""
-    from rlft.trainers.optim import make_optimizer, make_scheduler
-
-    opt = make_optimizer(model.parameters(), lr=rm.lr, weight_decay=optim.weight_decay)
-    sched = make_scheduler(opt, warmup=min(10, rm.steps // 10), total=rm.steps, schedule="cosine")
+             seed: int = 0, on_step: Callable[[int, dict], None] = lambda step, m: None, *,
+             checkpoints: Checkpoints | None = None, resume: Path | None = None) -> None:
+    """``rm.steps`` AdamW steps on random batches of encoded rankings (each a list of K sequences).
+    ``checkpoints``: made by :func:`rm_checkpoints` (every ``train.save_every`` steps and on a stop signal);
+    ``resume``: one of them, whose weights ``model`` already has, to continue from."""
+    opt, sched = rm_optimizer(model, rm, optim)
     gen = torch.Generator().manual_seed(seed)
+    start = 0
+    if checkpoints is not None:
+        checkpoints.optimizer, checkpoints.scheduler = opt, sched
+        if resume is not None:
+            saved = checkpoints.restore(resume)
+            gen.set_state(saved["generator"])
+            start = saved["step"]
     model.train()
-    for step in range(rm.steps):
+    for step in range(start, rm.steps):
         idx = torch.randint(len(train), (min(rm.batch_size, len(train)),), generator=gen).tolist()
         chunk = [train[i] for i in idx]
         scores = rm_scores(model, [s for r in chunk for s in r], pad_id)  # (N,)
@@ -96,3 +106,13 @@ def train_rm(model, pad_id: int, train: Sequence[list[list[int]]], rm: RMConfig,
         opt.zero_grad(set_to_none=True)
         on_step(step, {"rm/loss": loss.item(), "rm/grad_norm": grad_norm.item(), "rm/lr": sched.get_last_lr()[0],
                        **{f"{k}_train": v.item() for k, v in m.items()}})
+        if checkpoints is not None:
+            checkpoints.after(step + 1, {"generator": gen.get_state()})
+
+
+def rm_optimizer(model, rm: RMConfig, optim: OptimConfig):
+    """AdamW on the model and its schedule: ``rm.steps``, warm-up over the first tenth (at most 10 steps)."""
+    from rlft.trainers.optim import make_optimizer, make_scheduler
+
+    opt = make_optimizer(model.parameters(), lr=rm.lr, weight_decay=optim.weight_decay)
+    return opt, make_scheduler(opt, warmup=min(10, rm.steps // 10), total=rm.steps, schedule="cosine")

@@ -15,6 +15,7 @@ come from the final hidden states and the output projection without the full log
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
@@ -33,6 +34,7 @@ from rlft.rollout.batch import left_pad, right_pad
 from rlft.rollout.multiturn import opened
 from rlft.trainers.optim import make_optimizer, make_scheduler
 from rlft.trainers.policy_pairs import sample_outcomes
+from rlft.trainers.resumable import Checkpoints
 
 Item = tuple[list[int], list[int], list[int]]  # prompt ids, target ids, loss weight (0/1) per target id
 
@@ -143,32 +145,47 @@ def token_budget_batches(items: Sequence[Item], max_tokens: int) -> list[list[in
 
 def train_sft(model, tokenizer, examples: Sequence[Example], cfg: Config,
               on_step: Callable[[int, dict], None] = lambda step, m: None,
-              rows: Sequence[Example] | None = None) -> None:
+              rows: Sequence[Example] | None = None, *, checkpoints: Path | None = None,
+              resume: Path | None = None) -> None:
     """Run ``cfg.sft.steps`` optimizer steps of SFT on random mini-batches (``examples``: the RL rows; see
-    :func:`sft_examples` for ``sft.source``; ``rows``: what it returned, when read already)."""
+    :func:`sft_examples` for ``sft.source``; ``rows``: what it returned, when read already).
+
+    ``checkpoints``: the directory whose ``checkpoints/`` receive its checkpoints (``rlft.trainers.resumable``:
+    every ``train.save_every`` steps and on a stop signal, which then ends the run); ``resume``: a checkpoint
+    written there, whose model ``model`` already is, to continue from."""
     items = sft_pairs(sft_examples(cfg, examples) if rows is None else rows, tokenizer, cfg)
     s = cfg.sft
     opt = make_optimizer(model.parameters(), lr=s.lr, weight_decay=cfg.optim.weight_decay,
                          betas=(cfg.optim.beta1, cfg.optim.beta2), eps=cfg.optim.eps)
     sched = make_scheduler(opt, warmup=s.warmup_steps, total=s.steps, schedule="cosine")
     gen = torch.Generator().manual_seed(cfg.train.seed)
+    ckpts = Checkpoints(checkpoints, cfg, "SFT step", s.steps, model=model, tokenizer=tokenizer, optimizer=opt,
+                        scheduler=sched)
+    start, seen = 0, 0.0
+    if resume is not None:
+        saved = ckpts.restore(resume)
+        gen.set_state(saved["generator"])  # the batches the uninterrupted run draws next
+        start, seen = saved["step"], saved["num_tokens"]
     model.train()
     sft_updates(model, items, opt, sched, steps=s.steps, batch_size=s.batch_size, pad_id=tokenizer.pad_token_id,
                 grad_clip=cfg.optim.grad_clip, gen=gen, on_step=on_step, max_tokens=s.max_tokens,
-                chunk=cfg.train.logprob_chunk)
+                chunk=cfg.train.logprob_chunk, start=start, seen=seen,
+                between=lambda step, n: ckpts.after(step, {"generator": gen.get_state(), "num_tokens": n}))
 
 
 def sft_updates(model, items: Sequence[Item], opt, sched, *, steps: int, batch_size: int, pad_id: int,
                 grad_clip: float, gen: torch.Generator, on_step: Callable[[int, dict], None],
-                max_tokens: int = 0, chunk: int = LOGPROB_CHUNK) -> float:
-    """``steps`` optimizer steps on mini-batches of ``items`` drawn with replacement by ``gen``; returns the
-    loss tokens trained on. Shared by SFT and rejection-sampling fine-tuning (``rlft.trainers.rft``).
+                max_tokens: int = 0, chunk: int = LOGPROB_CHUNK, start: int = 0, seen: float = 0.0,
+                between: Callable[[int, float], None] = lambda step, seen: None) -> float:
+    """Optimizer steps ``start`` to ``steps`` on mini-batches of ``items`` drawn with replacement by ``gen``;
+    returns the loss tokens trained on (``seen`` before ``start``). Shared by SFT and rejection-sampling
+    fine-tuning (``rlft.trainers.rft``). ``between(steps done, loss tokens so far)`` runs after each step (its
+    checkpoints and stop signals: ``rlft.trainers.resumable``).
 
     With ``max_tokens`` each mini-batch runs as micro-batches of similar length under that token budget
     (:func:`token_budget_batches`), gradients accumulated so the loss is the whole mini-batch's token mean.
     ``chunk``: tokens per block of the log-prob head (``train.logprob_chunk``; 0: the full logits)."""
-    seen = 0.0
-    for step in range(steps):
+    for step in range(start, steps):
         t0 = time.perf_counter()
         idx = torch.randint(len(items), (min(batch_size, len(items)),), generator=gen).tolist()
         batch = [items[i] for i in idx]
@@ -188,4 +205,5 @@ def sft_updates(model, items: Sequence[Item], opt, sched, *, steps: int, batch_s
                        "sft/num_tokens": seen, "sft/samples_per_s": len(idx) / (time.perf_counter() - t0),
                        "sft/padding_frac": 1.0 - real / positions,
                        "sft/grad_norm": grad_norm.item(), "sft/lr": sched.get_last_lr()[0]})
+        between(step + 1, seen)
     return seen
