@@ -221,3 +221,35 @@ def test_what_may_change_on_resume():
     for key in ("algo.group_size", "model.path", "data.source", "train.seed", "reward.fns", "train.stepsx"):
         assert not resume.may_change(key), key
     assert "shapes of its batches" in resume.why_not("algo.group_size")
+
+
+def test_a_stage_resumed_with_another_length_takes_its_next_step_at_the_new_schedule_s_rate():
+    """sft.steps 10 -> 20 on resume after 4 steps (warm-up 2, cosine): the restored optimizer's lr is the new
+    schedule's at step 4, 1e-3 * 0.5 * (1 + cos(pi * 2/18)) = 9.698e-4 by hand, not the old one's
+    1e-3 * 0.5 * (1 + cos(pi * 2/8)) = 8.536e-4; with the length unchanged it is the old rate, unchanged."""
+    import math
+
+    import torch
+
+    from rlft.trainers.optim import make_scheduler
+    from rlft.trainers.resumable import follow_schedule
+
+    def stepped(total: int):
+        p = torch.nn.Parameter(torch.zeros(1))
+        opt = torch.optim.SGD([p], lr=1e-3)
+        return opt, make_scheduler(opt, warmup=2, total=total, schedule="cosine")
+
+    opt, sched = stepped(10)
+    for _ in range(4):
+        opt.step()
+        sched.step()
+    saved_opt, saved_sched = opt.state_dict(), sched.state_dict()
+    assert opt.param_groups[0]["lr"] == pytest.approx(1e-3 * 0.5 * (1 + math.cos(math.pi * 2 / 8)), rel=1e-12)
+    for total, want in ((20, 1e-3 * 0.5 * (1 + math.cos(math.pi * 2 / 18))),
+                        (10, 1e-3 * 0.5 * (1 + math.cos(math.pi * 2 / 8)))):
+        opt, sched = stepped(total)
+        opt.load_state_dict(saved_opt)
+        sched.load_state_dict(saved_sched)
+        follow_schedule(opt, sched)
+        assert opt.param_groups[0]["lr"] == pytest.approx(want, rel=1e-12)
+        assert sched.get_last_lr() == [opt.param_groups[0]["lr"]]

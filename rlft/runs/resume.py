@@ -28,9 +28,12 @@ MAY_CHANGE = ("train.steps", "train.save_every", "train.keep_checkpoints", "trai
               "train.threads", "train.malloc", "train.max_consecutive_skips", "train.memory_check",
               "train.micro_batch_size", "train.micro_batch_tokens", "train.logprob_chunk", "train.shared_prefix",
               "optim.", "critic.lr", "critic.warmup_steps", "critic.grad_clip", "log.", "eval.", "health.",
-              "model.device", "model.gradient_checkpointing", "reward.workers")
+              "model.device", "model.gradient_checkpointing", "reward.workers",
+              "sft.steps", "rm.steps", "dpo.steps", "rft.rounds")
 """Keys (or sections, ending in '.') that may change on resume. The optimizer's hyperparameters are set into its
-restored state (rlft.trainers.rl_setup.restore); the micro-batch keys and logprob_chunk leave the loss unchanged."""
+restored state (rlft.trainers.rl_setup.restore); the micro-batch keys and logprob_chunk leave the loss unchanged. A
+stage's own length (sft.steps, rm.steps, dpo.steps, rft.rounds) is like train.steps: the restored schedule follows the
+new total from the step reached (rlft.trainers.resumable.Checkpoints.restore)."""
 
 WHY = {"model.": "the checkpoint's weights are this model's, in this dtype",
        "lora.": "the checkpoint holds adapters of this shape",

@@ -61,6 +61,15 @@ def saved_state(ckpt: Path) -> dict[str, Any]:
     return checkpoint.load_state(ckpt)["trainer"]
 
 
+def follow_schedule(optimizer, scheduler) -> None:
+    """The restored ``optimizer``'s learning rates set from the schedule it runs under now (``scheduler``, built
+    with the current total, its step restored): a stage resumed with another length (sft.steps=...) takes its
+    next step at the new schedule's rate, not at the rate the checkpoint's schedule had reached."""
+    for group, base, factor in zip(optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
+        group["lr"] = base * factor(scheduler.last_epoch)
+    scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
+
+
 class Checkpoints:
     """The checkpoints of one trainer's run of ``total`` steps, under ``root`` (None: none are written, as in a call
     from Python outside a stage; a stop signal still ends the loop). ``what`` names a step in messages ("SFT
@@ -80,6 +89,7 @@ class Checkpoints:
         saved = checkpoint.load_state(ckpt)
         self.optimizer.load_state_dict(saved["optimizer"])
         self.scheduler.load_state_dict(saved["scheduler"])
+        follow_schedule(self.optimizer, self.scheduler)
         checkpoint.set_rng_state(saved["rng"])
         run_dir = self.cfg.log.path
         if self.root in (run_dir, run_dir / WARM_UP):  # a run flat in its directory: what changed, now it has loaded
