@@ -6,6 +6,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from rlft.config import ConfigError
 from rlft.models.loading import load_model, load_tokenizer, resolve_device
 from rlft.models.tiny import CHARS, SPECIALS, build_tiny_model, build_tokenizer
 
@@ -106,7 +107,7 @@ def test_resolve_device():
     assert resolve_device("cpu").type == "cpu"
     assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
     if not torch.cuda.is_available():
-        with pytest.raises(RuntimeError, match="CUDA"):
+        with pytest.raises(ConfigError, match="model.device=cuda: .*(CPU build|no CUDA device)"):
             resolve_device("cuda")
 
 

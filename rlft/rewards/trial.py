@@ -40,6 +40,11 @@ MODEL_REWARDS = ("reward_model", "process_reward_model", "judge")
 """Rewards not tried before training: calling them loads their model."""
 
 
+TRIAL_MEAN_LOGP = -1.0
+"""The trial completions' ``mean_logp``: the RL trainer gives each sample the sampler's mean token log-prob (a
+confidence-weighted vote reads it); the trial's completions were not sampled, so they get a plausible one."""
+
+
 def trial_rows(n: int, k: int = ROWS) -> list[int]:
     """``k`` row indices spread over ``n`` rows, first and last included.
 
@@ -74,7 +79,7 @@ def _try(term, fn, rows: Sequence[Mapping], picked: list[int], cfg: Config) -> N
     """One reward on the trial rows; a ConfigError when it fails on every call."""
     G = cfg.algo.group_size if is_group_level(fn) else 2
     completions = [_reference(rows[i]) if j % 2 == 0 else DUMMY for i in picked for j in range(G)]
-    samples = [{**rows[i], "num_tokens": len(c.split()), "mean_logp": None}
+    samples = [{**rows[i], "num_tokens": len(c.split()), "mean_logp": TRIAL_MEAN_LOGP}
                for i, c in zip((i for i in picked for _ in range(G)), completions)]
     scored = score_batch(completions, samples, [(term.key, fn)], [1.0],
                          timeout_s=cfg.reward.timeout_s, group_size=G if is_group_level(fn) else 1)

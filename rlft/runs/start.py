@@ -51,7 +51,8 @@ def prepare_run_dir(cfg: Config, write_config: bool = True) -> Config:
 
 def _make_run_dir(cfg: Config, write_config: bool = True) -> None:
     path = cfg.log.path
-    if path.exists() and any(path.iterdir()) and not cfg.train.resume:
+    if path.exists() and any(p.name != "run.log" for p in path.iterdir()) and not cfg.train.resume:  # a run.log alone:
+        # a start that failed, or a run started over (rlft.runs.console appends to it)
         raise ConfigError(f"log.name: run directory {path} already exists; choose another name, "
                           "or resume it with train.resume=true (without a checkpoint it starts over)")
     check_disk(cfg, path)  # a writable directory with room for the run, before anything is written

@@ -124,13 +124,7 @@ def train_dpo(model, pairs: Sequence[Pair], ref: Tensor, pad_id: int, dpo: DPOCo
     opt = make_optimizer(model.parameters(), lr=dpo.lr, weight_decay=optim.weight_decay)
     sched = make_scheduler(opt, warmup=min(10, dpo.steps // 10), total=dpo.steps, schedule="cosine")
     gen = torch.Generator().manual_seed(seed)
-    start = 0
-    if checkpoints is not None:
-        checkpoints.optimizer, checkpoints.scheduler = opt, sched
-        if resume is not None:
-            saved = checkpoints.restore(resume)
-            gen.set_state(saved["generator"])
-            start = saved["step"]
+    start = checkpoints.attach(opt, sched, gen, resume) if checkpoints is not None else 0
     model.train()
     for step in range(start, dpo.steps):
         idx = torch.randint(len(pairs), (min(dpo.batch_size, len(pairs)),), generator=gen)

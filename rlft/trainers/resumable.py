@@ -96,6 +96,17 @@ class Checkpoints:
             resume.record(run_dir, self.cfg, ckpt, saved["trainer"]["step"], print)
         return saved["trainer"]
 
+    def attach(self, optimizer, scheduler, generator, resume: Path | None) -> int:
+        """The trainer's optimizer and schedule, and ``generator`` (a torch.Generator: its order of batches), kept
+        in this trainer's checkpoints as ``generator``; from ``resume``, their states restored. Returns the step to
+        start at (0 without ``resume``)."""
+        self.optimizer, self.scheduler = optimizer, scheduler
+        if resume is None:
+            return 0
+        saved = self.restore(resume)
+        generator.set_state(saved["generator"])
+        return saved["step"]
+
     def after(self, step: int, state: dict[str, Any]) -> None:
         """``step`` steps done, the trainer's own state ``state`` (its data position): a checkpoint when one is due
         and, when a stop signal arrived, a checkpoint (unless just written) and the error that ends the run."""

@@ -86,13 +86,7 @@ def train_rm(model, pad_id: int, train: Sequence[list[list[int]]], rm: RMConfig,
     ``resume``: one of them, whose weights ``model`` already has, to continue from."""
     opt, sched = rm_optimizer(model, rm, optim)
     gen = torch.Generator().manual_seed(seed)
-    start = 0
-    if checkpoints is not None:
-        checkpoints.optimizer, checkpoints.scheduler = opt, sched
-        if resume is not None:
-            saved = checkpoints.restore(resume)
-            gen.set_state(saved["generator"])
-            start = saved["step"]
+    start = checkpoints.attach(opt, sched, gen, resume) if checkpoints is not None else 0
     model.train()
     for step in range(start, rm.steps):
         idx = torch.randint(len(train), (min(rm.batch_size, len(train)),), generator=gen).tolist()
