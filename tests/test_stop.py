@@ -259,3 +259,52 @@ def test_sigterm_in_the_evaluation_after_rl_keeps_the_trained_policy(tmp_path, t
     assert proc.returncode == 143 and "Traceback" not in err, err[-2000:]
     assert "SIGTERM during the evaluation after RL: RL finished and its policy is in" in err
     assert (tmp_path / "e" / "policy" / "model.safetensors").is_file()
+
+
+SIGNALLING_REWARD = '''
+import os
+import signal
+from pathlib import Path
+
+
+def signals(completion, sample):
+    """Sends this process SIGTERM once the test asks for it (the file ``fire``): in a step's scoring, so the stop is
+    asked for after that step's rollout and before its update."""
+    try:
+        Path("fire").unlink()
+    except FileNotFoundError:
+        return 0.0
+    os.kill(os.getpid(), signal.SIGTERM)
+    return 0.0
+'''
+
+
+@pytest.mark.parametrize("grace", [0, 60])
+def test_an_update_goes_on_for_train_stop_grace_s_at_most(tmp_path, tiny_overrides, grace):
+    """SIGTERM asked for in a step's scoring. With train.stop_grace_s=60 the update finishes and the step is
+    checkpointed; with 0 the update is abandoned at its first mini-batch, half applied (here: not begun), and the
+    run ends at its last checkpoint without writing one of the step, saying so."""
+    (tmp_path / "signalling.py").write_text(SIGNALLING_REWARD)
+    args = tiny_overrides(tmp_path, "log.name=u", "sft.steps=0", "train.threads=1", "eval.before_rl=false",
+                          "train.steps=100000", "train.save_every=1", "reward.fns=[{name: custom, fn: "
+                          "signalling.py:signals}, final_answer]", "reward.weights=[0.0, 1.0]",
+                          f"train.stop_grace_s={grace}")
+    proc = start(tmp_path, "train", *args)
+    metrics, ckpts = tmp_path / "u" / "metrics.jsonl", tmp_path / "u" / "checkpoints"
+    wait_for(proc, lambda: len(lines(metrics)) >= 1, "an RL step")
+    (tmp_path / "fire").write_text("")
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143 and "Traceback" not in err, err[-2000:]
+    assert not (tmp_path / "fire").exists()  # the reward sent it
+    last = lines(metrics)[-1]["step"]
+    saved = sorted(p.name for p in ckpts.iterdir())
+    assert saved[-1] == f"step_{last:06d}", saved
+    stopped = [line for line in err.splitlines() if line.startswith("rlft: stopped:")]
+    if grace:
+        assert stopped == [f"rlft: stopped: SIGTERM after RL step {last}: checkpoint {ckpts / saved[-1]} written; "
+                           "train.resume=true continues from it"], err[-2000:]
+    else:
+        assert stopped == [f"rlft: stopped: SIGTERM during the update of RL step {last + 1}: the update was still "
+                           "running 0 s after the signal (train.stop_grace_s) and was abandoned half applied, so no "
+                           f"checkpoint of this step was written; train.resume=true continues from "
+                           f"{ckpts / saved[-1]}"], err[-2000:]

@@ -245,6 +245,8 @@ class TrainConfig:
     """PPO-ptx: pretraining texts per optimizer step."""
     max_consecutive_skips: int = 5
     """Stop the run when this many RL steps in a row had only non-finite gradients (their updates are skipped, no weight changes; health/skipped_steps counts them), naming the last checkpoint to resume from (0: never stop)."""
+    stop_grace_s: float = 20.0
+    """After SIGTERM or a first Ctrl-C, an RL step's update (its optimizer steps) may go on this many seconds to finish, so that the step is checkpointed; an update still running then is abandoned half applied and the run ends at its last checkpoint, without one of that step (exit 128 + the signal). Rollouts, scoring and evaluation stop at once; a second Ctrl-C stops everything now."""
     time_budget_s: float = 0.0
     """No RL step starts once this many seconds of the RL stage (value pre-training included) have passed (0: no limit)."""
     threads: int = 0
@@ -267,6 +269,7 @@ class TrainConfig:
         _check(self.save_every >= -1, "train.save_every", "must be >= 0, or -1 (every 10% of train.steps)")
         _check(self.time_budget_s >= 0, "train.time_budget_s", "must be >= 0 (0: no limit)")
         _check(self.max_consecutive_skips >= 0, "train.max_consecutive_skips", "must be >= 0 (0: never stop)")
+        _check(self.stop_grace_s >= 0, "train.stop_grace_s", f"must be >= 0, got {self.stop_grace_s}")
         _check(self.ptx_batch_size >= 1, "train.ptx_batch_size", "must be >= 1")
         _check(self.keep_checkpoints >= 1, "train.keep_checkpoints", "must be >= 1")
         _check(self.max_staleness in (0, 1), "train.max_staleness",

@@ -25,7 +25,7 @@ from rlft.runs.tracking import write_atomic
 RESUMES = "resumes.jsonl"
 
 MAY_CHANGE = ("train.steps", "train.save_every", "train.keep_checkpoints", "train.resume", "train.time_budget_s",
-              "train.threads", "train.malloc", "train.max_consecutive_skips", "train.memory_check",
+              "train.threads", "train.malloc", "train.max_consecutive_skips", "train.memory_check", "train.stop_grace_s",
               "train.micro_batch_size", "train.micro_batch_tokens", "train.logprob_chunk", "train.shared_prefix",
               "optim.", "critic.lr", "critic.warmup_steps", "critic.grad_clip", "log.", "eval.", "health.",
               "model.device", "model.gradient_checkpointing", "reward.workers",

@@ -24,6 +24,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from typing import Iterator
 
 from rlft.errors import TrainingHalted
@@ -42,12 +43,18 @@ class Stopping(TrainingHalted):
                          exit_code=128 + signum)
 
 
+class UpdateAbandoned(Stopping):
+    """A stop signal's grace ran out while an RL step's update was running (:func:`check_update`): the weights are
+    part-way through that update, so no checkpoint can be written from them; the run ends at its last checkpoint."""
+
+
 class StoppedNow(KeyboardInterrupt):
     """A second Ctrl-C: the run stops at once, wherever it was."""
 
 
 class _State:
     signum: int | None = None  # the first stop signal received while :func:`handling` is active
+    at: float = 0.0  # when it arrived (time.monotonic)
     active: bool = False
 
 
@@ -75,6 +82,14 @@ def check(during: str = "") -> None:
         raise Stopping(_STATE.signum, during)
 
 
+def check_update(grace_s: float) -> None:
+    """Raise :class:`UpdateAbandoned` when :func:`due` and the signal came more than ``grace_s`` seconds ago: an
+    update (optimizer steps over the step's mini-batches) is let finish, so that its step can be checkpointed, but
+    not past the grace (``train.stop_grace_s``), so that a long update still stops within it."""
+    if due() and time.monotonic() - _STATE.at > grace_s:
+        raise UpdateAbandoned(_STATE.signum, "the update")
+
+
 def halted(signum: int, where: str, ckpt=None, then: str = "") -> TrainingHalted:
     """The error that ends a run stopped by ``signum`` ``where`` (e.g. "after SFT step 12"), naming the checkpoint
     it wrote (``ckpt``) and how to continue from it, or saying ``then`` instead."""
@@ -99,7 +114,7 @@ def _handle(signum: int, frame) -> None:
         if signum == signal.SIGINT:  # pressed again: stop now
             raise StoppedNow
         return  # a repeated SIGTERM: the stop is on its way
-    _STATE.signum = signum
+    _STATE.signum, _STATE.at = signum, time.monotonic()
     _say(ACK if signum == signal.SIGINT else
          f"{signal.Signals(signum).name}: stopping after this step (a checkpoint first where one can be written)")
 

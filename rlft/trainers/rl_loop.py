@@ -58,6 +58,8 @@ def run_rl(policy, tokenizer, train_ex, train_prompts, cfg: Config, run_dir: Pat
                 before = _data_position(state)
                 try:
                     metrics = rl_step(state, cfg)
+                except stop.UpdateAbandoned as e:  # its update ran past train.stop_grace_s: no checkpoint of it
+                    raise _abandoned(cfg, run_dir, e.signum, state.step + 1) from None
                 except stop.Stopping as e:  # during the rollout: the step is abandoned before its update ran
                     _rewind(state, before)  # the checkpoint's next step draws what this one drew
                     raise _stopped(state, cfg, run_dir, e.signum, f"during RL step {state.step + 1}") from None
@@ -134,6 +136,17 @@ def _stopped(state: RLState, cfg: Config, run_dir: Path, signum: int, where: str
     if not saved:
         save_checkpoint(state, cfg, run_dir)
     return stop.halted(signum, where, run_dir / "checkpoints" / f"step_{state.step:06d}")
+
+
+def _abandoned(cfg: Config, run_dir: Path, signum: int, step: int):
+    """The error that ends the RL loop when RL step ``step``'s update outlived ``train.stop_grace_s`` after a stop
+    signal: the weights are half updated, so the run ends at its last checkpoint, writing none."""
+    ckpt = checkpoint.latest(run_dir)
+    then = (f"the update was still running {cfg.train.stop_grace_s:g} s after the signal (train.stop_grace_s) and "
+            "was abandoned half applied, so no checkpoint of this step was written; "
+            + (f"train.resume=true continues from {ckpt}" if ckpt is not None else
+               "there is no checkpoint yet: train.resume=true starts the run over"))
+    return stop.halted(signum, f"during the update of RL step {step}", then=then)
 
 
 def validation(policy, tokenizer, held_out: list[HeldOut], cfg: Config) -> dict[str, float]:

@@ -29,6 +29,7 @@ from rlft.models.forward import autocast, response_logprobs
 from rlft.models.roles import by_role, has_roles
 from rlft.rollout.batch import Batch
 from rlft.rollout.hf import samples_exactly
+from rlft.runs import stop
 from rlft.trainers.ptx import lm_loss_sum, lm_tokens
 
 if TYPE_CHECKING:
@@ -160,6 +161,7 @@ def update(state: "RLState", batch: Batch, cfg: Config, *, train_policy: bool = 
     for _ in range(a.epochs):
         order = torch.randperm(len(batch), generator=gen) if a.minibatches > 1 else torch.arange(len(batch))
         for mb_idx in order.chunk(a.minibatches):
+            stop.check_update(cfg.train.stop_grace_s)  # a stop signal: the update goes on for its grace at most
             mb = batch.index(mb_idx)
             metrics = _policy_step(state, mb, cfg) if train_policy else {}
             stopped = metrics.pop("actor/early_stopped", 0.0) > 0
@@ -225,6 +227,7 @@ def _policy_step(state: "RLState", mb: Batch, cfg: Config) -> dict[str, float]:
     for _ in range(s.lockstep(policy, len(micros))):  # every process runs as many passes as the busiest
         s.backward(policy, idle_loss(batch_logprobs(model, mb.index(slice(0, 1)), cfg, agree=agree)[0].sum()))
     for micro in micros:
+        stop.check_update(cfg.train.stop_grace_s)
         mask = _loss_mask(micro).to(device)  # (b, T)
         logp, ent = batch_logprobs(model, micro, cfg, with_entropy=True, entropy_grad=a.entropy_coef > 0,
                                    agree=agree)
