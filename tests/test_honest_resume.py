@@ -188,7 +188,7 @@ def test_retune_sets_the_new_lr_and_schedule_into_restored_states():
     import torch
 
     from rlft.trainers.optim import lr_factor, make_optimizer, make_scheduler
-    from rlft.trainers.rl_setup import retune
+    from rlft.trainers.optim import retune
 
     def build(lr: float, total: int):
         opt = make_optimizer([torch.nn.Parameter(torch.ones(3))], lr=lr)
@@ -232,7 +232,7 @@ def test_a_stage_resumed_with_another_length_takes_its_next_step_at_the_new_sche
     import torch
 
     from rlft.trainers.optim import make_scheduler
-    from rlft.trainers.resumable import follow_schedule
+    from rlft.trainers.optim import follow_schedule
 
     def stepped(total: int):
         p = torch.nn.Parameter(torch.zeros(1))

@@ -34,3 +34,21 @@ def lr_factor(step: int, *, warmup: int, total: int, schedule: str) -> float:
 def make_scheduler(optimizer, *, warmup: int, total: int, schedule: str) -> torch.optim.lr_scheduler.LambdaLR:
     return torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: lr_factor(s, warmup=warmup, total=total, schedule=schedule))
+
+
+def follow_schedule(optimizer, scheduler, **hyper) -> None:
+    """The restored ``optimizer``'s learning rates set from the schedule it runs under now (``scheduler``, a
+    :func:`make_scheduler` built with the current warm-up, total and shape, its step restored), and ``hyper``
+    (weight_decay, betas, eps) into its groups: a run resumed with another length or schedule takes its next step
+    at the new schedule's rate, not at the rate the checkpoint's schedule had reached."""
+    for group, base, factor in zip(optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
+        group.update(hyper, lr=base * factor(scheduler.last_epoch))
+    scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
+
+
+def retune(optimizer, scheduler, *, lr: float, **hyper) -> None:
+    """:func:`follow_schedule` with a new base ``lr`` (the restored base lrs are the saved ones)."""
+    scheduler.base_lrs = [lr] * len(optimizer.param_groups)
+    for group in optimizer.param_groups:
+        group["initial_lr"] = lr
+    follow_schedule(optimizer, scheduler, **hyper)

@@ -21,6 +21,7 @@ from typing import Any
 from rlft.config import Config
 from rlft.runs import checkpoint, resume, stop
 from rlft.runs.tracking import truncate_jsonl
+from rlft.trainers.optim import follow_schedule
 from rlft.trainers.policy import training_policy
 
 WARM_UP = "warm_up"  # the directory of the SFT warm-up's checkpoints in an RL run
@@ -59,15 +60,6 @@ def resumed_policy(cfg: Config, model_dir: str, ckpt: Path | None, work_dir: Pat
 def saved_state(ckpt: Path) -> dict[str, Any]:
     """The trainer's state a checkpoint holds (its step, its data position and what it stored as ``fixed``)."""
     return checkpoint.load_state(ckpt)["trainer"]
-
-
-def follow_schedule(optimizer, scheduler) -> None:
-    """The restored ``optimizer``'s learning rates set from the schedule it runs under now (``scheduler``, built
-    with the current total, its step restored): a stage resumed with another length (sft.steps=...) takes its
-    next step at the new schedule's rate, not at the rate the checkpoint's schedule had reached."""
-    for group, base, factor in zip(optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
-        group["lr"] = base * factor(scheduler.last_epoch)
-    scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
 
 
 class Checkpoints:

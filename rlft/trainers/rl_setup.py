@@ -18,7 +18,7 @@ from rlft.runs import checkpoint
 from rlft.runs.resume import record
 from rlft.runs.start import seed_everything
 from rlft.runs.tracking import truncate_jsonl
-from rlft.trainers.optim import make_optimizer, make_scheduler
+from rlft.trainers.optim import make_optimizer, make_scheduler, retune
 from rlft.trainers.state import RLState
 from rlft.trainers.rl import penalty_controller
 from rlft.trainers.rm_refresh import RMRefresh
@@ -137,13 +137,3 @@ def restore(state: RLState, ckpt: Path, run_dir: Path, echo, cfg: Config) -> Non
         if (Path(run_dir) / checkpoint.CONFIG).is_file():  # a run resumed flat; a pipeline records at its start
             record(run_dir, cfg, ckpt, state.step, echo)
 
-
-def retune(optimizer, scheduler, *, lr: float, **hyper) -> None:
-    """Set the restored ``optimizer`` (whose state carries the hyperparameters it was saved with) to ``lr`` and
-    ``hyper`` (weight_decay, betas, eps), and its schedule (``scheduler``, built with the current warm-up, total and
-    shape, whose restored base lrs are the saved ones) to ``lr`` at the step it reached."""
-    scheduler.base_lrs = [lr] * len(optimizer.param_groups)
-    factors = [f(scheduler.last_epoch) for f in scheduler.lr_lambdas]
-    for group, factor in zip(optimizer.param_groups, factors):
-        group.update(hyper, initial_lr=lr, lr=lr * factor)
-    scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
