@@ -29,6 +29,7 @@ from rlft.config import ConfigError
 from rlft.recipe import help_text, load_config
 from rlft.data.schema import DataError
 from rlft.errors import TrainingHalted
+from rlft.runs.console import ending
 
 
 def _split_recipe(args: list[str]) -> tuple[str | None, list[str]]:
@@ -281,17 +282,13 @@ def main(argv: list[str] | None = None) -> int:
         with handling():
             return ns.fn(ns)
     except (ConfigError, DataError, FileNotFoundError) as e:
-        print(f"rlft: error: {e}", file=sys.stderr)
+        print(ending(e), file=sys.stderr)
         return 2
     except TrainingHalted as e:
-        print(f"rlft: stopped: {e}", file=sys.stderr)
+        print(ending(e), file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt as e:  # a second Ctrl-C in a run, or Ctrl-C in a command that stops at once
-        from rlft.runs.stop import StoppedNow
-
-        print("rlft: stopped: " + ("Ctrl-C pressed again: stopped at once; what was being written was dropped "
-                                   "whole, train.resume=true continues from the last checkpoint"
-                                   if isinstance(e, StoppedNow) else "interrupted (Ctrl-C)"), file=sys.stderr)
+        print(ending(e), file=sys.stderr)
         return 130
 
 

@@ -17,6 +17,7 @@ from typing import Callable, TextIO
 from rlft.config import ConfigError
 from rlft.data.schema import DataError
 from rlft.errors import TrainingHalted
+from rlft.runs.stop import StoppedNow
 
 RUN_LOG = "run.log"
 
@@ -75,13 +76,16 @@ class RunLog:
 
 
 def ending(err: BaseException) -> str:
-    """The line ``rlft`` ends a failed run with (as rlft.cli.main prints it)."""
+    """The line ``rlft`` ends a failed command with (rlft.cli.main prints it; run.log ends with it)."""
     if isinstance(err, TrainingHalted):
         return f"rlft: stopped: {err}"
     if isinstance(err, (ConfigError, DataError, FileNotFoundError)):
         return f"rlft: error: {err}"
+    if isinstance(err, StoppedNow):
+        return ("rlft: stopped: Ctrl-C pressed again: stopped at once; what was being written was dropped whole, "
+                "train.resume=true continues from the last checkpoint")
     if isinstance(err, KeyboardInterrupt):
-        return "rlft: interrupted (KeyboardInterrupt)"
+        return "rlft: stopped: interrupted (Ctrl-C)"
     first = str(err).strip().splitlines()
     return f"rlft: failed: {type(err).__name__}: {first[0] if first else ''}"
 
