@@ -48,7 +48,7 @@ TINY_SIZE = [
     "eval.batch_size=16",
     "eval.before_rl=true",
     "log.progress=false",
-    "log.tensorboard=false",
+    "log.report_to=[]",
 ]
 
 # The embedded demo (synthetic task) with every training choice pinned.
