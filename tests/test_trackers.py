@@ -208,7 +208,7 @@ def test_registry_names_are_the_configs():
 
     from rlft.config.insight import LogConfig
 
-    (allowed,) = typing.get_args(typing.get_type_hints(LogConfig)["report_to"])
+    allowed, _ = typing.get_args(typing.get_type_hints(LogConfig)["report_to"])  # tuple[Literal[...], ...]
     assert set(typing.get_args(allowed)) - {"auto"} == set(TRACKERS.names())
     assert chosen(("auto", "tensorboard", "wandb")) == ["tensorboard", "wandb"]
 

@@ -11,10 +11,13 @@ has not seen (resumes.jsonl has what a resume changed), and the steps after the 
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
@@ -41,6 +44,10 @@ class MlflowTracker(Tracker):
 
     def __init__(self, run: RunInfo) -> None:
         super().__init__(run)
+        with _quiet("mlflow.store.db.utils", "alembic"):  # "Creating initial MLflow database tables...": rlft says
+            self._open(run)                                # where the run is
+
+    def _open(self, run: RunInfo) -> None:
         local = not os.environ.get("MLFLOW_TRACKING_URI")
         self.uri = f"sqlite:///{Path(run.dir).resolve() / DB}" if local else os.environ["MLFLOW_TRACKING_URI"]
         self.client = MlflowClient(tracking_uri=self.uri)
@@ -87,3 +94,17 @@ class MlflowTracker(Tracker):
 def _shown(uri: str) -> str:
     """``uri`` without the credentials a server's address may hold (``https://user:token@host`` -> ``https://host``)."""
     return re.sub(r"//[^/@]*@", "//", uri)
+
+
+@contextmanager
+def _quiet(*names: str) -> Iterator[None]:
+    """The loggers ``names`` say only warnings while the block runs."""
+    loggers = [logging.getLogger(name) for name in names]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
