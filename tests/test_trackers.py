@@ -223,6 +223,7 @@ def test_streams_name_their_metrics_apart(tmp_path):
     assert (stage.key("reward/mean"), stage.step_key, stage.name) == ("1-grpo/reward/mean", "1-grpo/step",
                                                                      "1-grpo/metrics")
     assert Stream.of(tmp_path, tmp_path / "samples.jsonl") is None
+    assert Stream.of(tmp_path / "a", tmp_path / "b" / "metrics.jsonl") is None  # another run's
 
 
 def test_final_values_flatten_each_stages_evaluation(tmp_path):

@@ -16,6 +16,7 @@ ids) is kept in ``<run>/trackers.json``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from contextlib import contextmanager
@@ -113,7 +114,7 @@ class Trackers:
             try:
                 call(tracker)
             except Exception as e:  # noqa: BLE001  a tracker's failure of any kind costs a warning, never the run
-                failed(name, what, e)
+                warn_failed(name, what, e)
                 self.open.pop(name, None)
                 if what != "closing":
                     try:
@@ -122,7 +123,7 @@ class Trackers:
                         pass
 
 
-def failed(name: str, what: str, error: BaseException) -> None:
+def warn_failed(name: str, what: str, error: BaseException) -> None:
     """The one warning of a tracker that failed."""
     first = (str(error).strip().splitlines() or [""])[0][:300]
     logging.getLogger("rlft").warning(
@@ -157,10 +158,10 @@ def start(names: list[str], info: RunInfo, echo: Callable) -> dict[str, Tracker]
     out: dict[str, Tracker] = {}
     for name in names:
         try:
-            tracker = TRACKERS.get(name)()(RunInfo(**{**vars(info), "state": states.get(name, {})}))
+            tracker = TRACKERS.get(name)()(dataclasses.replace(info, state=states.get(name, {})))
             state, where = tracker.state(), tracker.where()
         except Exception as e:  # noqa: BLE001  a tracker's failure of any kind costs a warning, never the run
-            failed(name, "to start", e)
+            warn_failed(name, "to start", e)
             continue
         out[name] = tracker
         if state:

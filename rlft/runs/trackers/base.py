@@ -27,14 +27,14 @@ class Stream:
 
     @classmethod
     def of(cls, run_dir: Path, path: Path) -> "Stream | None":
-        """The stream of ``path`` (a file in ``run_dir``), None for a file that is not a metrics stream."""
+        """The stream of ``path``, None for a file that is not a metrics stream of the run in ``run_dir``."""
         path = Path(path)
         if not (path.name == "metrics.jsonl" or path.name.endswith("_metrics.jsonl")):
             return None
         try:
-            rel = path.relative_to(run_dir)
-        except ValueError:
-            rel = Path(path.name)
+            rel = path.resolve().relative_to(Path(run_dir).resolve())
+        except ValueError:  # another run's, written in this process while this one is open
+            return None
         stage = "".join(f"{part}/" for part in rel.parent.parts)
         own = rel.name.removesuffix(".jsonl").removesuffix("metrics").removesuffix("_")
         return cls(name=rel.with_suffix("").as_posix(), stage=stage, own=own)
