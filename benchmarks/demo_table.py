@@ -35,7 +35,7 @@ def demo_run(out: Path, cap: str, seed: int, overrides: list[str], threads: int)
         if threads:
             env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
         cmd = [sys.executable, "-m", "rlft", "train", f"train.seed={seed}", *overrides, f"log.run_dir={out}",
-               f"log.name={name}", "log.progress=false", "log.tensorboard=false"]
+               f"log.name={name}", "log.progress=false", "log.report_to=[]"]
         t0 = time.perf_counter()
         done = subprocess.run(cmd, env=env, capture_output=True, text=True)
         seconds = time.perf_counter() - t0

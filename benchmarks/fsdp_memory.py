@@ -28,7 +28,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN = ["sft.steps=0", "eval.before_rl=false", "data.num_eval=16", "eval.ks=[]", "log.progress=false",
-       "log.tensorboard=false", "log.plots=false", "train.prompts_per_step=4", "algo.group_size=4",
+       "log.report_to=[]", "log.plots=false", "train.prompts_per_step=4", "algo.group_size=4",
        "rollout.max_new_tokens=16", "train.threads=1", "model.device=cpu"]
 
 

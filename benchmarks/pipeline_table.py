@@ -37,7 +37,7 @@ def pipeline_run(out: Path, recipe: str, seed: int, overrides: list[str], thread
         if threads:
             env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
         cmd = [sys.executable, "-m", "rlft", "train", str(RECIPES / f"{recipe}.yaml"), f"train.seed={seed}",
-               *overrides, f"log.run_dir={out}", f"log.name={name}", "log.progress=false", "log.tensorboard=false"]
+               *overrides, f"log.run_dir={out}", f"log.name={name}", "log.progress=false", "log.report_to=[]"]
         t0 = time.perf_counter()
         done = subprocess.run(cmd, env=env, capture_output=True, text=True)
         seconds = time.perf_counter() - t0

@@ -35,7 +35,7 @@ PRESETS = ["grpo", "dr_grpo", "dapo", "gspo", "rloo", "reinforce", "reinforce_pp
 
 def rlft(args: list[str], threads: int, command: str = "train") -> None:
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
-    cmd = [sys.executable, "-m", "rlft", command, *args, "log.progress=false", "log.tensorboard=false"]
+    cmd = [sys.executable, "-m", "rlft", command, *args, "log.progress=false", "log.report_to=[]"]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{done.stderr[-3000:]}")

@@ -48,7 +48,7 @@ MODES = {
     # the same with every right step rewarded 1, the #### line too
     "process_plain": ["reward.fns=[{name: chain_steps, answer: null}]"],
 }
-QUIET = ["log.progress=false", "log.tensorboard=false", "eval.ks=[]"]
+QUIET = ["log.progress=false", "log.report_to=[]", "eval.ks=[]"]
 
 
 def rlft(*args: str) -> float:

@@ -86,7 +86,7 @@ def main() -> None:
     a = ap.parse_args()
     recipe = a.args[0] if a.args and "=" not in a.args[0] else None
     overrides = a.args[1:] if recipe else a.args
-    cfg = load_config(recipe, [*overrides, "log.progress=false", "log.tensorboard=false"])
+    cfg = load_config(recipe, [*overrides, "log.progress=false", "log.report_to=[]"])
     quiet_transformers()
     a.out.mkdir(parents=True, exist_ok=True)
     model, start, start_s = start_model(cfg, a.out, a.model)

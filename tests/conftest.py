@@ -48,7 +48,7 @@ TINY_SIZE = [
     "eval.batch_size=16",
     "eval.before_rl=true",
     "log.progress=false",
-    "log.tensorboard=false",
+    "log.report_to=[]",
 ]
 
 # The embedded demo (synthetic task) with every training choice pinned.
@@ -162,9 +162,9 @@ def recipes_dir() -> Path:
 # Under pytest-xdist (scripts/test.sh runs ``-n 2 --dist loadgroup``) these files' tests stay in one worker, in
 # order: the sandbox's tests look at the whole machine (processes run as nobody, sandbox directories in the temp
 # directory) and so cannot run beside a test that makes them; test_dist.py's module fixtures launch the
-# multi-process runs that most of its tests read, once.
+# multi-process runs that most of its tests read, once; test_trackers.py's, the tracked runs its tests read.
 SERIAL_GROUPS = {"test_sandbox.py": "sandbox", "test_code_reward.py": "sandbox", "test_reward_fuzz.py": "sandbox",
-                 "test_task_recipes.py": "sandbox", "test_dist.py": "dist"}
+                 "test_task_recipes.py": "sandbox", "test_dist.py": "dist", "test_trackers.py": "trackers"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups

@@ -34,7 +34,7 @@ WORKER = Path(__file__).resolve().parent / "dist_worker.py"
 STEP = ["model.device=cpu", "model.dtype=float32", "data.source=synthetic:max", "data.template=chat",
         "data.synth_train_size=16", "data.num_eval=4", "train.prompts_per_step=4", "algo.group_size=4",
         "train.micro_batch_size=1", "rollout.max_new_tokens=8", "optim.grad_clip=0", "critic.grad_clip=0",
-        "algo.epochs=1", "algo.minibatches=1", "log.progress=false", "log.tensorboard=false",
+        "algo.epochs=1", "algo.minibatches=1", "log.progress=false", "log.report_to=[]",
         f"reward.fns=[{{name: custom, fn: {WORKER}:char_codes}}]", "reward.weights=[1.0]"]  # varies on random text
 PRESETS = {"grpo": ["algo.preset=grpo", "algo.kl_coef=0.05"],  # group baseline, KL in the loss (a reference)
            "ppo": ["algo.preset=ppo"],  # critic, GAE with batch whitening, old log-probs, KL in the reward

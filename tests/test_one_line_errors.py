@@ -136,14 +136,15 @@ def test_run_log_ends_with_the_error_that_stopped_the_run(tmp_path):
 
 
 def test_missing_tensorboard_is_said_in_one_line(tmp_path, monkeypatch, caplog):
-    from rlft.runs.tracking import MetricsLog
+    """log.report_to=auto (the default) without tensorboard: one warning, and the run has no tensorboard tracker."""
+    from rlft.runs.trackers import chosen
 
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # makes the import fail
     with caplog.at_level("WARNING", logger="rlft"):
-        MetricsLog(tmp_path, tensorboard=True).close()
+        assert chosen(("auto", "mlflow")) == ["mlflow"]
     assert [r.getMessage() for r in caplog.records] == [
-        "rlft: no tensorboard/ (log.tensorboard: tensorboard is not installed; metrics.jsonl has every metric): "
-        "pip install 'rlft[tensorboard]', or log.tensorboard=false"]
+        "rlft: no tensorboard/ (log.report_to=auto: tensorboard is not installed; metrics.jsonl has every metric): "
+        "pip install 'rlft[tensorboard]', or log.report_to=[]"]
 
 
 def test_vllm_sampler_without_vllm_names_the_extra(monkeypatch):

@@ -11,7 +11,8 @@ import importlib
 from rlft.config.checks import ConfigError
 
 EXTRAS = {"peft": "lora", "matplotlib": "plot", "tensorboard": "tensorboard", "py3langid": "lang",
-          "deepspeed": "deepspeed", "datasets": "hub", "vllm": "vllm"}
+          "deepspeed": "deepspeed", "datasets": "hub", "vllm": "vllm", "wandb": "wandb", "mlflow": "mlflow",
+          "trackio": "trackio"}
 
 
 def installed(module: str) -> bool:
@@ -31,9 +32,14 @@ def require(module: str, what: str) -> None:
 
 
 def check_extras(cfg) -> None:
-    """The optional packages the configuration ``cfg`` needs (LoRA: peft; rollout.sampler=vllm: vllm), each
-    imported once here so that a missing one is one line before anything is written, not a traceback later."""
+    """The optional packages the configuration ``cfg`` needs (LoRA: peft; rollout.sampler=vllm: vllm; each tracker
+    named in log.report_to: its library, of the same name), each imported once here so that a missing one is one
+    line before anything is written, not a traceback later. ``auto`` in log.report_to needs nothing: TensorBoard
+    when it is installed (the run says when it is not)."""
     if cfg.lora.rank > 0:
         require("peft", f"lora.rank={cfg.lora.rank} (LoRA adapters)")
     if cfg.rollout.sampler == "vllm":
         require("vllm", "rollout.sampler=vllm")
+    for name in cfg.log.report_to:
+        if name != "auto":
+            require(name, f"log.report_to={name}")

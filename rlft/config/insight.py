@@ -168,8 +168,8 @@ class LogConfig:
     """Parent directory of runs."""
     name: str = ""
     """Run name (empty: a timestamp)."""
-    tensorboard: bool = True
-    """Write TensorBoard events when tensorboard is installed."""
+    report_to: tuple[Literal["auto", "tensorboard", "wandb", "mlflow", "trackio"], ...] = ("auto",)
+    """Trackers that receive the run's configuration, every metric with its step and the final evaluation, besides metrics.jsonl: tensorboard (<run>/tensorboard/), wandb (offline, in <run>/wandb/, unless W&B is configured online), mlflow (sqlite:///<run>/mlflow.db unless MLFLOW_TRACKING_URI is set), trackio (its local store); auto: tensorboard when it is installed; []: none. A tracker named here that is not installed stops the run before it starts; one that fails while it runs costs a warning (docs/trackers.md)."""
     progress: bool = True
     """Show a progress bar."""
     samples_every: int = 10
@@ -182,6 +182,8 @@ class LogConfig:
     def __post_init__(self) -> None:
         _check(self.samples_every >= 0, "log.samples_every", "must be >= 0 (0: no sample log)")
         _check(self.samples_groups >= 1, "log.samples_groups", "must be >= 1")
+        twice = sorted({t for t in self.report_to if self.report_to.count(t) > 1})
+        _check(not twice, "log.report_to", f"names {', '.join(twice)} more than once")
         _check("/" not in self.name and "\\" not in self.name and self.name not in (".", ".."), "log.name",
                f"must be a plain directory name (the run goes in log.run_dir/log.name), got {self.name!r}; "
                "put the parent directories in log.run_dir")

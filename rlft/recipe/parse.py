@@ -291,6 +291,7 @@ def load_config(recipe: str | Path | None = None, overrides: list[str] | tuple[s
         if len(parts) == 2 and parts[1] in KEY_ALIASES.get(parts[0], {}):
             parts = [parts[0], KEY_ALIASES[parts[0]][parts[1]]]
         _set(tree, parts, value, text)
+    _old_tensorboard(tree)
     required = _required(tree.pop(REQUIRED, []))
     _preset_from_stages(tree)
     reward = tree.get("reward")
@@ -306,6 +307,25 @@ def load_config(recipe: str | Path | None = None, overrides: list[str] | tuple[s
         raise
     except (KeyError, ValueError) as e:  # registry lookups and range checks inside sections
         raise ConfigError(str(e)) from None
+
+
+def _old_tensorboard(tree: dict) -> None:
+    """``log.tensorboard``, the key log.report_to replaced, as a recipe, an override or the config.yaml of a run made
+    before it has it: ``true`` was the default (TensorBoard when installed), which log.report_to's ``auto`` is, and
+    changes nothing; ``false`` takes auto out of log.report_to (an explicit tensorboard there contradicts it)."""
+    log = tree.get("log")
+    if not isinstance(log, dict) or "tensorboard" not in log:
+        return
+    on = log.pop("tensorboard")
+    _check(isinstance(on, bool), "log.tensorboard", f"must be true or false, got {_shown(on)} (it is the older "
+           "spelling of log.report_to: log.report_to=[] writes no TensorBoard events)")
+    given = log.get("report_to", ["auto"])
+    given = [given] if isinstance(given, str) else given
+    if on or not isinstance(given, (list, tuple)):  # not a list: log.report_to's own check names it
+        return
+    _check("tensorboard" not in given, "log.tensorboard", "false contradicts log.report_to, which names "
+           "tensorboard; give log.report_to alone (log.tensorboard is its older spelling)")
+    log["report_to"] = [t for t in given if t != "auto"]
 
 
 REQUIRED = "required"

@@ -1,4 +1,5 @@
-"""Metric sinks: ``metrics.jsonl`` (one object per step) and TensorBoard when it is installed.
+"""The run's metric stream: ``metrics.jsonl`` (and each stage's ``<stage>_metrics.jsonl``), one object per step, and
+the sinks that read the same lines while a run is open (its trackers, :mod:`rlft.runs.trackers`).
 
 A write that fails (a full disk, a read-only directory) raises :class:`~rlft.errors.WriteFailed` naming the file.
 """
@@ -6,31 +7,43 @@ A write that fails (a full disk, a read-only directory) raises :class:`~rlft.err
 from __future__ import annotations
 
 import json
-import logging
 import math
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator, Protocol
 
 from rlft.runs.disk import flush_to_disk
 from rlft.errors import WriteFailed, writing
 
 
+class Sink(Protocol):
+    """What else reads the stream: each line a MetricsLog writes, and each rewind of a resumed run."""
+
+    def log(self, path: Path, step: int, metrics: dict[str, float]) -> None: ...
+
+    def rewind(self, path: Path, max_step: int) -> None: ...
+
+
+_SINKS: list[Sink] = []
+
+
+@contextmanager
+def sink(reader: Sink) -> Iterator[Sink]:
+    """``reader`` gets every line written by any MetricsLog (its file's path, the step, the metrics) and every
+    ``truncate_jsonl`` while the block runs."""
+    _SINKS.append(reader)
+    try:
+        yield reader
+    finally:
+        _SINKS.remove(reader)
+
+
 class MetricsLog:
-    def __init__(self, run_dir: Path, *, tensorboard: bool = True, filename: str = "metrics.jsonl"):
+    def __init__(self, run_dir: Path, *, filename: str = "metrics.jsonl"):
         self.path = Path(run_dir) / filename
         with writing(self.path):
             self._file = self.path.open("a", encoding="utf-8")
         self._failed = False
-        self._tb = None
-        if tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError:  # tensorboard is optional: metrics.jsonl is always written
-                SummaryWriter = None
-                logging.getLogger("rlft").warning(
-                    "rlft: no tensorboard/ (log.tensorboard: tensorboard is not installed; metrics.jsonl has every "
-                    "metric): pip install 'rlft[tensorboard]', or log.tensorboard=false")
-            if SummaryWriter is not None:
-                self._tb = SummaryWriter(log_dir=str(Path(run_dir) / "tensorboard"))
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         bad = [k for k, v in metrics.items() if not math.isfinite(v)]
@@ -43,9 +56,8 @@ class MetricsLog:
         except OSError as e:
             self._failed = True
             raise WriteFailed(self.path, e) from e
-        if self._tb is not None:
-            for k, v in metrics.items():
-                self._tb.add_scalar(k, v, step)
+        for reader in _SINKS:
+            reader.log(self.path, step, {k: float(v) for k, v in metrics.items()})
 
     def close(self) -> None:
         try:
@@ -53,8 +65,6 @@ class MetricsLog:
         except OSError as e:
             if not self._failed:
                 raise WriteFailed(self.path, e) from e
-        if self._tb is not None:
-            self._tb.close()
 
 
 def truncate_jsonl(path: Path, max_step: int) -> None:
@@ -74,6 +84,8 @@ def truncate_jsonl(path: Path, max_step: int) -> None:
         if record["step"] <= max_step:
             keep.append(line)
     write_atomic(path, "".join(line + "\n" for line in keep))
+    for reader in _SINKS:
+        reader.rewind(path, max_step)
 
 
 def write_atomic(path: Path, text: str) -> None:

@@ -144,7 +144,7 @@ def step_log(out_dir: Path, filename: str, total: int = 0,
 
     from rlft.runs.tracking import MetricsLog
 
-    log = MetricsLog(out_dir, tensorboard=False, filename=filename)
+    log = MetricsLog(out_dir, filename=filename)
     desc = filename.split("_")[0]
     bar = tqdm(total=total, desc=desc, disable=not show, dynamic_ncols=True)
 

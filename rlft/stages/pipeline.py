@@ -47,7 +47,7 @@ from rlft.models.loading import check_model_path, quiet_transformers
 from rlft.parallel import launch
 from rlft.parallel.dist import Dist
 from rlft.rewards.trial import try_rewards
-from rlft.runs import checkpoint, resume, stop
+from rlft.runs import checkpoint, resume, stop, trackers
 from rlft.runs.console import RunLog
 from rlft.runs.start import (base_model_dir, clear_run_dir, prepare_run_dir, process_settings, removed_if_start_fails,
                              seed_everything, stops_on_write_failure)
@@ -126,13 +126,15 @@ def _pipeline(cfg: Config, log: RunLog, only: str | None) -> RunResult:
         resume.record(run_dir, cfg, None, None, echo)
     with removed_if_start_fails(run_dir, keep=cfg.train.resume):
         model_dir = Path(base_model_dir(cfg, run_dir))
-    try:
-        entries = _run_stages(cfg, steps, run_dir, model_dir, task, dist, echo)
-    except WriteFailed as e:  # a full disk: what the finished stages wrote is whole, the failed one restarts
-        if flat:
-            raise
-        raise e.advised("The stages finished before it are kept: free some space or fix the directory, then "
-                        "continue the pipeline with train.resume=true") from e.cause
+    with trackers.opened(cfg, run_dir, echo, main=dist.is_main) as tracked:  # log.report_to, main process only
+        try:
+            entries = _run_stages(cfg, steps, run_dir, model_dir, task, dist, echo)
+        except WriteFailed as e:  # a full disk: what the finished stages wrote is whole, the failed one restarts
+            if flat:
+                raise
+            raise e.advised("The stages finished before it are kept: free some space or fix the directory, then "
+                            "continue the pipeline with train.resume=true") from e.cause
+        tracked.final([run_dir / s.out for s in steps])
     if dist.is_main:
         _report(run_dir, cfg, echo, advise=flat and steps[0].kind == "rl")
     dist.barrier()  # the run's files are complete when any process returns

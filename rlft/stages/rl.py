@@ -213,7 +213,7 @@ def _memory_estimate(policy, train_prompts: list[list[int]], cfg: Config, n_para
 def _warm_up(policy, tokenizer, task: Task, cfg: Config, out_dir: Path, ckpt: Path | None = None) -> None:
     """The SFT warm-up of a run without stages: ``sft.steps`` on the task's reference responses, with its
     checkpoints in ``out_dir/warm_up`` (``ckpt``: the one to continue from)."""
-    log = MetricsLog(out_dir, tensorboard=False, filename="sft_metrics.jsonl")
+    log = MetricsLog(out_dir, filename="sft_metrics.jsonl")
     bar = progress_bar(cfg.sft.steps, "sft", cfg)
 
     def on_step(step: int, m: dict) -> None:

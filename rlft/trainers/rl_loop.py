@@ -45,7 +45,7 @@ def run_rl(policy, tokenizer, train_ex, train_prompts, cfg: Config, run_dir: Pat
             seed_everything(cfg.train.seed + PROCESS_SEED_STRIDE * dist.rank)
         if state.critic is not None and cfg.critic.pretrain_steps:
             pretrain_critic(state, cfg, run_dir)
-    log = MetricsLog(run_dir, tensorboard=cfg.log.tensorboard) if dist.is_main else None
+    log = MetricsLog(run_dir) if dist.is_main else None
     bar = progress_bar(cfg.train.steps, "rl", cfg, initial=state.step)
     policy.train()
     try:
@@ -102,8 +102,7 @@ def run_rl(policy, tokenizer, train_ex, train_prompts, cfg: Config, run_dir: Pat
 
 def pretrain_critic(state: RLState, cfg: Config, run_dir: Path) -> None:
     """VAPO value pre-training (Yuan et al. 2025 §3.1): critic-only steps on rollouts of the frozen initial policy."""
-    log = MetricsLog(run_dir, tensorboard=False, filename="critic_pretrain_metrics.jsonl") if state.dist.is_main \
-        else None
+    log = MetricsLog(run_dir, filename="critic_pretrain_metrics.jsonl") if state.dist.is_main else None
     bar = progress_bar(cfg.critic.pretrain_steps, "critic", cfg)
     try:
         for step in range(1, cfg.critic.pretrain_steps + 1):
