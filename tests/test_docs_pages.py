@@ -107,3 +107,27 @@ def test_resolve_matches_placeholders_and_catches_an_undefined_name():
     assert resolve("val/max/pass@8", names) == "val/<set>/pass@<k>"
     assert resolve("reward/final_answer/median", names) is None
     assert resolve("actor/new_thing", documented()) is None
+
+
+def test_every_registered_reward_is_in_the_rewards_reference():
+    from rlft.rewards import REWARDS
+
+    text = (ROOT / "docs" / "reference" / "rewards.md").read_text(encoding="utf-8")
+    assert [n for n in REWARDS.names() if f"`{n}`" not in text] == []
+
+
+def test_the_keys_page_is_what_the_code_generates():
+    """docs/reference/keys.md lists every configuration key; after changing one, run scripts/config_keys_page.py."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("config_keys_page", ROOT / "scripts" / "config_keys_page.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    text = gen.page()
+    assert (ROOT / "docs" / "reference" / "keys.md").read_text(encoding="utf-8") == text, \
+        "docs/reference/keys.md is out of date: run .venv/bin/python scripts/config_keys_page.py"
+    from rlft.recipe.help import help_text
+
+    keys = re.findall(r"^  ([a-z_0-9]+\.[a-z_0-9]+) = ", help_text(), re.M)
+    assert len(keys) > 250
+    assert [k for k in keys if f'<a id="{gen.anchor(k)}"></a>`{k}`' not in text] == []
