@@ -57,7 +57,7 @@ def test_the_other_readings_do_not_reproduce_the_worked_batch():
     assert CorReward("combined", bonus=0.0)(WORKED, ROWS) == [float(x) for x in COR]
 
 
-# ---- what each reading does to group-normalised advantages (docs/rewards.md's table) ------------------------------
+# ---- what each reading does to group-normalised advantages (docs/reference/rewards.md's table) ------------------------------
 
 @pytest.mark.parametrize("reading, expected", [
     ("group", [0.0] * 8),  # one value per group: zero std, zero advantage, no signal
@@ -354,7 +354,7 @@ def test_the_tutorial_code_and_the_completion_reading_agree_on_whole_numbers():
 
 
 def test_where_cor_reward_departs_from_the_tutorial_code():
-    """Named in docs/rewards.md: numbers by value (the code scores non-digit votes 0), one tag per completion."""
+    """Named in docs/reference/rewards.md: numbers by value (the code scores non-digit votes 0), one tag per completion."""
     for text, ours, theirs in [("<answer>42.0</answer>", 2.0, 0.0), ("<answer>-3</answer>", 0.0, 0.0),
                                ("<answer>41</answer> <answer>42</answer>", 1.0, 1.0),  # first tag; code: first mode
                                ("<answer>42</answer> <answer>7</answer> <answer>7</answer>", 2.0, 0.0),

@@ -1,7 +1,7 @@
 """The house's smoke alarm (issue 31): no import circle in rlft/, and config/ imports nothing above it.
 
 Imports are read with ``ast`` from every function body too (``scripts/house.py``), so lazy imports count.
-Also: no import from a lower floor to a higher one (the floors of docs/architecture.md, ``house.FLOORS``).
+Also: no import from a lower floor to a higher one (the floors of docs/explanation/architecture.md, ``house.FLOORS``).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def test_no_import_circle():
 
 def test_no_import_runs_up_a_floor():
     """A module imports only from its own floor or a lower one (``scripts/house.py``'s ``FLOORS``,
-    docs/architecture.md); every module of rlft/ has a floor."""
+    docs/explanation/architecture.md); every module of rlft/ has a floor."""
     g = house.graph()
     assert all(house.floor(name) >= 1 for name in g)
     assert house.upward(g) == []

@@ -1,4 +1,4 @@
-"""docs/tutorials.md names only files and tests that exist.
+"""docs/reference/tutorial-map.md names only files and tests that exist.
 
 Every backticked path that starts with one of the repository's top folders must exist (a file or a folder), and
 every ``tests/test_x.py::test_name`` must name a function defined in that file. A path with a placeholder or a
@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PAGE = ROOT / "docs" / "tutorials.md"
+PAGE = ROOT / "docs" / "reference" / "tutorial-map.md"
 TOP = ("rlft/", "tests/", "recipes/", "benchmarks/", "docs/", "scripts/")
 CODE = re.compile(r"`([^`\n]+)`")
 
@@ -63,4 +63,5 @@ def test_the_check_catches_a_missing_file_and_a_missing_test():
 
 
 def test_the_page_is_in_the_site_navigation():
-    assert re.search(r"^\s*- [^:\n]+: tutorials\.md\s*$", (ROOT / "mkdocs.yml").read_text(encoding="utf-8"), re.M)
+    nav = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
+    assert re.search(r"^\s*- [^:\n]+: reference/tutorial-map\.md\s*$", nav, re.M)

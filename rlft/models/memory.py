@@ -1,7 +1,7 @@
 """The memory model of an RL run: what a run stores, term by term, so it can be sized before it starts.
 
 ``estimate`` is a pure function of the model's shape and the run's sizes; every term is in bytes and states its
-assumption (docs/speed.md, "The memory model", has the formulas and a worked example). The run prints the estimate
+assumption (docs/how-to/speed.md, "The memory model", has the formulas and a worked example). The run prints the estimate
 at start-up (rlft.stages.rl) and ``check`` refuses one that clearly exceeds the machine (``train.memory_check``).
 
 What the model does not count: the CUDA context and allocator slack, torch's own workspaces, the tokenizer and data,

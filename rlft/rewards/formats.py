@@ -76,7 +76,7 @@ class XmlFormat:
     the whole completion is ``<reasoning>`` R ``</reasoning>``, any whitespace
     (none included), ``<answer>`` A ``</answer>``, then at most one ``\n`` (a
     regex's ``$``); R and A are any text, lines included. Its regex also accepts
-    repeated tags; here each occurs once (see docs/rewards.md).
+    repeated tags; here each occurs once (see docs/reference/rewards.md).
 
     ``strict``: the layout of earlier GRPO notebooks (none of the five tutorials), the whole completion is
     ``<reasoning>\n`` R ``\n</reasoning>\n<answer>\n`` A ``\n</answer>`` followed

@@ -32,7 +32,7 @@ lock file while it runs. bwrap maps the sandbox's uid 65534 to that host uid
 drops to 65534 before anything untrusted runs, so ``RLIMIT_NPROC`` counts that
 run's threads alone: one sample cannot use up another's. As an ordinary user,
 bwrap maps 65534 to the user, and the thread limit is shared with the user's
-other processes (said in ``docs/rewards.md``).
+other processes (said in ``docs/reference/rewards.md``).
 
 ``mode="unjailed"`` starts the scripts as plain processes with rlimits and
 nothing else: the program can read the host's files and use the network. It is

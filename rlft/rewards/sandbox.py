@@ -1,6 +1,6 @@
 """Run an untrusted program against a task's tests: two jailed processes, plain data between them, the verdict apart.
 
-Threat model (also in ``docs/rewards.md``).
+Threat model (also in ``docs/reference/rewards.md``).
 
 **Protected**: the host (its files, processes, network, memory and time), the
 other samples scored at the same time, and the verdict. **Against**: any

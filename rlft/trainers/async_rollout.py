@@ -18,7 +18,7 @@ finished batch (``state_dict``), which the resumed run trains on next.
 
 Threads: torch runs each thread's operations on ``torch.get_num_threads()`` threads of its own (a process-wide
 setting, ``train.threads``), so the rollout and the update together use twice that many; on a machine whose cores
-they share they compete for them (docs/speed.md, "Asynchronous rollouts").
+they share they compete for them (docs/how-to/speed.md, "Asynchronous rollouts").
 """
 
 from __future__ import annotations
