@@ -19,7 +19,8 @@ PREFIXES = ("actor", "critic", "reward", "reward_hacking", "rollout_corr", "resp
             "data", "health", "env", "tool", "role", "process", "val", "sft", "rm", "rm_refresh", "dpo", "prm",
             "rft", "distill", "label", "async", "partial", "dynamic_sampling")
 LITERAL = re.compile(r"""(?<![\w.])(f?)(["'])((?:%s)/[^"'\s]*)\2""" % "|".join(PREFIXES))
-NOT_METRICS = {"data/gsm8k"}  # a default path, not a metric
+NOT_METRICS = {"data/gsm8k",  # a default path, not a metric
+               "val/max/pass_at_4"}  # MLflow's spelling of val/max/pass@4, in rlft/runs/trackers/mlflow.py's doctest
 # Logged under another name: the label stage puts each split's name after "label/" (rlft/stages/label.py), and the
 # evaluation's role rewards reach metrics.jsonl under val/<set>/ (rlft/insight/eval.py)
 RENAMED = {"label/correct": "label/train/correct", "label/judge_errors": "label/train/judge_errors",

@@ -169,7 +169,7 @@ class LogConfig:
     name: str = ""
     """Run name (empty: a timestamp)."""
     report_to: tuple[Literal["auto", "tensorboard", "wandb", "mlflow", "trackio"], ...] = ("auto",)
-    """Trackers that receive the run's configuration, every metric with its step and the final evaluation, besides metrics.jsonl: tensorboard (<run>/tensorboard/), wandb (offline, in <run>/wandb/, unless W&B is configured online), mlflow (sqlite:///<run>/mlflow.db unless MLFLOW_TRACKING_URI is set), trackio (its local store); auto: tensorboard when it is installed; []: none. A tracker named here that is not installed stops the run before it starts; one that fails while it runs costs a warning (docs/trackers.md)."""
+    """Trackers that receive the run's configuration, every metric with its step and the final evaluation, besides metrics.jsonl: tensorboard (<run>/tensorboard/), wandb (offline, in <run>/wandb/, unless W&B is configured online), mlflow (sqlite:///<run>/mlflow.db unless MLFLOW_TRACKING_URI is set), trackio (its local store); auto: tensorboard when it is installed; []: none. A tracker named here that is not installed stops the run before it starts; one that fails while it runs costs a warning (docs/how-to/trackers.md)."""
     progress: bool = True
     """Show a progress bar."""
     samples_every: int = 10
