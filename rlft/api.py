@@ -6,8 +6,8 @@
     def brevity(completion, sample):
         return 1.0 if len(completion) < 200 else 0.0
 
-    result = rlft.train({"algo": "grpo"}, {"train.steps": 20}, rewards=[brevity, lambda c, s: float("#" in c)],
-                        train_data=[{"prompt": "2+2?", "answer": "4"}, ...], overrides={"data.answer_key": "answer"})
+    result = rlft.train({"algo": "grpo"}, {"train.steps": 20, "data.answer_key": "answer"},
+                        rewards=[brevity, lambda c, s: float("#" in c)], train_data=[{"prompt": "2+2?", "answer": "4"}])
     result.eval["after_rl"]["exact_match"], result.metrics[-1]["reward/brevity/mean"], result.policy_dir
 
 One orchestration path: ``rlft train``, ``rlft eval`` and the single-stage commands parse their arguments and call
