@@ -66,7 +66,8 @@ class RunResult:
     run_dir: Path  # log.run_dir/log.name
     policy_dir: Path | None  # the policy the run ended with (its last stage's that trains one); None: rm/prm/label only
     eval: dict  # eval.json of the RL stage: {"before_rl": {...}, "after_rl": {...}}; {} without an RL stage
-    metrics: list[dict]  # the rows of metrics.jsonl, one per step (a pipeline: its last stage that wrote one)
+    metrics: list[dict]  # the rows of metrics.jsonl (a single stage: <stage>_metrics.jsonl), one per step; a
+    # pipeline: those of its last stage that wrote one
     summary: str  # the run's last lines on the console (the RL summary, a stage's line, or the pipeline's table)
     stages: list[dict]  # per stage: stage, model_dir, metrics, summary (summary.json's entries)
     seconds: float  # wall time of the run
@@ -358,9 +359,10 @@ def _result(r) -> RunResult:
     run_dir = Path(r.run_dir)
     policies = [Path(e["model_dir"]) for e, kind in zip(r.stages, r.kinds) if not STAGES.get(kind).scorer]
     metrics: list[dict] = []
-    for out in reversed(r.outs):
-        path = run_dir / out / "metrics.jsonl"
-        if path.is_file():
+    for out, kind in reversed(list(zip(r.outs, r.kinds))):  # RL's metrics.jsonl, a stage's <stage>_metrics.jsonl
+        path = next((p for p in (run_dir / out / "metrics.jsonl", run_dir / out / f"{kind}_metrics.jsonl")
+                     if p.is_file()), None)
+        if path is not None:
             metrics = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()
                        if line.strip().endswith("}")]  # a line cut short (a stop mid-write) is dropped
             break

@@ -244,3 +244,12 @@ def test_import_rlft_config_stays_light():
             "import rlft; rlft.train; assert 'rlft.api' in sys.modules; print(sorted(rlft.API) == sorted(set(rlft.API)))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "True", done.stderr
+
+
+def test_a_single_stage_from_python(tmp_path, tiny_size_overrides):
+    r = rlft.sft({"sft": {"steps": 2}}, tiny_size_overrides(tmp_path, "log.name=sft", "data.answer_key=answer",
+                                                            "data.response_key=answer"), train_data=rows(8))
+    assert r.policy_dir == Path(r.stages[0]["model_dir"]) and (r.policy_dir / "config.json").is_file()
+    assert [s["stage"] for s in r.stages] == ["sft"] and r.eval == {} and r.summary.startswith("rlft sft")
+    assert r.metrics == [json.loads(line) for line in (r.run_dir / "sft_metrics.jsonl").read_text().splitlines()]
+    assert len(r.metrics) >= 1 and (r.run_dir / "data" / "train.jsonl").is_file()
