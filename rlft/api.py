@@ -160,7 +160,7 @@ def _run(only: str | None, recipe: Recipe, overrides: Overrides, rewards, train_
 def evaluate(policy: str | Path, recipe: Recipe = None, overrides: Overrides = None) -> dict:
     """``rlft eval``: the held-out metrics of the saved ``policy`` (what the command prints as JSON), with the
     configuration of the run that saved it (its config.yaml) unless a recipe is given; what it evaluates is said
-    on stderr."""
+    on stderr. The run's Python rewards (``python:<name>``) are not needed: evaluation never calls reward.fns."""
     from rlft.data.task import load_task
     from rlft.insight.eval import describe_sets, evaluate_task, load_sets
     from rlft.models.loading import check_device, check_model_path, load_policy, quiet_transformers
@@ -170,7 +170,7 @@ def evaluate(policy: str | Path, recipe: Recipe = None, overrides: Overrides = N
     items = _items(overrides)
     check_model_path(policy)
     run_config = None if recipe is not None else _run_config(policy)
-    with stop.handling():
+    with stop.handling(), given({PYTHON: _not_scored}):  # a run's python: rewards are not needed to evaluate
         cfg = _load_config(recipe if recipe is not None else run_config, items)
         check_device(cfg.model.device)
         with contextlib.redirect_stdout(sys.stderr):  # stdout holds the JSON alone, whatever a library prints
@@ -186,6 +186,12 @@ def evaluate(policy: str | Path, recipe: Recipe = None, overrides: Overrides = N
             seed_everything(cfg.train.seed)  # pass@k samples are reproducible, as in `rlft train`
             model, tok = load_policy(policy, cfg.model)
             return evaluate_task(model, tok, cfg, held_out, sets=sets, examples=True, progress=True)
+
+
+def _not_scored(completion, sample):
+    """What a ``python:<name>`` reward not given again stands for in an evaluation, which never scores with
+    ``reward.fns`` (the held-out metrics use eval.correct_fn and eval.format_fn)."""
+    raise RuntimeError("a Python reward function of rlft.train, not given to this process, was called")
 
 
 def _run_config(model: str) -> Path | None:

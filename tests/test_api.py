@@ -211,6 +211,8 @@ def test_a_lambda_run_resumes_through_rlft_train_not_from_the_shell(tmp_path, ti
     again = rlft.train(config, {"train.resume": True, "train.steps": 3}, rewards=[reward], train_data=rows())
     assert [m["step"] for m in again.metrics] == [1, 2, 3] and again.metrics[0] == first.metrics[0]
     assert (again.run_dir / "resumes.jsonl").is_file()
+    evaluated = _cli(tmp_path, "eval", str(again.policy_dir), "eval.ks=[1]")  # evaluation never calls reward.fns
+    assert evaluated.returncode == 0 and json.loads(evaluated.stdout)["n"] >= 1, evaluated.stderr
 
 
 def test_outside_the_main_thread_no_handler_is_installed(tmp_path, tiny_size_overrides):
