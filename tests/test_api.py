@@ -4,6 +4,7 @@ reward functions, rows in memory, resume, ``rlft.evaluate``; and the command lin
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -17,6 +18,7 @@ import yaml
 import rlft
 from rlft.config import ConfigError
 from rlft.data.schema import DataError
+from rlft.errors import TrainingHalted
 from rlft.recipe import parse_override
 from rlft.rewards import batched, group_level
 from rlft.rewards.math import format_reward
@@ -255,3 +257,30 @@ def test_a_single_stage_from_python(tmp_path, tiny_size_overrides):
     assert [s["stage"] for s in r.stages] == ["sft"] and r.eval == {} and r.summary.startswith("rlft sft")
     assert r.metrics == [json.loads(line) for line in (r.run_dir / "sft_metrics.jsonl").read_text().splitlines()]
     assert len(r.metrics) >= 1 and (r.run_dir / "data" / "train.jsonl").is_file()
+
+
+def test_a_stop_signal_ends_rlft_train_with_training_halted_not_an_exit(tmp_path, tiny_size_overrides):
+    calls = []
+
+    def interrupting(completion, sample):  # a Ctrl-C during the first training step's scoring (after the trial's 6)
+        calls.append(1)
+        if len(calls) == 7:
+            os.kill(os.getpid(), signal.SIGINT)
+        return 0.0
+
+    before = signal.getsignal(signal.SIGINT)
+    with pytest.raises(TrainingHalted, match="SIGINT after RL step 1") as e:
+        rlft.train(None, tiny_size_overrides(tmp_path, "log.name=stop", "train.steps=3", "sft.steps=0",
+                                             "data.answer_key=answer"), rewards=[interrupting], train_data=rows())
+    assert e.value.exit_code == 130 and signal.getsignal(signal.SIGINT) is before
+    assert len((tmp_path / "stop" / "metrics.jsonl").read_text().splitlines()) == 1
+
+
+def test_a_start_that_fails_after_the_rows_were_written_leaves_nothing(tmp_path, tiny_size_overrides):
+    def broken(completion, sample):
+        raise ValueError("no")
+
+    with pytest.raises(ConfigError, match="reward 'broken' .*failed on all"):
+        rlft.train(None, tiny_size_overrides(tmp_path, "data.answer_key=answer"), rewards=[broken],
+                   train_data=rows())
+    assert not list(tmp_path.iterdir())
