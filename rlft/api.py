@@ -20,7 +20,8 @@ writes the run directory the command writes, its ``config.yaml`` complete:
   (``{name: custom, fn: module:qualname, label: <name>}``: the saved config replays from the shell); anything else
   (a lambda, a closure, a function of ``__main__``) as ``fn: python:<name>``, found in this call's table
   (``rlft.userfn.given``): a config naming one, loaded where it is not given again, is an error saying to pass it
-  again. They replace the default ``reward.fns`` and are added to a recipe's own (a function already recorded
+  again (but to ``evaluate``, which never calls ``reward.fns``). Such a function runs in this process only:
+  ``slow`` (the worker pool) and ``sandboxed`` are refused for it. They replace the default ``reward.fns`` and are added to a recipe's own (a function already recorded
   there, passed again on resume, takes its own entry back).
 - ``train_data`` / ``eval_data``: rows in memory (a ``datasets.Dataset``, a ``DatasetDict`` of splits, a list of
   dicts) are checked (a bad row: a DataError naming the row and field), written to ``<run_dir>/data/train.jsonl``
