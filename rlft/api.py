@@ -326,7 +326,9 @@ def _splits(train_data, eval_data, cfg: Config) -> dict[str, tuple[list, str]]:
 
 
 def _rows(data, what: str) -> list:
-    """The rows of a ``datasets.Dataset``, a list of dicts or any iterable of mappings."""
+    """The rows of a ``datasets.Dataset``, a list of dicts, a pandas DataFrame or any iterable of mappings."""
+    if type(data).__module__.startswith("pandas") and hasattr(data, "to_dict"):  # a DataFrame: its records
+        data = data.to_dict("records")
     if isinstance(data, (str, bytes, Mapping)) or not isinstance(data, Iterable):
         raise ConfigError(f"{what}: expected rows (a datasets.Dataset or a list of dicts), got a "
                           f"{type(data).__name__}")

@@ -184,8 +184,12 @@ def test_rows_in_memory_plain_and_conversational_are_written_into_the_run(tmp_pa
                                   "test": datasets.Dataset.from_list(rows(4, chat=False)[1:])})
     ds = rlft.train(None, [*size, "log.name=ds"], train_data=split)
     assert (ds.run_dir / "data" / "train.jsonl").read_text().count("\n") == 8 and ds.eval["after_rl"]["n"] == 3
-    plain = rlft.train(None, [*size, "log.name=plain"], train_data=datasets.Dataset.from_list(rows(8)))
+    plain = rlft.train(None, [*size, "log.name=plain"], train_data=datasets.Dataset.from_list(rows(8)).to_pandas())
     assert not (plain.run_dir / "data" / "test.jsonl").exists() and plain.eval["after_rl"]["n"] == 1  # carved off
+    one = rlft.train(None, [*size, "log.name=one"], train_data=datasets.Dataset.from_list(rows(8, chat=True)),
+                     eval_data=datasets.Dataset.from_list(rows(2, chat=True)))
+    assert [json.loads(line) for line in (one.run_dir / "data" / "test.jsonl").read_text().splitlines()] == \
+        rows(2, chat=True) and one.eval["after_rl"]["n"] == 2
 
 
 @pytest.mark.parametrize("bad, message", [
