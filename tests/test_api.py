@@ -94,7 +94,7 @@ def test_the_same_run_through_the_cli_and_rlft_train_is_bit_identical(tmp_path, 
     base = tiny_overrides(tmp_path, "train.steps=2", "algo=grpo", "algo.kl_coef=0.0")
     done = _cli(REPO, "train", *base, "log.name=cli")
     assert done.returncode == 0, done.stderr
-    result = rlft.train(None, [*base, "log.name=api"])
+    result = rlft.train(None, {**as_dict(base), "log.name": "api"})
 
     def kept(path: Path) -> list[dict]:
         return [{k: v for k, v in json.loads(line).items() if not k.startswith(WALL_CLOCK)}
