@@ -69,7 +69,8 @@ def test_sets_from_a_command_line_override():
     ("eval.sets=[{source: x.jsonl, limit: -1}]", "eval.sets[0].limit: must be >= 0"),
     ("eval.sets=[{source: x.jsonl, vote_extractor: last}]", "eval.sets[0].vote_extractor: must be one of strict"),
     ("eval.sets=[{source: x.jsonl, template: 'no slot'}]", "eval.sets[0].template:"),
-    ("eval.sets=[{source: x.jsonl, correct: math}]", "eval.sets[0].correct: unknown key; allowed:"),
+    ("eval.sets=[{source: x.jsonl, correct: math}]", "eval.sets[0].correct: unknown key; did you mean "
+                                                     "eval.sets[0].correct_fn? allowed in eval.sets[0]:"),
     ("eval.sets=[3]", "eval.sets[0]: must be a section"),
 ])
 def test_bad_sets_name_the_field(override, message):
