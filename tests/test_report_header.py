@@ -16,7 +16,7 @@ import pytest
 
 import rlft
 from rlft.cli.main import main
-from rlft.insight.metric_defs import METRICS, anchor, definition
+from rlft.insight.metric_defs import METRICS, anchor, definition, markdown
 from rlft.insight.report import _flat
 from rlft.recipe import load_config
 from rlft.insight.report import build_report
@@ -123,3 +123,6 @@ def test_the_definitions_table_is_well_formed():
     assert definition("health/kl_blowup")[0] == "health/<rule>"
     assert definition("dpo/loss")[0] == "<stage>/loss" and definition("nonsense/loss") is None
     assert definition("not_a_metric") is None
+    table = markdown().splitlines()
+    assert table[:2] == ["| metric | meaning |", "|---|---|"] and len(table) == len(METRICS) + 2
+    assert table[2] == f"| `{METRICS[0][0]}` | {METRICS[0][1]} |"

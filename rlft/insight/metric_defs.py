@@ -213,3 +213,10 @@ def definition(name: str) -> tuple[str, str] | None:
 def anchor(pattern: str) -> str:
     """The HTML id of a pattern's definition: ``metric-`` and the pattern with each other character as '-'."""
     return "metric-" + re.sub(r"[^A-Za-z0-9_]+", "-", pattern).strip("-")
+
+
+def markdown() -> str:
+    """The table as a Markdown table (``| metric | meaning |``), for the docs' metrics reference to hold or be
+    checked against; each row's anchor is :func:`anchor` of its pattern."""
+    rows = [f"| `{pattern}` | {text.replace('|', '&#124;')} |" for pattern, text in METRICS]
+    return "\n".join(["| metric | meaning |", "|---|---|", *rows])
