@@ -24,6 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
     ("rollout.group_size=4", "did you mean algo.group_size?"),
     ("algo.temperature=0.7", "did you mean rollout.temperature or eval.temperature?"),
     ("trian.steps=2", "trian: unknown key; did you mean train?"),  # a misspelt section
+    ("lr=1e-5", "lr: unknown key; did you mean optim.lr or "),  # a section's key without its section
     ("eval.sets=[{source: x.jsonl, correct: math}]", "did you mean eval.sets[0].correct_fn?"),  # a list's entry
 ])
 def test_an_unknown_key_names_the_closest(override, hint):

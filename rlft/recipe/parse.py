@@ -204,19 +204,24 @@ def unknown_key(key: str, prefix: str, known: list[str], top: bool = False) -> s
     close = [f"{prefix}{k}" for k in difflib.get_close_matches(key, known, n=3, cutoff=0.75)]
     section = prefix.rstrip(".")
     if not close and "." not in section and section in _sections():  # a top-level section's key: the others'
-        order = sorted(_sections(), key=lambda s: (s not in MAIN_SECTIONS, MAIN_SECTIONS.index(s)
-                                                    if s in MAIN_SECTIONS else 0))
-        dotted = [f"{s}.{k}" for s in order if s != section for k in _sections()[s]]
+        dotted = [f"{s}.{k}" for s in _ordered() if s != section for k in _sections()[s]]
         close = ([d for d in dotted if d.split(".")[1] == key] or difflib.get_close_matches(
             f"{section}.{key}", dotted, n=3, cutoff=0.8))[:3]
-    if top and not close:  # a dotted key whose section is misspelt (trian.steps) reads as the section here
-        close = difflib.get_close_matches(key, known, n=3, cutoff=0.6)
+    if top and not close:  # a section's key given alone (lr), or a misspelt section (trian.steps reads as trian)
+        close = ([f"{s}.{key}" for s in _ordered() if key in _sections()[s]][:3]
+                 or difflib.get_close_matches(key, known, n=3, cutoff=0.6))
     hint = f"did you mean {' or '.join(close)}? " if close else ""
     return f"unknown key; {hint}allowed{f' in {section}' if section else ''}: {', '.join(known)}"
 
 
 MAIN_SECTIONS = ("optim", "train", "algo", "rollout", "model", "data", "reward", "eval", "log")
 """The sections a key named in several (``lr``) is first looked for in, by "did you mean"."""
+
+
+def _ordered() -> list[str]:
+    """The sections, the main ones first (MAIN_SECTIONS), then the others in Config's order."""
+    return sorted(_sections(), key=lambda s: (s not in MAIN_SECTIONS, MAIN_SECTIONS.index(s)
+                                              if s in MAIN_SECTIONS else 0))
 
 
 def _sections() -> dict[str, list[str]]:
