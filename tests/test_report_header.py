@@ -53,7 +53,7 @@ def test_the_report_opens_with_what_ran(cli_run):
     assert len(record) == 1 and record[0]["command"] == command
     assert record[0]["rlft_version"] == rlft.__version__ and record[0]["seconds"] > 0
     rows = _what_ran((run / "report.html").read_text())
-    assert rows["algorithm"] == "grpo"
+    assert rows["algorithm"] == "sft -> grpo" and record[0]["stages"] == ["sft", "grpo"]  # the warm-up, then RL
     assert rows["model"] == "the embedded tiny model (32 hidden, 1 layer)"
     assert rows["data"] == "synthetic:max"
     assert rows["steps"] == "rl: 2; sft: 3 (configured: sft.steps = 3, train.steps = 2)"
@@ -92,9 +92,10 @@ def test_the_python_api_records_how_it_was_called(tmp_path, tiny_overrides):
         run = run_pipeline(cfg, echo=lambda *a, **k: None).run_dir
     finally:
         STARTED_BY.reset(token)
-    assert _what_ran((run / "report.html").read_text())["command"] == \
-        "rlft.train(recipe=None, overrides={'train.steps': 1})"
-    record_start(run, command_line())  # a second start (a resumed run), without a caller saying how: the program
+    rows = _what_ran((run / "report.html").read_text())
+    assert rows["command"] == "rlft.train(recipe=None, overrides={'train.steps': 1})"
+    assert rows["algorithm"] == "sft -> grpo"
+    record_start(run, command_line(), ["grpo"])  # a second start (a resumed run), without a caller saying how: the program
     starts = json.loads((run / "run.json").read_text())["starts"]
     assert len(starts) == 2 and starts[1]["command"] == f"rlft.train(...) in python {shlex.join(sys.argv)}"
     build_report(run)
@@ -126,3 +127,11 @@ def test_the_definitions_table_is_well_formed():
     table = markdown().splitlines()
     assert table[:2] == ["| metric | meaning |", "|---|---|"] and len(table) == len(METRICS) + 2
     assert table[2] == f"| `{METRICS[0][0]}` | {METRICS[0][1]} |"
+
+
+def test_a_single_stage_says_which(tmp_path, tiny_overrides):
+    cfg = load_config(None, tiny_overrides(tmp_path, "log.name=s", "sft.steps=1"))
+    run = run_pipeline(cfg, echo=lambda *a, **k: None, only="sft").run_dir
+    assert json.loads((run / "run.json").read_text())["starts"][0]["stages"] == ["sft"]
+    rows = _what_ran((run / "report.html").read_text())
+    assert rows["algorithm"] == "sft" and rows["command"].startswith("rlft.sft(...) in python ")

@@ -204,7 +204,9 @@ def _what_ran(run: Path, cfg: dict, loaded: list[tuple[str, list[dict]]]) -> str
     wall = ("-" if not starts else f"{sum(x or 0 for x in seconds):.1f} s" + (
         f" over {len(starts)} starts" if len(starts) > 1 else "") + (" (running, or stopped before its end)"
                                                                      if seconds[-1] is None else ""))
-    rows = [("algorithm", f"{algo.get('name', '-')}" + (f"; stages {', '.join(map(str, stages))}" if stages else "")),
+    ran = starts[-1].get("stages") if starts else None  # what the last start ran; an older run: its config
+    ran = " -> ".join(map(str, ran)) if ran else ", ".join(map(str, stages)) if stages else algo.get("name", "-")
+    rows = [("algorithm", ran),
             ("model", (model.get("path") or f"the embedded tiny model ({model.get('tiny_hidden_size')} hidden, "
                                              f"{model.get('tiny_layers')} layer{'' if model.get('tiny_layers') == 1 else 's'})") + (f", LoRA rank {lora}" if lora else "")),
             ("data", str(data.get("source", "-"))),

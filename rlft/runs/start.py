@@ -128,19 +128,19 @@ def resume_advice(run_dir: Path) -> str:
 
 
 RUN_RECORD = "run.json"
-"""How the run was started and how long it ran: ``{"starts": [{command, started, rlft_version, seconds}, ...]}``,
-one entry per start (a resumed run adds one); ``seconds`` from the start to the run's report, null while it
-runs or when it stopped before."""
+"""How the run was started and how long it ran: ``{"starts": [{command, stages, started, rlft_version, seconds},
+...]}``, one entry per start (a resumed run adds one); ``stages``: what it runs, in order (an RL stage by its
+algorithm's name); ``seconds`` from the start to the run's report, null while it runs or when it stopped before."""
 
 
-def record_start(run_dir: Path, command: str) -> None:
-    """Add this start of the run (``command``, the time, rlft's version) to ``run_dir/run.json``."""
+def record_start(run_dir: Path, command: str, stages: list[str]) -> None:
+    """Add this start of the run (``command``, its ``stages``, the time, rlft's version) to ``run_dir/run.json``."""
     from rlft import __version__
 
     path = Path(run_dir) / RUN_RECORD
     starts = _read_record(path)
-    starts.append({"command": command, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "rlft_version": __version__,
-                   "seconds": None})
+    starts.append({"command": command, "stages": stages, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                   "rlft_version": __version__, "seconds": None})
     write_json(path, {"starts": starts})
 
 

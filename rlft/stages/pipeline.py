@@ -122,7 +122,9 @@ def _pipeline(cfg: Config, log: RunLog, only: str | None) -> RunResult:
     run_dir = cfg.log.path
     if dist.is_main:
         log.attach(run_dir)
-        record_start(run_dir, command_line(f"rlft.{only or 'train'}"))
+        record_start(run_dir, command_line(f"rlft.{only or 'train'}"), [
+            *(["sft"] if steps[0].warm_up and cfg.sft.steps else []),  # RL's warm-up
+            *(cfg.algo.name if s.kind == "rl" else s.name for s in steps)])
     if resuming.pipeline and dist.is_main:
         resume.record(run_dir, cfg, None, None, echo)
     with removed_if_start_fails(run_dir, keep=cfg.train.resume):
