@@ -95,7 +95,7 @@ def test_the_python_api_records_how_it_was_called(tmp_path, tiny_overrides):
     rows = _what_ran((run / "report.html").read_text())
     assert rows["command"] == "rlft.train(recipe=None, overrides={'train.steps': 1})"
     assert rows["algorithm"] == "sft -> grpo"
-    record_start(run, command_line(), ["grpo"])  # a second start (a resumed run), without a caller saying how: the program
+    record_start(run, command_line(), ["grpo"])  # a second start (resumed), no caller saying how: the program
     starts = json.loads((run / "run.json").read_text())["starts"]
     assert len(starts) == 2 and starts[1]["command"] == f"rlft.train(...) in python {shlex.join(sys.argv)}"
     build_report(run)
@@ -103,7 +103,8 @@ def test_the_python_api_records_how_it_was_called(tmp_path, tiny_overrides):
         f"{starts[0]['seconds']:.1f} s over 2 starts (running, or stopped before its end)"
     record_end(run, 2.0)
     build_report(run)
-    assert _what_ran((run / "report.html").read_text())["wall time"] == f"{starts[0]['seconds'] + 2:.1f} s over 2 starts"
+    wall = _what_ran((run / "report.html").read_text())["wall time"]
+    assert wall == f"{starts[0]['seconds'] + 2:.1f} s over 2 starts"
 
 
 def test_a_run_without_run_json_shows_the_command_of_its_log(tmp_path):

@@ -49,7 +49,7 @@ EXAMPLES: dict[str, tuple[tuple[str, str], ...]] = {
     ),
     "label": (
         ("rlft label label.mode=shortest", "long-to-short pairs: the shortest correct sample over longer ones"),
-        ("rlft train recipes/judge_demo.yaml log.name=judge_demo", "a judge model for the demo task, in runs/judge_demo"),
+        ("rlft train recipes/judge_demo.yaml log.name=judge_demo", "a judge for the demo task, in runs/judge_demo"),
         ("rlft label model.path=runs/sft/policy label.judge.path=runs/judge_demo/policy", "pairs that judge ranked"),
     ),
     "distill": (

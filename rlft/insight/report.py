@@ -198,7 +198,7 @@ def _what_ran(run: Path, cfg: dict, loaded: list[tuple[str, list[dict]]]) -> str
     stages = cfg.get("stages") or []
     steps = [f"{label[len(run.name):].strip(' /') or 'rl'}: {records[-1].get('step', len(records))}"
              for label, records in loaded if records]  # per log: rl, sft (the warm-up), 0-sft (a pipeline's stage)
-    planned = ", ".join(f"{k} = {cfg.get(s, {}).get('steps')}" for s, k in (("sft", "sft.steps"), ("train", "train.steps"))
+    planned = ", ".join(f"{s}.steps = {cfg.get(s, {}).get('steps')}" for s in ("sft", "train")
                         if cfg.get(s, {}).get("steps") is not None)
     seconds = [x.get("seconds") for x in starts]
     wall = ("-" if not starts else f"{sum(x or 0 for x in seconds):.1f} s" + (
@@ -207,8 +207,7 @@ def _what_ran(run: Path, cfg: dict, loaded: list[tuple[str, list[dict]]]) -> str
     ran = starts[-1].get("stages") if starts else None  # what the last start ran; an older run: its config
     ran = " -> ".join(map(str, ran)) if ran else ", ".join(map(str, stages)) if stages else algo.get("name", "-")
     rows = [("algorithm", ran),
-            ("model", (model.get("path") or f"the embedded tiny model ({model.get('tiny_hidden_size')} hidden, "
-                                             f"{model.get('tiny_layers')} layer{'' if model.get('tiny_layers') == 1 else 's'})") + (f", LoRA rank {lora}" if lora else "")),
+            ("model", (model.get("path") or _tiny(model)) + (f", LoRA rank {lora}" if lora else "")),
             ("data", str(data.get("source", "-"))),
             ("steps", "; ".join(steps) + (f" (configured: {planned})" if planned else "") if steps else
              f"none logged yet (configured: {planned})"),
@@ -218,6 +217,11 @@ def _what_ran(run: Path, cfg: dict, loaded: list[tuple[str, list[dict]]]) -> str
             ("started", starts[0].get("started", "-") if starts else "-")]
     return _table([[_cell(k), _cell(v, "text" if k == "command" else "")] for k, v in rows], ["what ran", ""],
                   "what-ran")
+
+
+def _tiny(model: dict) -> str:
+    layers, hidden = model.get("tiny_layers"), model.get("tiny_hidden_size")
+    return f"the embedded tiny model ({hidden} hidden, {layers} layer{'' if layers == 1 else 's'})"
 
 
 def _starts(run: Path) -> list[dict]:

@@ -57,7 +57,8 @@ def _entries() -> list[tuple[int, str, str]]:
             if isinstance(value, tuple) and value and isinstance(value[0], RewardTerm):
                 value = [t.to_plain() for t in value]
             doc = docs.get(f.name, "")
-            out.append((1, f"  {section.name}.{f.name} = {value!r}    {doc}".rstrip(), f"{section.name}.{f.name} {doc}"))
+            key = f"{section.name}.{f.name}"
+            out.append((1, f"  {key} = {value!r}    {doc}".rstrip(), f"{key} {doc}"))
         if section.name == "algo":
             lines = help_lines()
             out.append((1, lines[0], f"algo.preset {lines[0]}"))
