@@ -3,7 +3,7 @@
     rlft train                                    # the embedded demo (tiny model, synthetic arithmetic)
     rlft train recipes/grpo_gsm8k.yaml model.path=/models/qwen algo.group_size=4
     rlft train runs/<name>/config.yaml train.resume=true   # continue from the last checkpoint
-    rlft eval runs/<name>/policy recipes/grpo_gsm8k.yaml    # held-out metrics of a saved policy
+    rlft eval runs/<name>/policy eval.ks=[1,4]              # held-out metrics of a saved policy, on its run's data
     rlft sft sft.loss_on=answer sft.steps=200                    # SFT alone (loss on: all, response, answer)
     rlft rm model.path=runs/<name>/policy rm.source=data/prefs   # a reward model (empty rm.source: task pairs)
     rlft prm model.path=runs/<name>/policy data.source=synthetic:chain   # a process reward model (step labels)
@@ -25,6 +25,7 @@ import contextlib
 import json
 import sys
 
+from rlft.cli.examples import epilog
 from rlft.config import ConfigError
 from rlft.recipe import help_text, load_config
 from rlft.data.schema import DataError
@@ -101,7 +102,7 @@ def cmd_merge(ns: argparse.Namespace) -> int:
 
 
 def cmd_config(ns: argparse.Namespace) -> int:
-    print(help_text())
+    print(help_text(ns.search))
     return 0
 
 
@@ -231,8 +232,14 @@ def build_parser() -> argparse.ArgumentParser:
     mg.add_argument("--alpha", type=float, required=True, help="weight of B, in [0, 1] (0: A, 1: B)")
     mg.add_argument("--out", required=True, help="a new directory for the merged model")
     mg.set_defaults(fn=cmd_merge)
-    c = sub.add_parser("config", help="list every configuration key with its default and meaning")
+    c = sub.add_parser("config", help="list every configuration key with its default and meaning (SEARCH: only "
+                                      "the keys whose name or help holds it)")
+    c.add_argument("search", nargs="?", default="", metavar="SEARCH",
+                   help="a word to look for, in any case, in each key's dotted name and help text (e.g. lr, "
+                        "temperature, reward.fns); no key holding it: an error, exit 2")
     c.set_defaults(fn=cmd_config)
+    for name, command in sub.choices.items():  # each command's --help ends with its examples (rlft.cli.examples)
+        command.epilog, command.formatter_class = epilog(name), argparse.RawDescriptionHelpFormatter
     return p
 
 

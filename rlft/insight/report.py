@@ -13,8 +13,12 @@ from __future__ import annotations
 
 import html
 import json
+import re
 from pathlib import Path
 
+import yaml
+
+from rlft.insight.metric_defs import METRICS, anchor, definition
 from rlft.insight.plot import PANELS, metrics_files, read_metrics, series
 
 W, H, PAD = 560, 240, 44  # chart size and margin, in px
@@ -64,9 +68,11 @@ def _chart(name: str, label: str, lines: dict[str, tuple[list[int], list[float]]
     return "\n".join(parts) + "</svg>"
 
 
-def _table(rows: list[list[str]], head: list[str], table_id: str = "") -> str:
+def _table(rows: list[list[str]], head: list[str], table_id: str = "", linked: tuple | list = ()) -> str:
+    """A table; the ``linked`` headers are metric names, linked to their definitions."""
     ident = f' id="{table_id}"' if table_id else ""
-    out = [f"<table{ident}><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr>"]
+    out = [f"<table{ident}><tr>" + "".join(_metric(h).replace("<td", "<th").replace("</td>", "</th>") if h in linked
+                                           else f"<th>{html.escape(h)}</th>" for h in head) + "</tr>"]
     for r in rows:
         out.append("<tr>" + "".join(r) + "</tr>")
     return "\n".join(out) + "</table>"
@@ -77,6 +83,16 @@ def _cell(value, cls: str = "") -> str:
     return f'<td class="{cls}">{html.escape(text)}</td>' if cls else f"<td>{html.escape(text)}</td>"
 
 
+def _metric(name: str, cls: str = "") -> str:
+    """A table cell naming a metric, linked to its definition at the end of the page (the metric itself, or for
+    an extra held-out set's ``<set>/<metric>`` the metric); a name without one is plain."""
+    found = definition(name) or (definition(name.split("/", 1)[1]) if "/" in name else None)
+    if found is None:
+        return _cell(name, cls)
+    link = f'<a href="#{anchor(found[0])}">{html.escape(name)}</a>'
+    return f'<td class="{cls}">{link}</td>' if cls else f"<td>{link}</td>"
+
+
 def _evaluations(run: Path) -> str:
     if (run / "summary.json").is_file():  # a pipeline: one row per stage, a column per extra held-out set
         stages = json.loads((run / "summary.json").read_text())["stages"]
@@ -85,12 +101,12 @@ def _evaluations(run: Path) -> str:
                  *[_cell(e["metrics"].get("sets", {}).get(n, {}).get("exact_match")) for n in names],
                  _cell(e["metrics"].get("rm/accuracy")), _cell(e["summary"])] for i, e in enumerate(stages)]
         head = ["stage", "exact_match", *[f"{n}/exact_match" for n in names], "rm/accuracy", "summary"]
-        return _table(rows, head, "evaluation")
+        return _table(rows, head, "evaluation", linked=head[1:-1])
     if not (run / "eval.json").is_file():
         return "<p>No evaluation yet.</p>"
     ev = {when: _flat(part) for when, part in json.loads((run / "eval.json").read_text()).items()}
     keys = list(dict.fromkeys(k for part in ev.values() for k in part))
-    rows = [[_cell(k)] + [_cell(ev.get(when, {}).get(k)) for when in ("before_rl", "after_rl")] for k in keys]
+    rows = [[_metric(k)] + [_cell(ev.get(when, {}).get(k)) for when in ("before_rl", "after_rl")] for k in keys]
     return _table(rows, ["metric", "before RL", "after RL"], "evaluation")
 
 
@@ -102,16 +118,38 @@ def _flat(part: dict) -> dict:
     return out
 
 
-def _health(run: Path) -> str:
+def _evaluated(run: Path) -> list[str]:
+    """The names of the metrics the run's evaluations hold (eval.json, a pipeline's stages), extra sets' included."""
+    if (run / "summary.json").is_file():
+        parts = [e["metrics"] for e in json.loads((run / "summary.json").read_text())["stages"]]
+    elif (run / "eval.json").is_file():
+        parts = list(json.loads((run / "eval.json").read_text()).values())
+    else:
+        return []
+    return [k for part in parts if isinstance(part, dict) for k in _flat(part)]
+
+
+def _fired(run: Path) -> dict:
+    """The health rules that fired (health.json, a pipeline's stages'): {rule: first_step, last_step, steps, advice}."""
     found = {}
     for path in [run / "health.json", *sorted(run.glob("*-*/health.json"))]:
         if path.is_file():
             found.update(json.loads(path.read_text()))
+    return found
+
+
+def _health(run: Path) -> str:
+    found = _fired(run)
     if not found:
         return '<p class="ok" id="health">No health warning fired.</p>'
-    rows = [[_cell(name, "warn"), _cell(f"{h['first_step']}-{h['last_step']}"), _cell(h["steps"]),
+    rows = [[_rule(name), _cell(f"{h['first_step']}-{h['last_step']}"), _cell(h["steps"]),
              _cell(h["advice"])] for name, h in found.items()]
     return _table(rows, ["rule", "steps", "steps firing", "advice"], "health")
+
+
+def _rule(name: str) -> str:
+    """A health rule's cell, linked to the definition of its metric ``health/<rule>``."""
+    return f'<td class="warn"><a href="#{anchor(definition(f"health/{name}")[0])}">{html.escape(name)}</a></td>'
 
 
 def _samples(run: Path, limit: int) -> str:
@@ -151,6 +189,77 @@ def _completion(record: dict) -> str:
     return f'<td class="text">{"".join(turns)}</td>'
 
 
+def _what_ran(run: Path, cfg: dict, loaded: list[tuple[str, list[dict]]]) -> str:
+    """The page's opening table: the algorithm, model, data, steps, wall time, rlft version and the command, from
+    config.yaml, the per-step logs and run.json (``rlft.runs.start.record_start``)."""
+    starts = _starts(run)
+    model, data, algo = cfg.get("model", {}), cfg.get("data", {}), cfg.get("algo", {})
+    lora = cfg.get("lora", {}).get("rank", 0)
+    stages = cfg.get("stages") or []
+    steps = [f"{label[len(run.name):].strip(' /') or 'rl'}: {records[-1].get('step', len(records))}"
+             for label, records in loaded if records]  # per log: rl, sft (the warm-up), 0-sft (a pipeline's stage)
+    planned = ", ".join(f"{s}.steps = {cfg.get(s, {}).get('steps')}" for s in ("sft", "train")
+                        if cfg.get(s, {}).get("steps") is not None)
+    seconds = [x.get("seconds") for x in starts]
+    wall = ("-" if not starts else f"{sum(x or 0 for x in seconds):.1f} s" + (
+        f" over {len(starts)} starts" if len(starts) > 1 else "") + (" (running, or stopped before its end)"
+                                                                     if seconds[-1] is None else ""))
+    ran = starts[-1].get("stages") if starts else None  # what the last start ran; an older run: its config
+    ran = " -> ".join(map(str, ran)) if ran else ", ".join(map(str, stages)) if stages else algo.get("name", "-")
+    rows = [("algorithm", ran),
+            ("model", (model.get("path") or _tiny(model)) + (f", LoRA rank {lora}" if lora else "")),
+            ("data", str(data.get("source", "-"))),
+            ("steps", "; ".join(steps) + (f" (configured: {planned})" if planned else "") if steps else
+             f"none logged yet (configured: {planned})"),
+            ("wall time", wall),
+            ("rlft version", starts[-1].get("rlft_version", "-") if starts else "-"),
+            ("command", "\n".join(x.get("command", "") for x in starts) or _logged_command(run) or "-"),
+            ("started", starts[0].get("started", "-") if starts else "-")]
+    return _table([[_cell(k), _cell(v, "text" if k == "command" else "")] for k, v in rows], ["what ran", ""],
+                  "what-ran")
+
+
+def _tiny(model: dict) -> str:
+    layers, hidden = model.get("tiny_layers"), model.get("tiny_hidden_size")
+    return f"the embedded tiny model ({hidden} hidden, {layers} layer{'' if layers == 1 else 's'})"
+
+
+def _starts(run: Path) -> list[dict]:
+    try:
+        starts = json.loads((run / "run.json").read_text())["starts"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+    return [x for x in starts if isinstance(x, dict)] if isinstance(starts, list) else []
+
+
+def _logged_command(run: Path) -> str:
+    """The command on run.log's first line (``# <time> <command>``), for a run older than run.json."""
+    try:
+        first = (run / "run.log").read_text(errors="replace").split("\n", 1)[0]
+    except OSError:
+        return ""
+    return first.split(" ", 3)[3] if first.startswith("# ") and first.count(" ") >= 3 else ""
+
+
+def _definitions(page: str, names: set[str]) -> str:
+    """The definitions of the metrics ``names`` (those the run logged) and of those the page links to, each with
+    its anchor, in the order of ``rlft.insight.metric_defs.METRICS``."""
+    linked = set(re.findall(r'href="#(metric-[^"]+)"', page))
+    found: dict[str, list[str]] = {}
+    for name in sorted(names):
+        d = definition(name)
+        if d is not None:
+            found.setdefault(d[0], []).append(name)
+    rows = []
+    for pattern, text in METRICS:
+        if pattern in found or anchor(pattern) in linked:
+            shown = [n for n in found.get(pattern, []) if n != pattern]
+            here = f" Here: {', '.join(shown[:8])}{', ...' if len(shown) > 8 else ''}." if shown else ""
+            rows.append(f'<dt id="{anchor(pattern)}"><code>{html.escape(pattern)}</code></dt>'
+                        f"<dd>{html.escape(text + here)}</dd>")
+    return '<dl id="metric-definitions">' + "\n".join(rows) + "</dl>"
+
+
 def build_report(run: Path, samples: int = 200) -> Path:
     """Write ``run/report.html`` from what the run directory holds now; returns its path."""
     run = Path(run)
@@ -168,13 +277,21 @@ def build_report(run: Path, samples: int = 200) -> Path:
         if lines:
             charts.append(_chart(panel.name, panel.label, lines))
     config = (run / "config.yaml").read_text() if (run / "config.yaml").is_file() else "(no config.yaml)"
-    body = [f"<h1>rlft run {html.escape(run.name)}</h1>",
+    try:
+        cfg = yaml.safe_load(config) if (run / "config.yaml").is_file() else {}
+    except yaml.YAMLError:
+        cfg = {}
+    cfg = cfg if isinstance(cfg, dict) else {}
+    body = [f"<h1>rlft run {html.escape(run.name)}</h1>", _what_ran(run, cfg, loaded),
             "<h2>Evaluation</h2>", _evaluations(run),
             "<h2>Health</h2>", _health(run),
             "<h2>Curves</h2>", '<div class="charts">' + "\n".join(c for c in charts if c) + "</div>"
             if charts else "<p>No steps logged yet.</p>",
             f"<h2>Samples (the last {samples} logged)</h2>", _samples(run, samples),
             "<h2>Configuration</h2>", f"<pre id=\"config\">{html.escape(config)}</pre>"]
+    names = {k for _, records in loaded for r in records for k in r} | set(_evaluated(run)) | {
+        f"health/{rule}" for rule in _fired(run)}
+    body += ["<h2>Metric definitions</h2>", _definitions("\n".join(body), names)]
     page = ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<title>rlft {html.escape(run.name)}</title><style>{STYLE}</style></head><body>\n"
             + "\n".join(body) + "\n</body></html>\n")

@@ -29,6 +29,7 @@ from rlft.config.reward import RewardTerm, WeightSchedule
 from rlft.envs.build import check_params
 from rlft.errors import utf8_text
 from rlft.recipe.presets import PRESETS, conflict
+from rlft.recipe.suggest import unknown_key
 from rlft.recipe.validate import validate
 from rlft.rewards import REWARDS
 
@@ -171,7 +172,7 @@ def _build(cls: type, data: Mapping[str, Any], prefix: str, entry: bool = False)
     hints = typing.get_type_hints(cls)
     known = {f.name for f in fields(cls)}
     for key in data:
-        _check(key in known, f"{prefix}{key}", f"unknown key; allowed: {', '.join(sorted(known))}")
+        _check(key in known, f"{prefix}{key}", unknown_key(str(key), prefix, sorted(known), top=cls is Config))
     kwargs = {}
     for f in fields(cls):
         if f.name not in data:

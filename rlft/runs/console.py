@@ -8,7 +8,9 @@ themselves and never reach it. A resumed run appends; the error or stop that end
 
 from __future__ import annotations
 
+import contextvars
 import logging
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -53,7 +55,7 @@ class RunLog:
         except OSError:
             return
         pending, self._pending = self._pending, []
-        self.write(f"# {time.strftime('%Y-%m-%d %H:%M:%S')} rlft {' '.join(sys.argv[1:])}\n")
+        self.write(f"# {time.strftime('%Y-%m-%d %H:%M:%S')} {command_line()}\n")
         for text in pending:
             self.write(text)
 
@@ -73,6 +75,25 @@ class RunLog:
         if self._file is not None:
             self._file.close()
             self._file = None
+
+
+STARTED_BY: contextvars.ContextVar[str] = contextvars.ContextVar("rlft_started_by", default="")
+"""How the run about to start was asked for, when a Python caller says (``rlft.train(recipe='r.yaml')``); the
+``rlft`` command is read from ``sys.argv`` instead."""
+
+
+def command_line(api: str = "rlft.train") -> str:
+    """How this run was started, as run.log's first line and run.json record it: the ``rlft`` command as typed
+    (``sys.argv``); else what :data:`STARTED_BY` holds; else a call of ``api`` from the Python program running."""
+    argv = sys.argv if sys.argv and sys.argv[0] else []
+    first = Path(argv[0]) if argv else Path()
+    if first.name == "rlft":
+        return shlex.join(["rlft", *argv[1:]])
+    if first.name == "__main__.py" and first.parent.name == "rlft":
+        return shlex.join(["python", "-m", "rlft", *argv[1:]])
+    if STARTED_BY.get():
+        return STARTED_BY.get()
+    return f"{api}(...) in " + (f"python {shlex.join(argv)}" if argv else "an interactive Python session")
 
 
 def ending(err: BaseException) -> str:

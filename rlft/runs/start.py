@@ -144,6 +144,40 @@ def resume_advice(run_dir: Path) -> str:
             "train.resume=true")
 
 
+RUN_RECORD = "run.json"
+"""How the run was started and how long it ran: ``{"starts": [{command, stages, started, rlft_version, seconds},
+...]}``, one entry per start (a resumed run adds one); ``stages``: what it runs, in order (an RL stage by its
+algorithm's name); ``seconds`` from the start to the run's report, null while it runs or when it stopped before."""
+
+
+def record_start(run_dir: Path, command: str, stages: list[str]) -> None:
+    """Add this start of the run (``command``, its ``stages``, the time, rlft's version) to ``run_dir/run.json``."""
+    from rlft import __version__
+
+    path = Path(run_dir) / RUN_RECORD
+    starts = _read_record(path)
+    starts.append({"command": command, "stages": stages, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                   "rlft_version": __version__, "seconds": None})
+    write_json(path, {"starts": starts})
+
+
+def record_end(run_dir: Path, seconds: float) -> None:
+    """The wall time of the run's last start, once its stages are done (before its report)."""
+    path = Path(run_dir) / RUN_RECORD
+    starts = _read_record(path)
+    if starts:
+        starts[-1]["seconds"] = round(seconds, 1)
+        write_json(path, {"starts": starts})
+
+
+def _read_record(path: Path) -> list[dict]:
+    try:
+        starts = json.loads(path.read_text())["starts"]
+    except (OSError, ValueError, KeyError, TypeError):  # none yet, or a damaged one: start a new record
+        return []
+    return starts if isinstance(starts, list) else []
+
+
 def append_jsonl(path: Path, records: list[dict]) -> None:
     with writing(path), path.open("a", encoding="utf-8") as f:  # a line cut short is dropped on resume
         f.writelines(json.dumps(r) + "\n" for r in records)

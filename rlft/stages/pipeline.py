@@ -48,12 +48,12 @@ from rlft.parallel import launch
 from rlft.parallel.dist import Dist
 from rlft.rewards.trial import try_rewards
 from rlft.runs import checkpoint, resume, stop, trackers
-from rlft.runs.console import RunLog
+from rlft.runs.console import RunLog, command_line
 from rlft.runs.start import (base_model_dir, clear_run_dir, kept, prepare_run_dir, process_settings,
                              removed_if_start_fails, seed_everything, stops_on_write_failure)
 from rlft.stages.base import STAGES, StageInput, Task, with_labels
 from rlft.stages.label import judge_of
-from rlft.runs.start import write_json
+from rlft.runs.start import record_end, record_start, write_json
 from rlft.stages.rl import reward_failures, rl_summary
 from rlft.trainers.resumable import WARM_UP
 from rlft.trainers.sft import sft_examples
@@ -126,6 +126,9 @@ def _pipeline(cfg: Config, log: RunLog, only: str | None) -> RunResult:
     run_dir = cfg.log.path
     if dist.is_main:
         log.attach(run_dir)
+        record_start(run_dir, command_line(f"rlft.{only or 'train'}"), [
+            *(["sft"] if steps[0].warm_up and cfg.sft.steps else []),  # RL's warm-up
+            *(cfg.algo.name if s.kind == "rl" else s.name for s in steps)])
     if resuming.pipeline and dist.is_main:
         resume.record(run_dir, cfg, None, None, echo)
     with removed_if_start_fails(run_dir, keep=cfg.train.resume):
@@ -140,6 +143,7 @@ def _pipeline(cfg: Config, log: RunLog, only: str | None) -> RunResult:
                             "continue the pipeline with train.resume=true") from e.cause
         tracked.final([run_dir / s.out for s in steps])
     if dist.is_main:
+        record_end(run_dir, time.perf_counter() - t0)
         _report(run_dir, cfg, echo, advise=flat and steps[0].kind == "rl")
     dist.barrier()  # the run's files are complete when any process returns
     seconds = time.perf_counter() - t0
