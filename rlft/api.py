@@ -172,7 +172,8 @@ def evaluate(policy: str | Path, recipe: Recipe = None, overrides: Overrides = N
     check_model_path(policy)
     run_config = None if recipe is not None else _run_config(policy)
     with stop.handling(), given({PYTHON: _not_scored}):  # a run's python: rewards are not needed to evaluate
-        cfg = _load_config(recipe if recipe is not None else run_config, items)
+        # the policy is the model evaluated: a recipe that requires model.path (grpo_gsm8k.yaml) is satisfied by it
+        cfg = _load_config(recipe if recipe is not None else run_config, [{"model.path": policy}, *items])
         check_device(cfg.model.device)
         with contextlib.redirect_stdout(sys.stderr):  # stdout holds the JSON alone, whatever a library prints
             given_as = (f"the run's configuration {run_config}" if run_config else f"the recipe {recipe}"

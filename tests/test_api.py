@@ -88,6 +88,17 @@ def test_evaluate_returns_what_rlft_eval_prints(demo_run):
     assert json.loads(done.stdout) == got and got["n"] == 4
 
 
+def test_evaluate_with_a_recipe_that_requires_model_path_evaluates_the_policy(demo_run, tmp_path):
+    """``rlft eval runs/<name>/policy recipes/grpo_gsm8k.yaml``: the policy is the model.path such a recipe
+    requires (it was refused with 'model.path is required by the recipe')."""
+    recipe = tmp_path / "needs_model.yaml"
+    recipe.write_text(yaml.safe_dump({"required": ["model.path"], "eval": {"ks": [1]}}))
+    policy = demo_run.policy_dir
+    done = _cli(REPO, "eval", str(policy), str(recipe), f"data.num_eval={demo_run.config.data.num_eval}")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["n"] == 4
+
+
 def test_the_same_run_through_the_cli_and_rlft_train_is_bit_identical(tmp_path, tiny_overrides):
     """Metrics are equal to the last bit but for WALL_CLOCK keys (timing_s/*: seconds of each phase;
     perf/*: tokens per second), which measure the machine, not the run."""
