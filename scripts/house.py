@@ -28,6 +28,7 @@ FLOORS = {  # a module imports only from its own floor or a lower one (docs/arch
     "rlft.stages": 7,
     "rlft.recipe": 8,
     "rlft.cli": 9, "rlft.__main__": 9,
+    "rlft.trl": 10,  # the TRL façade: translates TRL's arguments and calls the Python API
 }
 
 

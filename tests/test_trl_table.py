@@ -1,0 +1,176 @@
+"""The TRL façade's translation (rlft.trl.table), LoRA mapping (rlft.trl.peft) and dataset checks (rlft.trl.data):
+pure logic, no training."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from rlft.recipe import load_config
+from rlft.trl import GRPOConfig, TRLArgumentError
+from rlft.trl.data import TRLReward, prompt_rows
+from rlft.trl.peft import lora_overrides
+from rlft.trl.table import GRPO, GRPO_FIXED, Context, markdown, translate
+
+CPU = dict(bf16=False, use_cpu=True)  # what TRL itself needs on a CPU-only machine
+ISSUE_FIELDS = (  # every GRPOConfig field the façade must honour
+    "num_generations max_completion_length max_prompt_length per_device_train_batch_size gradient_accumulation_steps "
+    "learning_rate lr_scheduler_type warmup_ratio max_steps num_train_epochs num_iterations beta epsilon "
+    "epsilon_high loss_type scale_rewards reward_weights temperature top_p top_k mask_truncated_completions "
+    "logging_steps save_steps output_dir report_to seed bf16 use_vllm gradient_checkpointing use_cpu save_strategy "
+    "save_total_limit eval_strategy eval_steps run_name disable_tqdm dataloader_num_workers").split()
+
+
+def test_every_field_has_one_entry_and_every_entry_a_field():
+    names = [f.name for f in dataclasses.fields(GRPOConfig)]
+    assert sorted(names) == sorted(GRPO)
+    assert set(ISSUE_FIELDS) <= set(names)
+
+
+def test_trls_defaults_on_a_cpu():
+    got = translate(GRPOConfig(**CPU), Context(n_train=10))
+    assert {k: got[k] for k in ("algo.group_size", "train.prompts_per_step", "train.micro_batch_size",
+                                "rollout.max_new_tokens", "data.max_prompt_tokens", "optim.lr", "optim.schedule",
+                                "optim.warmup_steps", "algo.kl_coef", "algo.epochs", "algo.clip_low",
+                                "algo.clip_high", "algo.loss_agg", "algo.advantage", "algo.policy_loss",
+                                "train.seed", "model.device", "model.autocast", "log.run_dir", "log.name",
+                                "log.tensorboard", "train.steps")} == {
+        "algo.group_size": 8, "train.prompts_per_step": 1, "train.micro_batch_size": 8,
+        "rollout.max_new_tokens": 256, "data.max_prompt_tokens": 512, "optim.lr": 1e-6, "optim.schedule": "linear",
+        "optim.warmup_steps": 0, "algo.kl_coef": 0.0, "algo.epochs": 1, "algo.clip_low": 0.2, "algo.clip_high": 0.2,
+        "algo.loss_agg": "token-mean", "algo.advantage": "group_norm", "algo.policy_loss": "clip",
+        "train.seed": 42, "model.device": "cpu", "model.autocast": "none", "log.run_dir": ".",
+        "log.name": "trainer_output", "log.tensorboard": False,
+        "train.steps": 30}  # 3 epochs x 10 prompts, one prompt (8 completions) per step
+    assert GRPO_FIXED.items() <= got.items()
+
+
+def test_the_translation_is_a_valid_rlft_configuration(tmp_path):
+    args = GRPOConfig(output_dir=str(tmp_path / "run"), num_generations=4, per_device_train_batch_size=4,
+                      gradient_accumulation_steps=2, max_completion_length=32, max_steps=6, num_iterations=2,
+                      beta=0.04, epsilon_high=0.28, loss_type="grpo", scale_rewards=False, warmup_ratio=0.5,
+                      lr_scheduler_type="cosine", save_strategy="steps", save_steps=2, save_total_limit=3,
+                      eval_strategy="steps", eval_steps=4, mask_truncated_completions=True, top_k=5, seed=7,
+                      disable_tqdm=True, run_name="run", report_to=["tensorboard"], **CPU)
+    overrides = translate(args, Context(n_train=4))
+    cfg = load_config(None, [f"{k}={json.dumps(v)}" for k, v in overrides.items()])
+    assert (cfg.algo.group_size, cfg.train.prompts_per_step, cfg.train.steps, cfg.algo.epochs) == (4, 2, 3, 2)
+    assert (cfg.algo.kl_coef, cfg.algo.kl_estimator, cfg.algo.kl_in) == (0.04, "k3", "loss")
+    assert (cfg.algo.clip_low, cfg.algo.clip_high, cfg.algo.adv_eps) == (0.2, 0.28, 1e-4)
+    assert (cfg.algo.loss_agg, cfg.algo.advantage, cfg.algo.overlong_filter) == ("seq-mean-token-mean",
+                                                                                  "group_mean", True)
+    assert (cfg.optim.schedule, cfg.optim.warmup_steps) == ("cosine", 3)  # ceil(0.5 x 6 optimizer steps)
+    assert (cfg.train.save_every, cfg.train.keep_checkpoints, cfg.eval.every) == (1, 3, 2)  # in RL steps
+    assert (cfg.rollout.top_k, cfg.train.seed, cfg.log.progress, cfg.log.tensorboard) == (5, 7, False, True)
+    assert cfg.log.path == tmp_path / "run" and cfg.sft.steps == 0
+
+
+@pytest.mark.parametrize("loss_type, agg", [("grpo", "seq-mean-token-mean"), ("dr_grpo", "seq-mean-token-sum-norm"),
+                                            ("dapo", "token-mean"), ("bnpo", "token-mean")])
+def test_loss_types(loss_type, agg):
+    assert translate(GRPOConfig(loss_type=loss_type, **CPU), Context(8))["algo.loss_agg"] == agg
+
+
+@pytest.mark.parametrize("args, ctx, says", [
+    (dict(bf16=True), Context(8), r"bf16=True: no GPU here: set bf16=False, use_cpu=True"),
+    (dict(min_p=0.1, **CPU), Context(8), r"min_p=0.1: .*nearest: rollout.top_p"),
+    (dict(repetition_penalty=1.1, **CPU), Context(8), r"repetition_penalty=1.1: .*nearest: rollout.temperature"),
+    (dict(loss_type="cispo", **CPU), Context(8), r"loss_type='cispo': .*algo.loss_agg"),
+    (dict(loss_type="bnpo", gradient_accumulation_steps=2, **CPU), Context(8), r"loss_type='bnpo': .*token-mean"),
+    (dict(scale_rewards="batch", **CPU), Context(8), r"scale_rewards='batch': .*algo.advantage"),
+    (dict(num_generations=3, **CPU), Context(8), r"num_generations=3: must .*divide"),
+    (dict(max_steps=3, num_iterations=2, **CPU), Context(8), r"max_steps=3: .*multiple of num_iterations"),
+    (dict(fp16=True, bf16=False, use_cpu=True), Context(8), r"fp16=True: .*nearest: model.autocast"),
+    (dict(lr_scheduler_type="polynomial", **CPU), Context(8), r"lr_scheduler_type='polynomial': .*optim.schedule"),
+    (dict(use_vllm=True, **CPU), Context(8), r"vllm_mode='server': .*colocate"),
+    (dict(run_name="other", **CPU), Context(8), r"run_name='other': .*output_dir"),
+    (dict(save_strategy="epoch", **CPU), Context(8), r"save_strategy='epoch': .*train.save_every"),
+    (dict(sync_ref_model=True, **CPU), Context(8), r"ref_model_mixup_alpha=0.6: .*algo.ref_refresh_every"),
+    (dict(delta=4.0, **CPU), Context(8), r"delta=4.0: .*nearest: algo.clip_c"),
+])
+def test_what_rlft_does_not_honour_is_an_error_naming_it(args, ctx, says):
+    with pytest.raises(TRLArgumentError, match=says):
+        translate(GRPOConfig(**args), ctx)
+
+
+def test_a_field_trl_does_not_have_is_pythons_error():
+    with pytest.raises(TypeError, match="num_generation"):
+        GRPOConfig(num_generation=4)
+
+
+def test_bf16_with_a_gpu_or_with_use_cpu_is_autocast():
+    assert translate(GRPOConfig(), Context(8, cuda=True))["model.autocast"] == "bfloat16"
+    assert translate(GRPOConfig(bf16=True, use_cpu=True), Context(8))["model.autocast"] == "bfloat16"
+
+
+def test_sequence_level_importance_sampling_is_gspo_and_sync_is_a_refresh():
+    got = translate(GRPOConfig(importance_sampling_level="sequence", sync_ref_model=True, ref_model_mixup_alpha=1.0,
+                               ref_model_sync_steps=16, **CPU), Context(8))
+    assert (got["algo.policy_loss"], got["algo.ref_refresh_every"]) == ("gspo", 16)
+
+
+def test_lora_config_maps_onto_lora_keys():
+    from peft import LoraConfig
+
+    got = lora_overrides(LoraConfig(r=4, lora_alpha=8, lora_dropout=0.05, target_modules=["v_proj", "q_proj"],
+                                    task_type="CAUSAL_LM"))
+    assert got == {"lora.rank": 4, "lora.alpha": 8.0, "lora.dropout": 0.05, "lora.target_modules": ["q_proj", "v_proj"]}
+    assert lora_overrides(LoraConfig(r=2, target_modules="all-linear"))["lora.target_modules"] == ["all-linear"]
+    assert lora_overrides(LoraConfig(r=2), "llama")["lora.target_modules"] == ["q_proj", "v_proj"]  # PEFT's default
+
+
+@pytest.mark.parametrize("kwargs, says", [
+    (dict(use_dora=True), r"use_dora=True: rlft's LoRA does not honour it"),
+    (dict(bias="all", use_rslora=True), r"bias='all', use_rslora=True: .* them"),
+    (dict(target_modules=r".*proj"), r"a regular expression"),
+    (dict(task_type="SEQ_CLS"), r"task_type='SEQ_CLS'"),
+])
+def test_lora_fields_rlft_does_not_honour_are_errors(kwargs, says):
+    from peft import LoraConfig
+
+    with pytest.raises(TRLArgumentError, match=says):
+        lora_overrides(LoraConfig(r=2, **{"target_modules": ["q_proj"], **kwargs}), "llama")
+
+
+def test_datasets_as_trl_expects_them():
+    from datasets import Dataset
+
+    rows, chat = prompt_rows(Dataset.from_list([{"prompt": "2+2=", "answer": "4"}, {"prompt": "1+1=", "answer": "2"}]))
+    assert (rows[1], chat) == ({"prompt": "1+1=", "answer": "2"}, False)
+    messages = [{"prompt": [{"role": "user", "content": "hi"}], "level": 1}]
+    assert prompt_rows(messages) == (messages, True)
+    for bad, says in [([{"question": "x"}], "no 'prompt' column"), ([], "no rows"),
+                      ([{"prompt": "a"}, {"prompt": [{"role": "user", "content": "b"}]}], "row 1: prompt is a list"),
+                      (Dataset.from_list([{"prompt": "a"}]).to_iterable_dataset(), "IterableDataset"),
+                      ({"train": [{"prompt": "a"}]}, "of splits")]:
+        with pytest.raises(TRLArgumentError, match=says):
+            prompt_rows(bad)
+
+
+def test_conversational_completions_are_lists_of_messages_as_trl_passes_them():
+    seen = {}
+
+    def fmt_reward(completions, answer, **kwargs):
+        seen.update(completions=completions, answer=answer, kwargs=sorted(kwargs))
+        return [float(c[0]["content"] == a) for c, a in zip(completions, answer)]
+
+    def plain(completions, answer):  # no **kwargs: only what it names
+        return [float(c == a) for c, a in zip(completions, answer)]
+
+    chat = TRLReward(fmt_reward, conversational=True)
+    assert chat.__name__ == "fmt_reward"
+    assert chat(prompts=[[{"role": "user", "content": "q"}]] * 2, completions=["4", "5"], answer=["4", "4"],
+                level=[1, 1]) == [1.0, 0.0]
+    assert seen["completions"][0] == [{"role": "assistant", "content": "4"}] and seen["kwargs"] == ["level", "prompts"]
+    assert TRLReward(plain, conversational=False)(prompts=["q"], completions=["4"], answer=["4"], level=[1]) == [1.0]
+
+
+def test_the_docs_table_is_the_translation_table():
+    page = (Path(__file__).resolve().parents[1] / "docs" / "trl.md").read_text(encoding="utf-8")
+    assert markdown(GRPO, GRPO_FIXED) in page
+    for name in ISSUE_FIELDS:
+        assert re.search(rf"^\| `{name}` \|", page, re.M), name
