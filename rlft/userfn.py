@@ -21,12 +21,18 @@ the same files, network and environment, so a function that deletes files or ope
 and it may signal the trainer or, where the kernel lets a user's processes trace each other, read it. Run
 untrusted code in the code sandbox (``rlft.rewards.sandbox``) instead.
 
+A function given from Python (``rlft.train(rewards=[...])``) that cannot be imported back by a name (a lambda, a
+closure, a function of ``__main__``) is named ``python:<name>``: :func:`given` holds it for the call, and
+:func:`resolve` finds it there; a process that does not hold it (a run resumed from the shell) gets a ValueError
+saying to pass it again. :func:`import_path` is where an importable one is found instead (``module:qualname``).
+
 This module imports neither torch nor ``rlft.rewards``, so a child starts in tens of milliseconds, plus what
 the user's module imports (on every call: nothing is cached between children).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import importlib
@@ -53,12 +59,59 @@ _MAX_REPLY = 16 << 20  # bytes of a child's reply: a batch reward's list of floa
 _RESOLVED: dict[tuple[str, bool], Callable] = {}  # (target "module:attr" or "/abs/file.py:attr", classes) -> the object
 _LOCK = threading.RLock()
 _HEAP_TYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: set on classes made by a class statement, not on types written in C
+PYTHON = "python:"
+"""The prefix of a function given from Python with no import path: ``python:<name>``, held by :func:`given`."""
+_GIVEN: dict[str, Callable] = {}  # "python:<name>" -> the function given to rlft.train in this process
+
+
+@contextlib.contextmanager
+def given(fns: Mapping[str, Callable]):
+    """Hold ``fns`` (``python:<name>`` -> function) for :func:`resolve` while inside; what was held before under
+    the same names comes back after."""
+    with _LOCK:
+        before = {name: _GIVEN.get(name) for name in fns}
+        _GIVEN.update(fns)
+    try:
+        yield
+    finally:
+        with _LOCK:
+            for name, fn in before.items():
+                _GIVEN.pop(name) if fn is None else _GIVEN.__setitem__(name, fn)
+
+
+def import_path(fn: Callable) -> str | None:
+    """``module:qualname`` that imports ``fn`` itself back, or None (a lambda, a closure, a function of
+    ``__main__``, a partial or an instance: a ``python:<name>`` function).
+
+    >>> import_path(import_path), import_path(lambda c, s: 0.0)
+    ('rlft.userfn:import_path', None)
+    """
+    module, qual = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
+    if not isinstance(fn, types.FunctionType) or not module or module == "__main__" or "<" in qual:
+        return None
+    obj = sys.modules.get(module)
+    for part in qual.split("."):
+        obj = getattr(obj, part, None)
+    return f"{module}:{qual}" if obj is fn else None
+
+
+def _given(target: str, spec: str) -> Callable:
+    """The function held under ``target`` (``python:<name>``), checked as :func:`resolve` checks one it imports."""
+    with _LOCK:
+        fn = _GIVEN.get(target)
+    if fn is None:
+        raise ValueError(f"fn: {spec!r} is a Python function given to rlft.train(rewards=[...]), which this process "
+                         "does not hold; pass it again through rlft.train(..., rewards=[...])")
+    check_plain(fn, target[len(PYTHON):], spec)
+    return fn
 
 
 def resolve(target: str, spec: str, *, classes: bool = False) -> Callable:
     """The function at ``target`` (imported once per process); a ValueError naming ``spec`` when it is missing,
     not callable, or a refused target (see the module's docstring). ``classes``: a Python class of the user's own
     is accepted too (an environment's factory)."""
+    if target.startswith(PYTHON):  # given from Python: looked up each time, never cached (another call, another one)
+        return _given(target, spec)
     with _LOCK:
         if (target, classes) not in _RESOLVED:
             where, _, attr = target.rpartition(":")

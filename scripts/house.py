@@ -18,7 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1] / "rlft"
 CONFIG_MAY_IMPORT = ("rlft.config", "rlft.errors", "rlft.registry")
 FLOORS = {  # a module imports only from its own floor or a lower one (docs/architecture.md)
-    "rlft": 1, "rlft.errors": 1, "rlft.registry": 1,
+    "rlft.errors": 1, "rlft.registry": 1,
     "rlft.userfn": 1,  # a user's function by import path; the standard library only: child processes import it fast
     "rlft.config": 2, "rlft.core": 2,
     "rlft.models": 3,
@@ -27,7 +27,9 @@ FLOORS = {  # a module imports only from its own floor or a lower one (docs/arch
     "rlft.trainers": 6, "rlft.insight": 6,
     "rlft.stages": 7,
     "rlft.recipe": 8,
-    "rlft.cli": 9, "rlft.__main__": 9,
+    "rlft.api": 9,  # the Python API: rlft.train, rlft.evaluate, ... (the one orchestration path's public face)
+    "rlft.cli": 10, "rlft.__main__": 10,
+    "rlft": 10,  # the package's __init__ itself (not its modules): it re-exports rlft.api lazily, the front door
     "rlft.trl": 10,  # the TRL façade: translates TRL's arguments and calls the Python API
 }
 
@@ -118,10 +120,14 @@ def into_config(g: dict[str, set[str]]) -> list[tuple[str, str]]:
 
 
 def floor(name: str) -> int:
-    """The floor of a module: that of its longest listed prefix in ``FLOORS``."""
-    while name not in FLOORS:
-        name = name.rpartition(".")[0]
-    return FLOORS[name]
+    """The floor of a module: that of its longest listed prefix in ``FLOORS``; the package ``rlft`` is listed for
+    its ``__init__`` alone, so a module of ``rlft`` with no floor of its own is a KeyError naming it."""
+    found = name
+    while found not in FLOORS or (found == "rlft" != name):
+        if "." not in found:
+            raise KeyError(f"{name}: no floor in scripts/house.py FLOORS")
+        found = found.rpartition(".")[0]
+    return FLOORS[found]
 
 
 def upward(g: dict[str, set[str]]) -> list[tuple[str, str]]:

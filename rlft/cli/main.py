@@ -45,55 +45,22 @@ def cmd_train(ns: argparse.Namespace) -> int:
 
 
 def _run(ns: argparse.Namespace, only: str | None) -> int:
-    from rlft.parallel.dist import shutdown
-    from rlft.stages.pipeline import run_pipeline
+    from rlft.api import STAGE_FUNCTIONS, train
 
     recipe, overrides = _split_recipe(ns.args)
-    run_pipeline(load_config(recipe, overrides), only=only)
-    shutdown()  # several processes: all done before any leaves (a failing one is stopped by the launcher instead)
+    (STAGE_FUNCTIONS[only] if only else train)(recipe, overrides)  # rlft.api: the one path, as from Python
     return 0
 
 
 def cmd_eval(ns: argparse.Namespace) -> int:
-    """``rlft eval``: the held-out metrics of a saved policy, as JSON on stdout; on stderr which configuration
-    (the run's config.yaml beside the policy, unless a recipe is given) and which data it evaluated."""
-    from rlft.insight.eval import describe_sets, evaluate_task, load_sets
-    from rlft.models.loading import check_device, check_model_path, load_policy, quiet_transformers
-    from rlft.data.task import load_task
-    from rlft.runs.start import seed_everything
+    """``rlft eval``: the held-out metrics of a saved policy (``rlft.evaluate``), as JSON on stdout; on stderr which
+    configuration (the run's config.yaml beside the policy, unless a recipe is given) and which data it evaluated."""
+    from rlft.api import evaluate
 
     recipe, overrides = _split_recipe(ns.args)
-    check_model_path(ns.model)
-    run_config = None if recipe else _run_config(ns.model)
-    cfg = load_config(recipe or run_config, overrides)
-    check_device(cfg.model.device)
-    with contextlib.redirect_stdout(sys.stderr):  # stdout holds the JSON alone, whatever a library prints
-        print(f"rlft eval: {ns.model} with " + (f"the run's configuration {run_config}" if run_config else
-              f"the recipe {recipe}" if recipe else "the default configuration (the embedded demo task)")
-              + (f" and {' '.join(overrides)}" if overrides else ""))
-        quiet_transformers()
-        _, held_out = load_task(cfg)
-        sets = load_sets(cfg)
-        for line in describe_sets(cfg, held_out, sets):
-            print(f"rlft eval: {line}")
-        seed_everything(cfg.train.seed)  # pass@k samples are reproducible, as in `rlft train`
-        model, tok = load_policy(ns.model, cfg.model)
-        results = evaluate_task(model, tok, cfg, held_out, sets=sets, examples=True, progress=True)
+    results = evaluate(ns.model, recipe, overrides)
     print(json.dumps(results, indent=2))  # eval.sets under "sets"
     return 0
-
-
-def _run_config(model: str):
-    """The config.yaml of the run that saved ``model``: beside it (runs/<name>/policy) or, for a pipeline's stage
-    (runs/<name>/<i>-<stage>/policy), at the run's root; None when there is none."""
-    from pathlib import Path
-
-    if not Path(model).is_dir():  # a hub id
-        return None
-    for run_dir in list(Path(model).resolve().parents)[:2]:
-        if (run_dir / "config.yaml").is_file():
-            return run_dir / "config.yaml"
-    return None
 
 
 def cmd_stage(ns: argparse.Namespace) -> int:

@@ -8,6 +8,7 @@ applied to the algo section before it is built, and the built tree goes through
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import types
@@ -267,25 +268,20 @@ def _set(tree: dict, parts: list[str], value: Any, text: str) -> None:
     node[parts[-1]] = value
 
 
-def load_config(recipe: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
-    tree: dict[str, Any] = {}
-    if recipe is not None:
-        path = Path(recipe)
-        if not path.is_file():
-            raise ConfigError(f"recipe {str(path)!r} " + ("is a directory, not a YAML file" if path.is_dir()
-                                                         else "does not exist"))
-        text = utf8_text(path.read_bytes(), f"recipe {path}", ConfigError)
-        try:
-            tree = _yaml(text) or {}
-        except (yaml.YAMLError, ValueError, RecursionError) as e:  # ValueError: an int too long to read
-            raise ConfigError(f"recipe {path}: invalid YAML: {e}") from None
-        if not isinstance(tree, dict):
-            raise ConfigError(f"recipe {path}: top level must be a mapping of sections")
+def load_config(recipe: str | Path | Mapping | None = None,
+                overrides: Mapping[str, Any] | list[str | Mapping] | tuple[str, ...] | None = ()) -> Config:
+    """``recipe`` (a YAML file, or a mapping holding the same tree) with ``overrides`` on top: ``key=value`` texts
+    (the command line's, values read as YAML) or a mapping of dotted keys (``{"train.steps": 20}``) and sections
+    (``{"train": {"steps": 20}}``) to values, taken as they are; the checked, frozen configuration."""
+    if isinstance(recipe, Mapping):
+        _check(all(isinstance(k, str) for k in recipe), "recipe", "a mapping's keys must be section names")
+        tree: dict[str, Any] = copy.deepcopy(dict(recipe))
+    else:
+        tree = _read_recipe(recipe) if recipe is not None else {}
     _unalias(tree)
     if isinstance(tree.get("algo"), str):  # recipe shorthand `algo: dapo`
         tree["algo"] = {"preset": tree["algo"]}
-    for text in overrides:
-        parts, value = parse_override(text)
+    for parts, value, text in _override_items(overrides or ()):
         if parts == ["algo"] and isinstance(value, str):  # `algo=dapo` selects a preset, keeping other algo keys
             parts = ["algo", "preset"]
         if len(parts) == 2 and parts[1] in KEY_ALIASES.get(parts[0], {}):
@@ -300,12 +296,47 @@ def load_config(recipe: str | Path | None = None, overrides: list[str] | tuple[s
         if "algo" in tree:
             tree["algo"] = _apply_preset(tree["algo"])
         cfg = _build(Config, tree, "")
-        _check_required(cfg, required, recipe)
+        _check_required(cfg, required, "given as a mapping" if isinstance(recipe, Mapping) else recipe)
         return validate(cfg)
     except ConfigError:
         raise
     except (KeyError, ValueError) as e:  # registry lookups and range checks inside sections
         raise ConfigError(str(e)) from None
+
+
+def _read_recipe(recipe: str | Path) -> dict[str, Any]:
+    path = Path(recipe)
+    if not path.is_file():
+        raise ConfigError(f"recipe {str(path)!r} " + ("is a directory, not a YAML file" if path.is_dir()
+                                                     else "does not exist"))
+    text = utf8_text(path.read_bytes(), f"recipe {path}", ConfigError)
+    try:
+        tree = _yaml(text) or {}
+    except (yaml.YAMLError, ValueError, RecursionError) as e:  # ValueError: an int too long to read
+        raise ConfigError(f"recipe {path}: invalid YAML: {e}") from None
+    if not isinstance(tree, dict):
+        raise ConfigError(f"recipe {path}: top level must be a mapping of sections")
+    return tree
+
+
+def _override_items(overrides: Mapping[str, Any] | list[str] | tuple[str, ...]):
+    """(key parts, value, how it was written) of each override: ``key=value`` texts, or a mapping whose nested
+    mappings are sections (flattened to dotted keys), or a list of both."""
+    if not isinstance(overrides, Mapping):
+        if isinstance(overrides, str):
+            raise ConfigError(f"overrides: expected a list of key=value texts or a mapping, got the text "
+                              f"{_shown(overrides)}")
+        for text in overrides:  # texts, or mappings among them (applied in order)
+            _check(isinstance(text, (str, Mapping)), "overrides", f"expected key=value texts, got {_shown(text)}")
+            yield from _override_items(text) if isinstance(text, Mapping) else [(*parse_override(text), text)]
+        return
+    for key, value in overrides.items():
+        _check(isinstance(key, str) and all(key.split(".")), "overrides", f"malformed key {_shown(key)}")
+        if isinstance(value, Mapping) and value:
+            for parts, inner, _ in _override_items({f"{key}.{k}": v for k, v in value.items()}):
+                yield parts, inner, f"{'.'.join(parts)}={_shown(inner)}"
+        else:
+            yield key.split("."), value, f"{key}={_shown(value)}"
 
 
 REQUIRED = "required"

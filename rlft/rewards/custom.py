@@ -46,6 +46,8 @@ not a sandbox for the host, nor a boundary against hostile code: the child runs
 as the same user with the same files, network and environment (``rlft.userfn``
 says more; untrusted programs belong in the code sandbox). Each call pays a
 process start: tens of milliseconds, plus what the function's module imports.
+A function given from Python with no import path (``fn: python:<name>``, ``rlft.train(rewards=[...])``) runs
+in the trainer's process only: ``slow`` and ``sandboxed`` are refused for it.
 A sandboxed function never runs in the worker pool: its ``runs_in_pool`` marker
 is ignored, and ``slow: true`` with ``sandboxed: true`` is an error.
 
@@ -71,7 +73,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from rlft.rewards.base import REWARDS, check_choices
-from rlft.userfn import call_in_child, markers, markers_in_child, resolve, trl_call
+from rlft.userfn import PYTHON, call_in_child, markers, markers_in_child, resolve, trl_call
 from rlft.userfn import target as userfn_target
 
 
@@ -114,6 +116,9 @@ class Custom:
             raise ValueError(f"slow: {self.fn!r} is sandboxed, so each call runs in a process of its own, not in "
                              "the worker pool; set slow or sandboxed, not both")
         target = userfn_target(self.fn)
+        if target.startswith(PYTHON) and self.sandboxed:
+            raise ValueError(f"sandboxed: {self.fn!r} is a Python function given to rlft.train, which a child "
+                             "process cannot import; make it a top-level function of an importable module")
         marks = markers_in_child(target, self.fn, self.timeout_s) if self.sandboxed else \
             markers(resolve(target, self.fn))  # sandboxed: the module is never imported by the trainer
         trl = self.signature == "trl" or (self.signature == "auto" and marks["trl"])
@@ -131,6 +136,10 @@ class Custom:
                              "fn(prompts, completions, **kwargs), with kind batch or group)")
         # sandboxed: a process per call instead of the pool (whose workers cannot start processes of their own)
         in_pool = not self.sandboxed and (self.slow or marks["runs_in_pool"])
+        if in_pool and target.startswith(PYTHON):
+            raise ValueError(f"slow: {self.fn!r} is a Python function given to rlft.train (a lambda, a closure or a "
+                             "function of __main__), which the worker pool's processes cannot import; make it a "
+                             "top-level function of an importable module, or drop slow")
         if in_pool and shape != "sample":
             raise ValueError(f"slow: only per-sample rewards run in the worker pool; {self.fn!r} is {shape}-level")
         # plain instance attributes (not fields): what score_batch and the trainer read; pickled with the instance

@@ -49,12 +49,29 @@ def prepare_run_dir(cfg: Config, write_config: bool = True) -> Config:
     return cfg
 
 
-def _make_run_dir(cfg: Config, write_config: bool = True) -> None:
+DATA_DIR = "data"
+"""Where a run started from Python keeps the rows it was given (``rlft.api``: ``<run_dir>/data/train.jsonl``,
+``test.jsonl``), which its ``data.source`` names."""
+
+
+def kept(cfg: Config) -> tuple[str, ...]:
+    """What a new run finds in its directory without it being another run's: its run.log (a start that failed, or
+    a run started over: rlft.runs.console appends to it) and the rows given from Python that its data.source names."""
+    own = Path(cfg.data.source) == cfg.log.path / DATA_DIR
+    return ("run.log", DATA_DIR) if own else ("run.log",)
+
+
+def check_new(cfg: Config) -> None:
+    """A ConfigError when the run directory holds another run (more than :func:`kept`) and the run does not resume."""
     path = cfg.log.path
-    if path.exists() and any(p.name != "run.log" for p in path.iterdir()) and not cfg.train.resume:  # a run.log alone:
-        # a start that failed, or a run started over (rlft.runs.console appends to it)
+    if path.exists() and any(p.name not in kept(cfg) for p in path.iterdir()) and not cfg.train.resume:
         raise ConfigError(f"log.name: run directory {path} already exists; choose another name, "
                           "or resume it with train.resume=true (without a checkpoint it starts over)")
+
+
+def _make_run_dir(cfg: Config, write_config: bool = True) -> None:
+    path = cfg.log.path
+    check_new(cfg)
     check_disk(cfg, path)  # a writable directory with room for the run, before anything is written
     saved = yaml.safe_load(cfg.to_yaml())
     saved["train"]["resume"] = False  # the file describes the run; resuming is a choice made on the command line

@@ -49,8 +49,8 @@ from rlft.parallel.dist import Dist
 from rlft.rewards.trial import try_rewards
 from rlft.runs import checkpoint, resume, stop
 from rlft.runs.console import RunLog
-from rlft.runs.start import (base_model_dir, clear_run_dir, prepare_run_dir, process_settings, removed_if_start_fails,
-                             seed_everything, stops_on_write_failure)
+from rlft.runs.start import (base_model_dir, clear_run_dir, kept, prepare_run_dir, process_settings,
+                             removed_if_start_fails, seed_everything, stops_on_write_failure)
 from rlft.stages.base import STAGES, StageInput, Task, with_labels
 from rlft.stages.label import judge_of
 from rlft.runs.start import write_json
@@ -80,6 +80,10 @@ class RunResult:
     stages: list[dict]  # per stage: stage, model_dir, metrics, summary (summary.json's entries)
     eval: dict  # the RL stage's eval.json ({"before_rl": ..., "after_rl": ...}); {} without an RL stage
     seconds: float
+    summary: str = ""  # the run's last lines on the console: the RL summary, a stage's line or the pipeline's table
+    config: Config | None = None  # the configuration as it ran (its log.name resolved)
+    kinds: list[str] = dataclasses.field(default_factory=list)  # per stage: the registered stage it ran
+    outs: list[str] = dataclasses.field(default_factory=list)  # per stage: its directory under run_dir ("": flat)
 
 
 def stage_kind(name: str) -> str:
@@ -140,12 +144,14 @@ def _pipeline(cfg: Config, log: RunLog, only: str | None) -> RunResult:
     rl = next((run_dir / s.out for s in steps if s.kind == "rl"), None)
     results = json.loads((rl / "eval.json").read_text()) if rl and (rl / "eval.json").is_file() else {}
     if flat and steps[0].kind == "rl":
-        echo(rl_summary(results, seconds, run_dir))
+        text = rl_summary(results, seconds, run_dir)
     elif flat:
-        echo(f"rlft {entries[0]['summary']}")
+        text = f"rlft {entries[0]['summary']}"
     else:
-        echo(summary_table(entries, seconds, run_dir))
-    return RunResult(run_dir=run_dir, stages=entries, eval=results, seconds=seconds)
+        text = summary_table(entries, seconds, run_dir)
+    echo(text)
+    return RunResult(run_dir=run_dir, stages=entries, eval=results, seconds=seconds, summary=text, config=cfg,
+                     kinds=[s.kind for s in steps], outs=[s.out for s in steps])
 
 
 def _silent(*args, **kwargs) -> None:
@@ -196,7 +202,7 @@ def _start_over(cfg: Config, dist: Dist, echo) -> Config:
     echo(f"rlft: train.resume: {what} to continue in {path}; starting the run over")
     with dist.main_first():
         if dist.is_main:
-            clear_run_dir(path)
+            clear_run_dir(path, keep=kept(cfg))
     return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, resume=False))
 
 
