@@ -122,14 +122,14 @@ class _Base:
     def evaluate(self, eval_dataset: Any = None, metric_key_prefix: str = "eval") -> dict[str, float]:
         """rlft's held-out evaluation of the trained policy (``rlft.evaluate``) on the run's held-out rows (the
         eval_dataset given to the trainer, else the training prompts), its numbers under ``eval_<name>``."""
-        import rlft
+        from rlft import api
 
         if eval_dataset is not None:
             raise TRLArgumentError("evaluate(eval_dataset=...): give eval_dataset to the trainer; the run's "
                                    "held-out rows are fixed when it starts (data.source)")
         if self.result is None:
             raise RuntimeError("evaluate: train() first; the façade evaluates the trained policy")
-        got = rlft.evaluate(self.result.policy_dir, self.result.run_dir / "config.yaml")
+        got = api.evaluate(self.result.policy_dir, self.result.run_dir / "config.yaml")
         return {f"{metric_key_prefix}_{k}": v for k, v in got.items() if isinstance(v, (int, float))}
 
 
@@ -184,12 +184,12 @@ class GRPOTrainer(_Base):
 
     def train(self, resume_from_checkpoint: Any = None) -> TrainOutput:
         """The GRPO run (``rlft.train``); fills ``state.log_history`` and returns TRL's ``TrainOutput``."""
-        import rlft
+        from rlft import api
 
         if resume_from_checkpoint:
             self.overrides["train.resume"] = True
         t0 = time.perf_counter()
-        self.result = rlft.train(None, self.overrides, rewards=self.callables, train_data=self.rows,
+        self.result = api.train(None, self.overrides, rewards=self.callables, train_data=self.rows,
                                  eval_data=self.eval_rows if self.eval_rows is not None else self.rows)
         seconds = time.perf_counter() - t0
         mu = self.args.num_iterations
