@@ -1,0 +1,164 @@
+"""Acceptance of the TRL façade: TRL-style scripts (tests/trl_scripts/, each with only its import line changed) run
+as subprocesses, train, log TRL's metric names and save a model AutoModelForCausalLM reloads; the same GRPO run
+through rlft.trl.GRPOTrainer, rlft.train and `rlft train` gives bit-identical metrics."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = ROOT / "tests" / "trl_scripts"
+TUTORIAL_NAMES = ("reward", "reward_std", "frac_reward_zero_std", "completions/mean_length",
+                  "completions/clipped_ratio", "loss", "grad_norm", "learning_rate", "num_tokens", "epoch", "entropy",
+                  "clip_ratio/region_mean", "clip_ratio/low_mean", "clip_ratio/high_mean")
+WALL_CLOCK = ("timing_s/", "perf/")
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(tmp_path_factory) -> Path:
+    from rlft.models.tiny import build_tokenizer
+
+    out = tmp_path_factory.mktemp("tiny_tokenizer")
+    build_tokenizer().save_pretrained(out)
+    return out
+
+
+def run_script(name: str, tmp_path: Path, tokenizer_dir: Path) -> Path:
+    out = tmp_path / "out"
+    env = {**os.environ, "TINY_TOKENIZER": str(tokenizer_dir), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, str(SCRIPTS / name), str(out)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
+def test_each_script_differs_from_trls_by_its_import_line_only():
+    for script in sorted(SCRIPTS.glob("*.py")):
+        lines = [line for line in script.read_text().splitlines() if "rlft" in line]
+        assert lines == ["from rlft.trl import GRPOConfig, GRPOTrainer  # TRL: from trl import GRPOConfig, "
+                         "GRPOTrainer"], script.name
+
+
+@pytest.mark.parametrize("script, rewards, steps, kl", [
+    ("grpo_plain.py", ("reward_len", "reward_answer"), 2, False),
+    ("grpo_chat_lora.py", ("fmt_reward", "cor_reward", "len_reward"), 4, True),
+])
+def test_a_trl_script_trains_logs_trls_names_and_saves_a_loadable_model(script, rewards, steps, kl, tmp_path,
+                                                                        tokenizer_dir):
+    from transformers import AutoModelForCausalLM
+
+    out = run_script(script, tmp_path, tokenizer_dir)
+    history = json.loads((out / "log_history.json").read_text())
+    *entries, summary = history
+    assert {"train_runtime", "train_loss", "step"} <= set(summary) and summary["step"] == steps
+    assert entries and entries[-1]["step"] == steps
+    names = set(entries[0])
+    wanted = {*TUTORIAL_NAMES, *(f"rewards/{r}/{s}" for r in rewards for s in ("mean", "std")),
+              *(("kl",) if kl else ())}
+    assert wanted <= names, wanted - names
+    assert not any("/" in n and n.split("/")[0] in ("actor", "reward", "response_length") for n in names)
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) * (2 if kl else 1) == steps  # one row per RL step; num_iterations=2 updates each in the chat one
+    assert all(r["actor/grad_norm"] > 0 and r["grad_norm"] == r["actor/grad_norm"] for r in rows)  # it trained
+    assert all(r["reward/mean"] == pytest.approx(r["reward"]) for r in rows)  # every reward scorable here
+    model = AutoModelForCausalLM.from_pretrained(out / "final")
+    assert sum(p.numel() for p in model.parameters()) > 0
+    if kl:  # LoRA: the adapters TRL saves, trained away from their zero start, on the base's path
+        from safetensors.torch import load_file
+
+        adapters = load_file(str(out / "final" / "adapter_model.safetensors"))
+        assert any("lora_B" in k and v.abs().sum() > 0 for k, v in adapters.items())
+        assert all(r["kl"] >= 0 for r in rows) and any(r["kl"] > 0 for r in rows)
+
+
+def test_bad_arguments_are_one_line_errors_before_anything_is_written(tmp_path, tokenizer_dir):
+    from datasets import Dataset
+
+    from rlft.trl import GRPOConfig, GRPOTrainer, TRLArgumentError
+
+    model = _tiny_model_dir(tmp_path / "model", tokenizer_dir)
+    data = Dataset.from_list([{"prompt": "1+1="}] * 4)
+    args = GRPOConfig(output_dir=str(tmp_path / "run"), min_p=0.05, bf16=False, use_cpu=True)
+    with pytest.raises(TRLArgumentError, match=r"^min_p=0.05: rlft does not honour it \(nearest: rollout.top_p\)$"):
+        GRPOTrainer(model=str(model), reward_funcs=lambda completions, **kw: [0.0] * len(completions), args=args,
+                    train_dataset=data)
+    with pytest.raises(TRLArgumentError, match="no 'prompt' column"):
+        GRPOTrainer(model=str(model), reward_funcs=[len], args=GRPOConfig(bf16=False, use_cpu=True),
+                    train_dataset=[{"question": "x"}])
+    assert not (tmp_path / "run").exists()
+
+
+def _tiny_model_dir(path: Path, tokenizer_dir: Path) -> Path:
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=256,
+                         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    import torch
+
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+REWARDS = '''
+def reward_len(completions, **kwargs):
+    return [-abs(6 - len(c)) / 6 for c in completions]
+
+
+def reward_answer(completions, answer, **kwargs):
+    return [1.0 if c.strip().startswith(a) else 0.0 for c, a in zip(completions, answer)]
+'''
+
+
+def test_the_same_run_through_the_facade_rlft_train_and_the_command_is_bit_identical(tmp_path, tokenizer_dir):
+    """GRPOTrainer and its twins, written as docs/trl.md shows them: the same seed, the same metrics to the bit
+    (wall-clock keys aside)."""
+    import importlib.util
+
+    import rlft
+    from rlft.trl import GRPOConfig, GRPOTrainer
+
+    model = _tiny_model_dir(tmp_path / "model", tokenizer_dir)
+    (tmp_path / "rewards.py").write_text(REWARDS)
+    spec = importlib.util.spec_from_file_location("trl_twin_rewards", tmp_path / "rewards.py")
+    fns = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fns)
+    rows = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(4) for b in range(3)]
+    args = GRPOConfig(output_dir=str(tmp_path / "trl"), num_generations=2, per_device_train_batch_size=4,
+                      max_completion_length=8, max_steps=2, learning_rate=1e-3, beta=0.04, bf16=False, use_cpu=True,
+                      report_to="none", seed=3, disable_tqdm=True)
+    trainer = GRPOTrainer(model=str(model), reward_funcs=[fns.reward_len, fns.reward_answer], args=args,
+                          train_dataset=rows)
+    trainer.train()
+    twin = {"model.path": str(model), "stages": [], "sft.steps": 0, "algo.group_size": 2, "train.prompts_per_step": 2,
+            "train.micro_batch_size": 4, "rollout.max_new_tokens": 8, "train.steps": 2, "optim.lr": 1e-3,
+            "optim.schedule": "linear", "optim.warmup_steps": 0, "algo.kl_coef": 0.04, "algo.adv_eps": 1e-4,
+            "algo.loss_agg": "token-mean", "data.template": "raw", "data.answer_key": "answer",
+            "eval.before_rl": False, "model.device": "cpu", "model.autocast": "none", "train.seed": 3,
+            "log.tensorboard": False, "log.progress": False, "log.run_dir": str(tmp_path), "log.name": "api"}
+    api = rlft.train(None, twin, rewards=[fns.reward_len, fns.reward_answer], train_data=rows, eval_data=rows)
+    reward_fns = [{"name": "custom", "fn": f"{tmp_path / 'rewards.py'}:{n}", "label": n}
+                  for n in ("reward_len", "reward_answer")]
+    cli = {**twin, "log.name": "cli", "data.source": str(api.run_dir / "data"), "reward.fns": reward_fns,
+           "reward.weights": []}
+    done = subprocess.run([sys.executable, "-m", "rlft", "train", *(f"{k}={json.dumps(v)}" for k, v in cli.items())],
+                          cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    def kept(run_dir: Path) -> list[dict]:
+        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        return [{k: v for k, v in r.items() if not k.startswith(WALL_CLOCK)} for r in rows]
+
+    ours = kept(trainer.result.run_dir)
+    assert len(ours) == 2 and "kl" in ours[0] and "rewards/reward_answer/mean" in ours[0]
+    assert ours == kept(api.run_dir) == kept(tmp_path / "cli")
