@@ -1,5 +1,5 @@
-"""TRL's configuration classes, field for field where rlft honours the field: ``GRPOConfig``, ``SFTConfig``,
-``DPOConfig``, ``RewardConfig``, on the ``TrainingArguments`` fields TRL scripts set.
+"""TRL's configuration classes, field for field where rlft honours the field: ``GRPOConfig`` on the
+``TrainingArguments`` fields TRL scripts set.
 
 Defaults are TRL's (v0.2x: ``beta`` 0.0, ``loss_type`` "dapo", ``bf16`` True, ``lr_scheduler_type`` "linear", ...),
 so that a script leaving a field out asks for what TRL would do. A field rlft has no counterpart for is still a
@@ -118,52 +118,10 @@ class GRPOConfig(TrainingArguments):
     num_completions_to_print: int | None = None
 
 
-@dataclass
-class SFTConfig(TrainingArguments):
-    """TRL's ``SFTConfig``: supervised fine-tuning on prompt/completion or messages rows."""
-
-    learning_rate: float = 2e-5
-    logging_steps: float = 10
-    gradient_checkpointing: bool = True
-    dataset_text_field: str = "text"
-    max_length: int | None = 1024
-    packing: bool = False
-    completion_only_loss: bool | None = None
-    assistant_only_loss: bool = False
-
-
-@dataclass
-class DPOConfig(TrainingArguments):
-    """TRL's ``DPOConfig``: preference pairs (prompt, chosen, rejected)."""
-
-    learning_rate: float = 1e-6
-    logging_steps: float = 10
-    gradient_checkpointing: bool = True
-    beta: float = 0.1
-    loss_type: Any = "sigmoid"
-    max_length: int | None = 1024
-    max_prompt_length: int | None = 512
-    rpo_alpha: float | None = None
-    label_smoothing: float = 0.0
-    precompute_ref_log_probs: bool = False
-
-
-@dataclass
-class RewardConfig(TrainingArguments):
-    """TRL's ``RewardConfig``: a scalar reward model on preference pairs (chosen over rejected)."""
-
-    learning_rate: float = 1e-4
-    logging_steps: float = 10
-    gradient_checkpointing: bool = True
-    max_length: int | None = 1024
-    center_rewards_coefficient: float | None = None
-    disable_dropout: bool = True
-
-
 def defaults(cls) -> dict[str, Any]:
     """Each field of the configuration class ``cls`` and TRL's default, as a script that omits it gets it."""
     made = cls()
     return {f.name: getattr(made, f.name) for f in fields(cls)}
 
 
-__all__ = ["TrainingArguments", "GRPOConfig", "SFTConfig", "DPOConfig", "RewardConfig", "defaults"]
+__all__ = ["TrainingArguments", "GRPOConfig", "defaults"]
