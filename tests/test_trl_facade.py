@@ -162,3 +162,23 @@ def test_the_same_run_through_the_facade_rlft_train_and_the_command_is_bit_ident
     ours = kept(trainer.result.run_dir)
     assert len(ours) == 2 and "kl" in ours[0] and "rewards/reward_answer/mean" in ours[0]
     assert ours == kept(api.run_dir) == kept(tmp_path / "cli")
+    held_out = trainer.evaluate()  # rlft's evaluation of the trained policy, TRL's eval_ prefix
+    after = json.loads((trainer.result.run_dir / "eval.json").read_text())["after_rl"]
+    assert held_out["eval_exact_match"] == after["exact_match"] and "eval_format_rate" in held_out
+
+
+def test_reward_models_by_path_keep_trls_order_and_weights(tmp_path, tokenizer_dir):
+    from rlft.trl import GRPOConfig, GRPOTrainer
+
+    model = _tiny_model_dir(tmp_path / "model", tokenizer_dir)
+
+    def brevity(completions, **kwargs):
+        return [1.0 / (1 + len(c)) for c in completions]
+
+    args = GRPOConfig(output_dir=str(tmp_path / "run"), reward_weights=[2.0, 0.5], bf16=False, use_cpu=True)
+    trainer = GRPOTrainer(model=str(model), reward_funcs=[str(tmp_path / "rm"), brevity], args=args,
+                          train_dataset=[{"prompt": "1+1="}] * 8)
+    assert trainer.overrides["reward.fns"] == [
+        {"name": "reward_model", "path": str(tmp_path / "rm"), "label": "rm", "weight": 2.0},
+        {"name": "custom", "fn": "python:brevity", "label": "brevity", "weight": 0.5}]
+    assert trainer.overrides["reward.weights"] == [] and [f.__name__ for f in trainer.callables] == ["brevity"]

@@ -17,6 +17,7 @@ from rlft.trl.args import GRPOConfig
 from rlft.trl.data import TRLReward, prompt_rows
 from rlft.trl.peft import lora_overrides
 from rlft.trl.table import Context, TRLArgumentError, translate
+from rlft.userfn import PYTHON, given
 
 TRL_KEYS = (*RENAMED, "reward", "reward_std", "frac_reward_zero_std", "clip_ratio/region_mean", "learning_rate",
             "num_tokens")
@@ -77,6 +78,8 @@ class _Base:
         self.lora = lora_overrides(peft_config, model_type) if peft_config is not None else {}
         self.state = TrainerState()
         self.result = None
+        self.overrides: dict[str, Any] = {}  # rlft's keys for the run
+        self.callables: list = []  # the reward functions given to rlft.train
 
     def _model_path(self, model: Any, processing_class: Any) -> tuple[str, str]:
         """The model as a directory or hub id (a loaded one saved first, its tokenizer beside it) and its type."""
@@ -111,6 +114,11 @@ class _Base:
         merged = self.lora and self.model_path.startswith(self._tmp.name)
         return {"model.path": self.model_path, **self.lora, **({"lora.save": "merged"} if merged else {})}
 
+    def _held(self) -> dict:
+        """``python:<name>`` -> function, for the reward functions this trainer gave rlft.train."""
+        entries = [e for e in self.overrides.get("reward.fns", []) if e["name"] == "custom"]
+        return {e["fn"]: fn for e, fn in zip(entries, self.callables) if e["fn"].startswith(PYTHON)}
+
     def save_model(self, output_dir: str | None = None) -> None:
         """The trained policy into ``output_dir`` (default ``args.output_dir``): a directory
         ``AutoModelForCausalLM.from_pretrained`` loads (with LoRA: the adapters and their base's path, as TRL)."""
@@ -129,7 +137,8 @@ class _Base:
                                    "held-out rows are fixed when it starts (data.source)")
         if self.result is None:
             raise RuntimeError("evaluate: train() first; the façade evaluates the trained policy")
-        got = api.evaluate(self.result.policy_dir, self.result.run_dir / "config.yaml")
+        with given(self._held()):  # the run's config.yaml names the reward functions given from Python
+            got = api.evaluate(self.result.policy_dir, self.result.run_dir / "config.yaml")
         return {f"{metric_key_prefix}_{k}": v for k, v in got.items() if isinstance(v, (int, float))}
 
 
