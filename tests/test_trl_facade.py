@@ -45,36 +45,44 @@ def test_each_script_differs_from_trls_by_its_import_line_only():
                          "GRPOTrainer"], script.name
 
 
-@pytest.mark.parametrize("script, rewards, steps, kl", [
-    ("grpo_plain.py", ("reward_len", "reward_answer"), 2, False),
-    ("grpo_chat_lora.py", ("fmt_reward", "cor_reward", "len_reward"), 4, True),
+@pytest.mark.parametrize("script, rewards, steps, updates, lora", [
+    ("grpo_plain.py", ("reward_len", "reward_answer"), 2, 1, None),
+    ("grpo_chat_lora.py", ("fmt_reward", "cor_reward", "len_reward"), 4, 2, "adapter"),
+    ("grpo_epochs_memory_lora.py", ("says_word",), 2, 1, "merged"),
 ])
-def test_a_trl_script_trains_logs_trls_names_and_saves_a_loadable_model(script, rewards, steps, kl, tmp_path,
-                                                                        tokenizer_dir):
+def test_a_trl_script_trains_logs_trls_names_and_saves_a_loadable_model(script, rewards, steps, updates, lora,
+                                                                        tmp_path, tokenizer_dir):
+    """``steps``: TRL's optimizer steps, ``updates`` of them per generated batch (num_iterations); ``lora``: what
+    save_model writes with LoRA (TRL's adapters on a base with a path; merged for a model built in memory)."""
     from transformers import AutoModelForCausalLM
 
     out = run_script(script, tmp_path, tokenizer_dir)
     history = json.loads((out / "log_history.json").read_text())
     *entries, summary = history
     assert {"train_runtime", "train_loss", "step"} <= set(summary) and summary["step"] == steps
-    assert entries and entries[-1]["step"] == steps
+    assert entries and entries[-1]["step"] == steps and 0 < entries[0]["epoch"] < entries[-1]["epoch"]
     names = set(entries[0])
     wanted = {*TUTORIAL_NAMES, *(f"rewards/{r}/{s}" for r in rewards for s in ("mean", "std")),
-              *(("kl",) if kl else ())}
+              *(("kl",) if updates > 1 else ())}  # the chat script sets beta
     assert wanted <= names, wanted - names
     assert not any("/" in n and n.split("/")[0] in ("actor", "reward", "response_length") for n in names)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert len(rows) * (2 if kl else 1) == steps  # one row per RL step; num_iterations=2 updates each in the chat one
-    assert all(r["actor/grad_norm"] > 0 and r["grad_norm"] == r["actor/grad_norm"] for r in rows)  # it trained
+    assert len(rows) * updates == steps  # one row per RL step
+    assert all(r["actor/grad_norm"] > 0 or r["frac_reward_zero_std"] == 1 for r in rows)  # it trained where it could
+    assert all(r["grad_norm"] == r["actor/grad_norm"] for r in rows)
     assert all(r["reward/mean"] == pytest.approx(r["reward"]) for r in rows)  # every reward scorable here
     model = AutoModelForCausalLM.from_pretrained(out / "final")
     assert sum(p.numel() for p in model.parameters()) > 0
-    if kl:  # LoRA: the adapters TRL saves, trained away from their zero start, on the base's path
+    saved = {p.name for p in (out / "final").iterdir()}
+    assert ("adapter_config.json" in saved) == (lora == "adapter") and ("config.json" in saved) == (lora != "adapter")
+    if lora == "adapter":  # the adapters TRL saves, trained away from their zero start, on the base's path
         from safetensors.torch import load_file
 
         adapters = load_file(str(out / "final" / "adapter_model.safetensors"))
         assert any("lora_B" in k and v.abs().sum() > 0 for k, v in adapters.items())
         assert all(r["kl"] >= 0 for r in rows) and any(r["kl"] > 0 for r in rows)
+    if lora == "merged":  # report_to=["tensorboard"]
+        assert any((out / "tensorboard").glob("events.out.tfevents.*"))
 
 
 def test_bad_arguments_are_one_line_errors_before_anything_is_written(tmp_path, tokenizer_dir):

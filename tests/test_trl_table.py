@@ -174,3 +174,12 @@ def test_the_docs_table_is_the_translation_table():
     assert markdown(GRPO, GRPO_FIXED) in page
     for name in ISSUE_FIELDS:
         assert re.search(rf"^\| `{name}` \|", page, re.M), name
+
+
+def test_the_evaluations_ground_truth_column():
+    from rlft.trl.data import answer_key
+
+    assert answer_key([{"prompt": "a", "answer": 4, "solution": "x"}]) == "answer"
+    assert answer_key([{"prompt": "a", "solution": "x"}, {"prompt": "b", "solution": "y"}]) == "solution"
+    bare = [{"prompt": "a"}, {"prompt": "b", "answer": None}]
+    assert answer_key(bare) == "ground_truth" and all(r["ground_truth"] == "" for r in bare)

@@ -51,6 +51,23 @@ def prompt_rows(dataset: Any, name: str = "train_dataset") -> tuple[list[dict], 
     return rows, chat
 
 
+ANSWER_COLUMNS = ("answer", "ground_truth", "solution")
+"""Columns that hold a row's reference answer in TRL's datasets, the first present being rlft's data.answer_key."""
+
+
+def answer_key(rows: list[dict]) -> str:
+    """The column of ``rows`` rlft's held-out evaluation reads as the ground truth (``data.answer_key``): the first
+    of :data:`ANSWER_COLUMNS` every row has; without one, every row gets an empty ``ground_truth`` (in place: the
+    evaluation then judges nothing correct, and the reward functions see the ``ground_truth=""`` rlft passes them
+    for a row without one)."""
+    for name in ANSWER_COLUMNS:
+        if all(isinstance(r.get(name), (str, int, float)) and not isinstance(r.get(name), bool) for r in rows):
+            return name
+    for row in rows:
+        row["ground_truth"] = ""
+    return "ground_truth"
+
+
 class TRLReward:
     """``fn`` called as TRL's GRPOTrainer calls a reward function; its ``__name__`` is ``fn``'s (the metric
     ``rewards/<name>/mean``). ``conversational``: completions as ``[{"role": "assistant", "content": text}]``."""

@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 
 from rlft.trainers.trl_names import RENAMED
 from rlft.trl.args import GRPOConfig
-from rlft.trl.data import TRLReward, prompt_rows
+from rlft.trl.data import TRLReward, answer_key, prompt_rows
 from rlft.trl.peft import lora_overrides
 from rlft.trl.table import Context, TRLArgumentError, translate
 from rlft.userfn import PYTHON, given
@@ -44,10 +44,10 @@ def is_trl_metric(name: str) -> bool:
     return name in TRL_KEYS or name.startswith(("rewards/", "completions/", "clip_ratio/"))
 
 
-def log_history(rows: list[dict], logging_steps: int, num_iterations: int) -> list[dict]:
+def log_history(rows: list[dict], logging_steps: int, num_iterations: int, epochs_per_step: float) -> list[dict]:
     """TRL's log entries from metrics.jsonl's ``rows`` (one per RL step): each ``logging_steps`` optimizer steps
     (TRL's ``global_step``, ``num_iterations`` per RL step) the mean of every TRL metric over them, with ``step``
-    and ``epoch`` as TRL writes them."""
+    and ``epoch`` (passes over the prompts, ``epochs_per_step`` per RL step) as TRL writes them."""
     per = max(1, logging_steps // num_iterations)
     out = []
     for start in range(0, len(rows), per):
@@ -56,7 +56,7 @@ def log_history(rows: list[dict], logging_steps: int, num_iterations: int) -> li
         entry = {k: sum(r.get(k, 0.0) for r in window) / len(window) for k in names}
         entry["learning_rate"] = window[-1].get("learning_rate", 0.0)  # the rate when logged, not a mean
         entry["num_tokens"] = window[-1].get("num_tokens", 0.0)  # a running count
-        entry.update(epoch=window[-1].get("epoch", 0.0), step=(start + len(window)) * num_iterations)
+        entry.update(epoch=(start + len(window)) * epochs_per_step, step=(start + len(window)) * num_iterations)
         out.append(entry)
     return out
 
@@ -166,8 +166,7 @@ class GRPOTrainer(_Base):
         self.overrides = translate(self.args, Context(n_train=len(self.rows), cuda=torch.cuda.is_available()))
         self.overrides.update(self._model_overrides())
         self.overrides["data.template"] = "chat" if self.conversational else "raw"  # TRL: plain text as it is
-        if "answer" in self.rows[0]:  # the held-out evaluation's ground truth
-            self.overrides["data.answer_key"] = "answer"
+        self.overrides["data.answer_key"] = answer_key(self.rows + (self.eval_rows or []))  # the evaluation's truth
         self.callables, self.overrides["reward.fns"] = self._rewards()
         self.overrides["reward.weights"] = []  # each entry carries its weight
 
@@ -202,7 +201,8 @@ class GRPOTrainer(_Base):
                                  eval_data=self.eval_rows if self.eval_rows is not None else self.rows)
         seconds = time.perf_counter() - t0
         mu = self.args.num_iterations
-        history = log_history(self.result.metrics, int(self.args.logging_steps), mu)
+        per_step = self.overrides["train.prompts_per_step"] / len(self.rows)  # of an epoch, per RL step
+        history = log_history(self.result.metrics, int(self.args.logging_steps), mu, per_step)
         losses = [r["loss"] for r in self.result.metrics if "loss" in r]
         steps = len(self.result.metrics) * mu
         summary = {"train_runtime": seconds, "train_steps_per_second": steps / max(seconds, 1e-9),
