@@ -38,14 +38,15 @@ def test_trls_defaults_on_a_cpu():
                                 "optim.warmup_steps", "algo.kl_coef", "algo.epochs", "algo.clip_low",
                                 "algo.clip_high", "algo.loss_agg", "algo.advantage", "algo.policy_loss",
                                 "train.seed", "model.device", "model.autocast", "log.run_dir", "log.name",
-                                "log.tensorboard", "train.steps")} == {
+                                "log.tensorboard", "train.steps", "optim.beta1", "optim.beta2")} == {
         "algo.group_size": 8, "train.prompts_per_step": 1, "train.micro_batch_size": 8,
         "rollout.max_new_tokens": 256, "data.max_prompt_tokens": 512, "optim.lr": 1e-6, "optim.schedule": "linear",
         "optim.warmup_steps": 0, "algo.kl_coef": 0.0, "algo.epochs": 1, "algo.clip_low": 0.2, "algo.clip_high": 0.2,
         "algo.loss_agg": "token-mean", "algo.advantage": "group_norm", "algo.policy_loss": "clip",
         "train.seed": 42, "model.device": "cpu", "model.autocast": "none", "log.run_dir": ".",
         "log.name": "trainer_output", "log.tensorboard": False,
-        "train.steps": 30}  # 3 epochs x 10 prompts, one prompt (8 completions) per step
+        "train.steps": 30,  # 3 epochs x 10 prompts, one prompt (8 completions) per step
+        "optim.beta1": 0.9, "optim.beta2": 0.999}  # Hugging Face's AdamW betas (rlft's own beta2 is 0.99)
     assert GRPO_FIXED.items() <= got.items()
 
 
