@@ -173,6 +173,9 @@ def test_conversational_completions_are_lists_of_messages_as_trl_passes_them():
 def test_the_docs_table_is_the_translation_table():
     page = (Path(__file__).resolve().parents[1] / "docs" / "trl.md").read_text(encoding="utf-8")
     assert markdown(GRPO, GRPO_FIXED) in page
+    from rlft.trl.sft import SFT, SFT_FIXED
+
+    assert markdown(SFT, SFT_FIXED) in page
     for name in ISSUE_FIELDS:
         assert re.search(rf"^\| `{name}` \|", page, re.M), name
 
@@ -184,3 +187,36 @@ def test_the_evaluations_ground_truth_column():
     assert answer_key([{"prompt": "a", "solution": "x"}, {"prompt": "b", "solution": "y"}]) == "solution"
     bare = [{"prompt": "a"}, {"prompt": "b", "answer": None}]
     assert answer_key(bare) == "ground_truth" and all(r["ground_truth"] == "" for r in bare)
+
+
+def test_sft_translation():
+    from rlft.trl import SFTConfig
+    from rlft.trl.sft import SFT, SFT_FIXED
+
+    assert sorted(f.name for f in dataclasses.fields(SFTConfig)) == sorted(SFT)
+    args = SFTConfig(per_device_train_batch_size=2, gradient_accumulation_steps=3, num_train_epochs=2,
+                     learning_rate=1e-4, warmup_ratio=0.1, **CPU)
+    got = translate(args, Context(n_train=10, longest=40))
+    assert {k: got[k] for k in ("sft.batch_size", "sft.steps", "sft.lr", "sft.schedule", "sft.warmup_steps",
+                                "sft.loss_on")} == {
+        "sft.batch_size": 6, "sft.steps": 4, "sft.lr": 1e-4, "sft.schedule": "linear", "sft.warmup_steps": 1,
+        "sft.loss_on": "response"}  # 2 epochs x ceil(10 / 6); prompt-completion rows: the completion's tokens
+    assert SFT_FIXED.items() <= got.items()
+    assert translate(args, Context(n_train=10, conversational=True))["sft.loss_on"] == "all"
+    cfg = load_config(None, [f"{k}={json.dumps(v)}" for k, v in got.items()])
+    assert (cfg.sft.schedule, cfg.optim.beta2) == ("linear", 0.999)
+    for bad, says in [(dict(bf16=True, use_cpu=True), "bf16=True: rlft's SFT trains in model.dtype"),
+                      (dict(packing=True, **CPU), "packing=True: .*nearest: sft.max_tokens"),
+                      (dict(max_length=16, **CPU), "max_length=16: a row has 40 tokens")]:
+        with pytest.raises(TRLArgumentError, match=says):
+            translate(SFTConfig(**bad), Context(n_train=10, longest=40))
+
+
+def test_sft_rows():
+    from rlft.trl.sft import sft_rows
+
+    chat = [{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}], "id": 1}]
+    assert sft_rows(chat) == ([{"prompt": [{"role": "user", "content": "hi"}], "completion": "yo", "id": 1}], True)
+    assert sft_rows([{"prompt": "a", "completion": "b"}]) == ([{"prompt": "a", "completion": "b"}], False)
+    with pytest.raises(TRLArgumentError, match="'text' column"):
+        sft_rows([{"text": "plain"}])

@@ -179,6 +179,8 @@ class SFTConfig:
     batch_size: int = 64
     lr: float = 1e-3
     warmup_steps: int = 10
+    schedule: Literal["constant", "cosine", "linear"] = "cosine"
+    """Learning-rate schedule of SFT after its warm-up (sft.warmup_steps), over sft.steps."""
     loss_on: Literal["response", "all", "answer"] = "response"
     """Which tokens carry the SFT loss: the response (and its eos), prompt and response, or only the final answer (the #### line, last \\boxed{} or <answer> tag) and the eos."""
     source: str = ""

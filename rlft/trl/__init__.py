@@ -8,7 +8,8 @@ nearest key. The trainers (``rlft.trl.trainers``) call ``rlft.train`` and read T
 """
 
 from rlft.trl.args import GRPOConfig
+from rlft.trl.sft import SFTConfig, SFTTrainer
 from rlft.trl.table import TRLArgumentError
 from rlft.trl.trainers import GRPOTrainer
 
-__all__ = ["GRPOConfig", "GRPOTrainer", "TRLArgumentError"]
+__all__ = ["GRPOConfig", "GRPOTrainer", "SFTConfig", "SFTTrainer", "TRLArgumentError"]

@@ -28,6 +28,8 @@ class Context:
 
     n_train: int = 0
     cuda: bool = False
+    conversational: bool = False  # the rows' prompts are messages
+    longest: int = 0  # tokens of the longest row (SFT)
 
 
 @dataclass(frozen=True)
@@ -154,9 +156,10 @@ def sync_ref(v: Any, args: Any, ctx: Context) -> dict[str, Any]:
     return {"algo.ref_refresh_every": args.ref_model_sync_steps}
 
 
-def every(name: str, strategy: str, rlft_key: str) -> Callable[[Any, Any, Context], dict[str, Any]]:
+def every(name: str, strategy: str, rlft_key: str,
+          steps: Callable[[Any, Context], int] | None = None) -> Callable[[Any, Any, Context], dict[str, Any]]:
     """``<strategy>="steps"`` with ``name`` (a count, or a float below 1: that share of the steps) into
-    ``rlft_key`` in RL steps; ``"no"``: 0."""
+    ``rlft_key`` in RL steps (``steps``: the stage's optimizer steps, default GRPO's); ``"no"``: 0."""
 
     def convert(v: Any, args: Any, ctx: Context) -> dict[str, Any]:
         how = getattr(args, strategy)
@@ -166,8 +169,8 @@ def every(name: str, strategy: str, rlft_key: str) -> Callable[[Any, Any, Contex
             raise fail(strategy, how, f"rlft counts in steps: use 'steps' with {name}, or 'no' ({rlft_key})")
         n = getattr(args, name)
         n = args.logging_steps if n is None else n  # Hugging Face's eval_steps default
-        steps = optimizer_steps(args, ctx) // getattr(args, "num_iterations", 1)
-        n = math.ceil(n * steps) if n < 1 else int(n)
+        total = (steps or optimizer_steps)(args, ctx) // getattr(args, "num_iterations", 1)
+        n = math.ceil(n * total) if n < 1 else int(n)
         return {rlft_key: max(1, n // getattr(args, "num_iterations", 1))}
 
     return convert
@@ -368,7 +371,14 @@ GRPO_FIXED = {  # what TRL's GRPOTrainer does that rlft's defaults do not
     "eval.before_rl": False,
 }
 
-TABLES = {GRPOConfig: (GRPO, GRPO_FIXED)}
+TABLES: dict[type, tuple[dict[str, Entry], dict[str, Any]]] = {GRPOConfig: (GRPO, GRPO_FIXED)}
+"""Configuration class: (its table, what every run through it sets)."""
+
+
+def register(table: dict[str, Entry], cls: type, fixed: dict[str, Any]) -> dict[str, Entry]:
+    """``table`` as the translation of ``cls`` (another stage's configuration class), with ``fixed``."""
+    TABLES[cls] = (table, fixed)
+    return table
 
 
 def translate(args: Any, ctx: Context = Context()) -> dict[str, Any]:
