@@ -168,6 +168,16 @@ def test_conversational_completions_are_lists_of_messages_as_trl_passes_them():
                 level=[1, 1]) == [1.0, 0.0]
     assert seen["completions"][0] == [{"role": "assistant", "content": "4"}] and seen["kwargs"] == ["level", "prompts"]
     assert TRLReward(plain, conversational=False)(prompts=["q"], completions=["4"], answer=["4"], level=[1]) == [1.0]
+    import torch
+
+    class Scorer(torch.nn.Module):  # a loaded reward model, as TRL also takes
+        config = {}
+
+        def forward(self, x):
+            return x
+
+    with pytest.raises(TRLArgumentError, match="a loaded Scorer; give its directory"):
+        TRLReward(Scorer(), conversational=False)
 
 
 def test_the_docs_table_is_the_translation_table():

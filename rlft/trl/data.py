@@ -75,6 +75,9 @@ class TRLReward:
     def __init__(self, fn: Callable, conversational: bool):
         if not callable(fn):
             raise TRLArgumentError(f"reward_funcs: {fn!r} is not callable (a function, or a reward model's path)")
+        if hasattr(fn, "forward") and hasattr(fn, "config"):  # a loaded model: rlft loads a reward model itself
+            raise TRLArgumentError(f"reward_funcs: a loaded {type(fn).__name__}; give its directory (save_pretrained "
+                                   "it), which rlft's reward_model reward loads")
         self.fn, self.conversational = fn, conversational
         self.__name__ = getattr(fn, "__name__", type(fn).__name__)
         self.__qualname__ = self.__name__
