@@ -6,8 +6,8 @@
     def brevity(completion, sample):
         return 1.0 if len(completion) < 200 else 0.0
 
-    result = rlft.train({"algo": "grpo"}, {"train.steps": 20}, rewards=[brevity, lambda c, s: float("#" in c)],
-                        train_data=[{"prompt": "2+2?", "answer": "4"}, ...], overrides={"data.answer_key": "answer"})
+    result = rlft.train({"algo": "grpo"}, {"train.steps": 20, "data.answer_key": "answer"},
+                        rewards=[brevity, lambda c, s: float("#" in c)], train_data=[{"prompt": "2+2?", "answer": "4"}])
     result.eval["after_rl"]["exact_match"], result.metrics[-1]["reward/brevity/mean"], result.policy_dir
 
 One orchestration path: ``rlft train``, ``rlft eval`` and the single-stage commands parse their arguments and call
@@ -66,7 +66,8 @@ class RunResult:
     run_dir: Path  # log.run_dir/log.name
     policy_dir: Path | None  # the policy the run ended with (its last stage's that trains one); None: rm/prm/label only
     eval: dict  # eval.json of the RL stage: {"before_rl": {...}, "after_rl": {...}}; {} without an RL stage
-    metrics: list[dict]  # the rows of metrics.jsonl, one per step (a pipeline: its last stage that wrote one)
+    metrics: list[dict]  # the rows of metrics.jsonl (a single stage: <stage>_metrics.jsonl), one per step; a
+    # pipeline: those of its last stage that wrote one
     summary: str  # the run's last lines on the console (the RL summary, a stage's line, or the pipeline's table)
     stages: list[dict]  # per stage: stage, model_dir, metrics, summary (summary.json's entries)
     seconds: float  # wall time of the run
@@ -159,7 +160,7 @@ def _run(only: str | None, recipe: Recipe, overrides: Overrides, rewards, train_
 def evaluate(policy: str | Path, recipe: Recipe = None, overrides: Overrides = None) -> dict:
     """``rlft eval``: the held-out metrics of the saved ``policy`` (what the command prints as JSON), with the
     configuration of the run that saved it (its config.yaml) unless a recipe is given; what it evaluates is said
-    on stderr."""
+    on stderr. The run's Python rewards (``python:<name>``) are not needed: evaluation never calls reward.fns."""
     from rlft.data.task import load_task
     from rlft.insight.eval import describe_sets, evaluate_task, load_sets
     from rlft.models.loading import check_device, check_model_path, load_policy, quiet_transformers
@@ -169,7 +170,7 @@ def evaluate(policy: str | Path, recipe: Recipe = None, overrides: Overrides = N
     items = _items(overrides)
     check_model_path(policy)
     run_config = None if recipe is not None else _run_config(policy)
-    with stop.handling():
+    with stop.handling(), given({PYTHON: _not_scored}):  # a run's python: rewards are not needed to evaluate
         cfg = _load_config(recipe if recipe is not None else run_config, items)
         check_device(cfg.model.device)
         with contextlib.redirect_stdout(sys.stderr):  # stdout holds the JSON alone, whatever a library prints
@@ -185,6 +186,12 @@ def evaluate(policy: str | Path, recipe: Recipe = None, overrides: Overrides = N
             seed_everything(cfg.train.seed)  # pass@k samples are reproducible, as in `rlft train`
             model, tok = load_policy(policy, cfg.model)
             return evaluate_task(model, tok, cfg, held_out, sets=sets, examples=True, progress=True)
+
+
+def _not_scored(completion, sample):
+    """What a ``python:<name>`` reward not given again stands for in an evaluation, which never scores with
+    ``reward.fns`` (the held-out metrics use eval.correct_fn and eval.format_fn)."""
+    raise RuntimeError("a Python reward function of rlft.train, not given to this process, was called")
 
 
 def _run_config(model: str) -> Path | None:
@@ -358,9 +365,10 @@ def _result(r) -> RunResult:
     run_dir = Path(r.run_dir)
     policies = [Path(e["model_dir"]) for e, kind in zip(r.stages, r.kinds) if not STAGES.get(kind).scorer]
     metrics: list[dict] = []
-    for out in reversed(r.outs):
-        path = run_dir / out / "metrics.jsonl"
-        if path.is_file():
+    for out, kind in reversed(list(zip(r.outs, r.kinds))):  # RL's metrics.jsonl, a stage's <stage>_metrics.jsonl
+        path = next((p for p in (run_dir / out / "metrics.jsonl", run_dir / out / f"{kind}_metrics.jsonl")
+                     if p.is_file()), None)
+        if path is not None:
             metrics = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()
                        if line.strip().endswith("}")]  # a line cut short (a stop mid-write) is dropped
             break

@@ -67,7 +67,8 @@ _GIVEN: dict[str, Callable] = {}  # "python:<name>" -> the function given to rlf
 @contextlib.contextmanager
 def given(fns: Mapping[str, Callable]):
     """Hold ``fns`` (``python:<name>`` -> function) for :func:`resolve` while inside; what was held before under
-    the same names comes back after."""
+    the same names comes back after. A function held under ``python:`` alone stands for every name not held (what
+    evaluation, which never calls ``reward.fns``, gives a run's configuration)."""
     with _LOCK:
         before = {name: _GIVEN.get(name) for name in fns}
         _GIVEN.update(fns)
@@ -98,7 +99,7 @@ def import_path(fn: Callable) -> str | None:
 def _given(target: str, spec: str) -> Callable:
     """The function held under ``target`` (``python:<name>``), checked as :func:`resolve` checks one it imports."""
     with _LOCK:
-        fn = _GIVEN.get(target)
+        fn = _GIVEN.get(target, _GIVEN.get(PYTHON))
     if fn is None:
         raise ValueError(f"fn: {spec!r} is a Python function given to rlft.train(rewards=[...]), which this process "
                          "does not hold; pass it again through rlft.train(..., rewards=[...])")

@@ -129,7 +129,7 @@ def test_eval_shows_a_progress_bar_on_a_terminal(tmp_path, tiny_model_dir):
 
 
 def test_the_run_config_of_a_flat_run_and_of_a_pipeline_stage(tmp_path):
-    from rlft.cli.main import _run_config
+    from rlft.api import _run_config  # rlft eval finds it through rlft.evaluate
 
     (tmp_path / "runs" / "flat" / "policy").mkdir(parents=True)
     (tmp_path / "runs" / "flat" / "config.yaml").write_text("{}\n")

@@ -9,6 +9,8 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+import pytest
+
 
 HOUSE = Path(__file__).resolve().parents[1] / "scripts" / "house.py"
 spec = importlib.util.spec_from_file_location("house", HOUSE)
@@ -70,3 +72,11 @@ def test_only_parallel_names_a_backend():
     assert named == []
     assert {"rlft.parallel.fsdp", "rlft.parallel.zero"} <= g["rlft.parallel.launch"]  # the check looks where they are
 
+
+
+def test_every_module_needs_a_floor_of_its_own():
+    """The package ``rlft`` is listed for its ``__init__`` (the lazy front door to rlft.api, on the top floor with
+    the command line); its modules do not inherit that floor: one left out of ``FLOORS`` is named."""
+    with pytest.raises(KeyError, match="rlft.nowhere"):
+        house.floor("rlft.nowhere")
+    assert house.floor("rlft") == house.floor("rlft.cli.main") > house.floor("rlft.api") > house.floor("rlft.recipe")
