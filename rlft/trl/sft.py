@@ -7,7 +7,6 @@ the RL ones (``sft.lr``, ``sft.steps``, ...) and the SFT fields; ``docs/trl.md``
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -171,7 +170,7 @@ class SFTTrainer(_Base):
             self.overrides["train.resume"] = True
         self.result = api.sft(None, self.overrides, train_data=self.rows,
                               eval_data=self.eval_rows if self.eval_rows is not None else self.rows)
-        rows = [json.loads(line) for line in (self.result.run_dir / "sft_metrics.jsonl").read_text().splitlines()]
+        rows = self.result.metrics  # sft_metrics.jsonl's rows
         per, history = max(1, int(self.args.logging_steps)), []
         for start in range(0, len(rows), per):
             window = rows[start:start + per]
