@@ -369,6 +369,7 @@ GRPO_FIXED = {  # what TRL's GRPOTrainer does that rlft's defaults do not
     "algo.overlong_buffer_frac": 0.0,
     "algo.entropy_coef": 0.0,
     "eval.before_rl": False,
+    "eval.name": "eval",  # validation during training: val/eval/<metric>
 }
 
 TABLES: dict[type, tuple[dict[str, Entry], dict[str, Any]]] = {GRPOConfig: (GRPO, GRPO_FIXED)}
