@@ -183,9 +183,10 @@ def test_conversational_completions_are_lists_of_messages_as_trl_passes_them():
 def test_the_docs_table_is_the_translation_table():
     page = (Path(__file__).resolve().parents[1] / "docs" / "trl.md").read_text(encoding="utf-8")
     assert markdown(GRPO, GRPO_FIXED) in page
+    from rlft.trl.dpo import DPO, DPO_FIXED
     from rlft.trl.sft import SFT, SFT_FIXED
 
-    assert markdown(SFT, SFT_FIXED) in page
+    assert markdown(SFT, SFT_FIXED) in page and markdown(DPO, DPO_FIXED) in page
     for name in ISSUE_FIELDS:
         assert re.search(rf"^\| `{name}` \|", page, re.M), name
 
@@ -230,3 +231,26 @@ def test_sft_rows():
     assert sft_rows([{"prompt": "a", "completion": "b"}]) == ([{"prompt": "a", "completion": "b"}], False)
     with pytest.raises(TRLArgumentError, match="'text' column"):
         sft_rows([{"text": "plain"}])
+
+
+def test_dpo_translation_and_rows():
+    from rlft.trl import DPOConfig
+    from rlft.trl.dpo import DPO, pair_rows
+
+    assert sorted(f.name for f in dataclasses.fields(DPOConfig)) == sorted(DPO)
+    got = translate(DPOConfig(per_device_train_batch_size=4, max_steps=10, rpo_alpha=0.5, warmup_ratio=0.1, **CPU),
+                    Context(n_train=8, longest=30, n_prompt=10))
+    assert {k: got[k] for k in ("dpo.batch_size", "dpo.steps", "dpo.lr", "dpo.beta", "dpo.loss", "dpo.nll_coef",
+                                "dpo.schedule", "dpo.warmup_steps")} == {
+        "dpo.batch_size": 4, "dpo.steps": 10, "dpo.lr": 1e-6, "dpo.beta": 0.1, "dpo.loss": "sigmoid",
+        "dpo.nll_coef": 0.5, "dpo.schedule": "linear", "dpo.warmup_steps": 1}
+    for bad, says in [(dict(loss_type="ipo", **CPU), "loss_type='ipo': .*dpo.loss"),
+                      (dict(label_smoothing=0.1, **CPU), "label_smoothing=0.1: .*nearest: dpo.loss"),
+                      (dict(max_prompt_length=5, **CPU), "max_prompt_length=5: a prompt has 10 tokens")]:
+        with pytest.raises(TRLArgumentError, match=says):
+            translate(DPOConfig(**bad), Context(n_train=8, longest=30, n_prompt=10))
+    chat = [{"prompt": [{"role": "user", "content": "q"}], "chosen": [{"role": "assistant", "content": "a"}],
+             "rejected": [{"role": "assistant", "content": "b"}]}]
+    assert pair_rows(chat) == ([{"prompt": [{"role": "user", "content": "q"}], "chosen": "a", "rejected": "b"}], True)
+    with pytest.raises(TRLArgumentError, match="explicit prompt, chosen and rejected"):
+        pair_rows([{"chosen": "a", "rejected": "b"}])

@@ -94,6 +94,10 @@ class DPOConfig(_PreferenceData):
     batch_size: int = 16
     """Pairs per optimizer step."""
     lr: float = 1e-5
+    warmup_steps: int = -1
+    """Linear warm-up steps of the learning rate (-1: a tenth of dpo.steps, at most 10)."""
+    schedule: Literal["constant", "cosine", "linear"] = "cosine"
+    """Learning-rate schedule after the warm-up, over dpo.steps."""
     beta: float = 0.1
     """DPO's beta (IPO's tau): strength of the pull towards the reference."""
     loss: Literal["sigmoid", "ipo"] = "sigmoid"
@@ -104,6 +108,7 @@ class DPOConfig(_PreferenceData):
     def __post_init__(self) -> None:
         super().__post_init__()
         _check(self.beta > 0, "dpo.beta", "must be > 0")
+        _check(self.warmup_steps >= -1, "dpo.warmup_steps", "must be >= 0, or -1 (a tenth of dpo.steps, at most 10)")
         _check(self.nll_coef >= 0, "dpo.nll_coef", "must be >= 0 (0: off)")
 
 

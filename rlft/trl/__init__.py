@@ -8,8 +8,9 @@ nearest key. The trainers (``rlft.trl.trainers``) call ``rlft.train`` and read T
 """
 
 from rlft.trl.args import GRPOConfig
+from rlft.trl.dpo import DPOConfig, DPOTrainer
 from rlft.trl.sft import SFTConfig, SFTTrainer
 from rlft.trl.table import TRLArgumentError
 from rlft.trl.trainers import GRPOTrainer
 
-__all__ = ["GRPOConfig", "GRPOTrainer", "SFTConfig", "SFTTrainer", "TRLArgumentError"]
+__all__ = ["DPOConfig", "DPOTrainer", "GRPOConfig", "GRPOTrainer", "SFTConfig", "SFTTrainer", "TRLArgumentError"]

@@ -29,7 +29,8 @@ class Context:
     n_train: int = 0
     cuda: bool = False
     conversational: bool = False  # the rows' prompts are messages
-    longest: int = 0  # tokens of the longest row (SFT)
+    longest: int = 0  # tokens of the longest row (SFT, DPO)
+    n_prompt: int = 0  # tokens of the longest prompt (DPO)
 
 
 @dataclass(frozen=True)
