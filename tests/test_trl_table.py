@@ -254,3 +254,21 @@ def test_dpo_translation_and_rows():
     assert pair_rows(chat) == ([{"prompt": [{"role": "user", "content": "q"}], "chosen": "a", "rejected": "b"}], True)
     with pytest.raises(TRLArgumentError, match="explicit prompt, chosen and rejected"):
         pair_rows([{"chosen": "a", "rejected": "b"}])
+
+
+def test_dpo_disable_dropout_needs_a_model_without_dropout(tmp_path):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from rlft.models.tiny import build_tokenizer
+    from rlft.trl import DPOConfig, DPOTrainer
+
+    tok = build_tokenizer()
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=16, intermediate_size=32,
+                                         num_hidden_layers=1, num_attention_heads=2, attention_dropout=0.1))
+    rows = [{"prompt": "q", "chosen": "a", "rejected": "b"}]
+    with pytest.raises(TRLArgumentError, match=r"disable_dropout=True: the model's configuration has dropout 0.1"):
+        DPOTrainer(model=model, args=DPOConfig(output_dir=str(tmp_path / "run"), **CPU), train_dataset=rows,
+                   processing_class=tok)
+    trainer = DPOTrainer(model=model, args=DPOConfig(output_dir=str(tmp_path / "run"), disable_dropout=False, **CPU),
+                         train_dataset=rows, processing_class=tok)
+    assert trainer.overrides["dpo.source"] == str((tmp_path / "run" / "data").resolve())

@@ -39,6 +39,7 @@ class DPOConfig(TrainingArguments):
     rpo_alpha: float | None = None
     label_smoothing: float = 0.0
     precompute_ref_log_probs: bool = False
+    disable_dropout: bool = True
 
 
 def dpo_steps(args: Any, ctx: Context) -> int:
@@ -105,6 +106,8 @@ DPO = register({**COMMON, **{e.trl: e for e in (
     Entry("label_smoothing", "dpo.loss", only("label_smoothing", "dpo.loss"), ""),
     Entry("precompute_ref_log_probs", "", nothing, "changes no result: rlft computes the reference's log-probs "
           "once, before training"),
+    Entry("disable_dropout", "model.path", nothing, "rlft trains with the model's own dropout: True (TRL's default) "
+          "is accepted for a model whose configuration has none, an error otherwise"),
 )}}, DPOConfig, DPO_FIXED)
 
 
@@ -145,6 +148,10 @@ class DPOTrainer(_Base):
                 raise TRLArgumentError(f"{name}: rlft does not take it (the reference is the starting model; "
                                        "nearest: dpo.*)")
         super().__init__(model, args, processing_class, peft_config)
+        if self.args.disable_dropout and _dropout(self.model_path) > 0:
+            raise TRLArgumentError(f"disable_dropout=True: the model's configuration has dropout "
+                                   f"{_dropout(self.model_path)}, which rlft's DPO keeps: save the model with its "
+                                   "dropout set to 0 (model.path), or set disable_dropout=False")
         self.rows, chat = pair_rows(train_dataset)
         self.eval_rows = pair_rows(eval_dataset, "eval_dataset")[0] if eval_dataset is not None else None
         import torch
@@ -185,3 +192,12 @@ class DPOTrainer(_Base):
         self.state = TrainerState(log_history=[*history, summary], global_step=len(rows), max_steps=len(rows),
                                   epoch=summary["epoch"])
         return TrainOutput(len(rows), loss, {k: v for k, v in summary.items() if k != "step"})
+
+
+def _dropout(path: str) -> float:
+    """The largest dropout probability in the configuration of the model at ``path``."""
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.from_pretrained(path).to_dict()
+    return max([float(v) for k, v in cfg.items() if ("dropout" in k or k.endswith("pdrop"))
+                and isinstance(v, (int, float)) and not isinstance(v, bool)] or [0.0])
