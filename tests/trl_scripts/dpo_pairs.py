@@ -9,11 +9,12 @@ import os
 import sys
 
 from datasets import Dataset
-from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, set_seed
 
 from rlft.trl import DPOConfig, DPOTrainer  # TRL: from trl import DPOConfig, DPOTrainer
 
 output_dir = sys.argv[1]
+set_seed(0)  # the model's initial weights
 tokenizer = AutoTokenizer.from_pretrained(os.environ["TINY_TOKENIZER"])
 config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=256,

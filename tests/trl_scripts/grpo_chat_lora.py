@@ -13,11 +13,12 @@ import sys
 
 from datasets import Dataset
 from peft import LoraConfig
-from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, set_seed
 
 from rlft.trl import GRPOConfig, GRPOTrainer  # TRL: from trl import GRPOConfig, GRPOTrainer
 
 output_dir = sys.argv[1]
+set_seed(0)  # the model's initial weights
 model_name = os.path.join(output_dir + "-base")  # a model directory, as a hub id would be
 tokenizer = AutoTokenizer.from_pretrained(os.environ["TINY_TOKENIZER"])
 config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,

@@ -9,11 +9,12 @@ import os
 import sys
 
 from datasets import Dataset
-from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, set_seed
 
 from rlft.trl import SFTConfig, SFTTrainer  # TRL: from trl import SFTConfig, SFTTrainer
 
 output_dir = sys.argv[1]
+set_seed(0)  # the model's initial weights
 model_name = output_dir + "-base"
 tokenizer = AutoTokenizer.from_pretrained(os.environ["TINY_TOKENIZER"])
 config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
