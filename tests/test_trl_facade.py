@@ -223,3 +223,19 @@ def test_a_trl_dpo_script_trains_and_saves_a_loadable_model(tmp_path, tokenizer_
     cfg = (out / "config.yaml").read_text()
     assert "schedule: linear" in cfg and "warmup_steps: 0" in cfg and "beta2: 0.999" in cfg
     assert AutoModelForCausalLM.from_pretrained(out / "final") is not None
+
+
+def test_a_trl_reward_script_trains_and_saves_a_sequence_classifier(tmp_path, tokenizer_dir):
+    import torch
+    from transformers import AutoModelForSequenceClassification
+
+    out = run_script("reward_pairs.py", tmp_path, tokenizer_dir)
+    *entries, summary = json.loads((out / "log_history.json").read_text())
+    assert [e["step"] for e in entries] == [3, 6] and summary["step"] == 6
+    assert {"loss", "grad_norm", "learning_rate", "accuracy", "margin", "mean_reward", "epoch"} <= set(entries[0])
+    assert entries[-1]["loss"] < entries[0]["loss"] and entries[-1]["learning_rate"] == 0.0  # linear to 0
+    assert "schedule: linear" in (out / "config.yaml").read_text()
+    model = AutoModelForSequenceClassification.from_pretrained(out / "final")
+    assert model.config.num_labels == 1
+    with torch.no_grad():
+        assert model(torch.tensor([[5, 6, 7]])).logits.shape == (1, 1)

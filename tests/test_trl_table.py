@@ -184,9 +184,10 @@ def test_the_docs_table_is_the_translation_table():
     page = (Path(__file__).resolve().parents[1] / "docs" / "trl.md").read_text(encoding="utf-8")
     assert markdown(GRPO, GRPO_FIXED) in page
     from rlft.trl.dpo import DPO, DPO_FIXED
+    from rlft.trl.rm import RM, RM_FIXED
     from rlft.trl.sft import SFT, SFT_FIXED
 
-    assert markdown(SFT, SFT_FIXED) in page and markdown(DPO, DPO_FIXED) in page
+    assert markdown(SFT, SFT_FIXED) in page and markdown(DPO, DPO_FIXED) in page and markdown(RM, RM_FIXED) in page
     for name in ISSUE_FIELDS:
         assert re.search(rf"^\| `{name}` \|", page, re.M), name
 
@@ -272,3 +273,26 @@ def test_dpo_disable_dropout_needs_a_model_without_dropout(tmp_path):
     trainer = DPOTrainer(model=model, args=DPOConfig(output_dir=str(tmp_path / "run"), disable_dropout=False, **CPU),
                          train_dataset=rows, processing_class=tok)
     assert trainer.overrides["dpo.source"] == str((tmp_path / "run" / "data").resolve())
+
+
+def test_reward_translation_and_rows():
+    from rlft.trl import RewardConfig
+    from rlft.trl.rm import RM, preference_rows
+
+    assert sorted(f.name for f in dataclasses.fields(RewardConfig)) == sorted(RM)
+    got = translate(RewardConfig(per_device_train_batch_size=2, gradient_accumulation_steps=2, num_train_epochs=1,
+                                 center_rewards_coefficient=0.01, **CPU), Context(n_train=10, longest=30))
+    assert {k: got[k] for k in ("rm.batch_size", "rm.steps", "rm.lr", "rm.center_coef", "rm.schedule",
+                                "rm.warmup_steps", "rm.max_tokens")} == {
+        "rm.batch_size": 4, "rm.steps": 3, "rm.lr": 1e-4, "rm.center_coef": 0.01, "rm.schedule": "linear",
+        "rm.warmup_steps": 0, "rm.max_tokens": 30}
+    with pytest.raises(TRLArgumentError, match="max_length=16: a pair has 30 tokens"):
+        translate(RewardConfig(max_length=16, **CPU), Context(n_train=10, longest=30))
+    user = {"role": "user", "content": "q"}
+    implicit = [{"chosen": [user, {"role": "assistant", "content": "a"}],
+                 "rejected": [user, {"role": "assistant", "content": "b"}]}]
+    assert preference_rows(implicit) == ([{"prompt": [user], "chosen": "a", "rejected": "b"}], True)
+    for bad, says in [([{"chosen": "q a", "rejected": "q b"}], "prompt implicit"),
+                      ([{"prompt": "q", "chosen": "a", "rejected": "b", "margin": 1.0}], "rm.margin")]:
+        with pytest.raises(TRLArgumentError, match=says):
+            preference_rows(bad)

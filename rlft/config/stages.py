@@ -52,6 +52,10 @@ class RMConfig(_PreferenceData):
     batch_size: int = 16
     """Prompts (rankings) per step; each prompt's C(K,2) pairs are one batch element."""
     lr: float = 1e-4
+    warmup_steps: int = -1
+    """Linear warm-up steps of the learning rate (-1: a tenth of rm.steps, at most 10)."""
+    schedule: Literal["constant", "cosine", "linear"] = "cosine"
+    """Learning-rate schedule after the warm-up, over rm.steps."""
     pooling: Literal["last", "mean"] = "last"
     """What the scalar head reads: the last real token, or the mean of the last hidden states."""
     margin: float = 0.0
@@ -80,6 +84,7 @@ class RMConfig(_PreferenceData):
         _check(self.pairs_from == "task" or not self.source, "rm.pairs_from",
                f"{self.pairs_from!r} makes pairs from data.source's task, so rm.source must be empty")
         _check(self.center_coef >= 0, "rm.center_coef", "must be >= 0")
+        _check(self.warmup_steps >= -1, "rm.warmup_steps", "must be >= 0, or -1 (a tenth of rm.steps, at most 10)")
         _check(self.max_tokens >= 2, "rm.max_tokens", "must be >= 2")
         _check(self.refresh_every >= 0, "rm.refresh_every", "must be >= 0 (0: off)")
         _check(self.refresh_steps >= 1, "rm.refresh_steps", "must be >= 1")

@@ -9,8 +9,10 @@ nearest key. The trainers (``rlft.trl.trainers``) call ``rlft.train`` and read T
 
 from rlft.trl.args import GRPOConfig
 from rlft.trl.dpo import DPOConfig, DPOTrainer
+from rlft.trl.rm import RewardConfig, RewardTrainer
 from rlft.trl.sft import SFTConfig, SFTTrainer
 from rlft.trl.table import TRLArgumentError
 from rlft.trl.trainers import GRPOTrainer
 
-__all__ = ["DPOConfig", "DPOTrainer", "GRPOConfig", "GRPOTrainer", "SFTConfig", "SFTTrainer", "TRLArgumentError"]
+__all__ = ["DPOConfig", "DPOTrainer", "GRPOConfig", "GRPOTrainer", "RewardConfig", "RewardTrainer", "SFTConfig",
+           "SFTTrainer", "TRLArgumentError"]
