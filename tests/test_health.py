@@ -93,8 +93,7 @@ def _group_std(scores: list[float], group_size: int) -> float:
     cfg = load_config(None, [f"algo.group_size={group_size}", "reward.fns=[final_answer]", "reward.weights=[1.0]"])
     n = len(scores)
     batch = SimpleNamespace(scores=torch.tensor(scores, dtype=torch.float64), response_lengths=torch.ones(n),
-                            truncated=torch.zeros(n, dtype=torch.bool),
-                            reward_parts=torch.tensor(scores, dtype=torch.float32)[:, None])
+                            truncated=torch.zeros(n, dtype=torch.bool))
     return rl.reward_metrics([(batch, SimpleNamespace(per_fn={}, errors={}))], cfg)["reward/group_std"]
 
 

@@ -60,8 +60,7 @@ def test_reward_metrics_of_a_step_carry_trls_names(tiny_overrides, tmp_path):
     cfg = load_config(None, tiny_overrides(tmp_path, "algo.group_size=2", "reward.fns=[final_answer, format_final]",
                                            "reward.weights=[1.0, 0.5]"))
     batch = SimpleNamespace(scores=torch.tensor([1.5, 0.0, NAN, 0.5]), response_lengths=torch.tensor([4, 16, 2, 9]),
-                            truncated=torch.tensor([False, True, False, False]),
-                            reward_parts=torch.tensor([[1.0, 1.0], [0.0, 0.0], [NAN, 1.0], [0.0, 1.0]]))
+                            truncated=torch.tensor([False, True, False, False]))
     scored = SimpleNamespace(per_fn={"final_answer": [1.0, 0.0, None, 0.0], "format_final": [1.0, 0.0, 1.0, 1.0]},
                              errors={})
     m = rl.reward_metrics([(batch, scored)], cfg)

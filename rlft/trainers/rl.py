@@ -386,8 +386,12 @@ def reward_metrics(drawn: list[tuple[Batch, ScoreResult]], cfg: Config, step: in
             out[f"reward/{name}/failed_frac"] = out[f"reward/{name}/errors"] / max(len(scores), 1)
     for name, weight in zip(cfg.reward.keys, cfg.reward.weights_at(step)):  # the step's weights, schedules applied
         out[f"reward/{name}/weight"] = weight
-    parts = torch.cat([b.reward_parts for b, _ in drawn])  # (B, K) each reward's values, NaN: unscorable
-    out.update(trl_names.reward_metrics(parts, reward_part_weights(cfg, step), list(drawn[0][1].per_fn),
+    names = list(drawn[0][1].per_fn)  # reward.fns' keys, then overlong_penalty when it is on
+    weights = {**dict(zip(cfg.reward.keys, cfg.reward.weights_at(step))), "overlong_penalty": 1.0}
+    rows = [[math.nan if v is None else float(v) for v in row] for _, s in drawn
+            for row in zip(*(s.per_fn[n] for n in names))]
+    parts = torch.tensor(rows, dtype=torch.float32) if names else torch.zeros(len(scores), 0)  # (B, K) NaN: unscorable
+    out.update(trl_names.reward_metrics(parts, [weights.get(n, 1.0) for n in names], names,
                                         cfg.algo.group_size))  # TRL's names: reward, reward_std, rewards/<name>/*
     out.update(trl_names.completion_metrics(lengths, truncated))
     return out
