@@ -30,6 +30,7 @@ FLOORS = {  # a module imports only from its own floor or a lower one (docs/expl
     "rlft.api": 9,  # the Python API: rlft.train, rlft.evaluate, ... (the one orchestration path's public face)
     "rlft.cli": 10, "rlft.__main__": 10,
     "rlft": 10,  # the package's __init__ itself (not its modules): it re-exports rlft.api lazily, the front door
+    "rlft.trl": 10,  # the TRL façade: translates TRL's arguments and calls the Python API
 }
 
 

@@ -52,6 +52,10 @@ class RMConfig(_PreferenceData):
     batch_size: int = 16
     """Prompts (rankings) per step; each prompt's C(K,2) pairs are one batch element."""
     lr: float = 1e-4
+    warmup_steps: int = -1
+    """Linear warm-up steps of the learning rate (-1: a tenth of rm.steps, at most 10)."""
+    schedule: Literal["constant", "cosine", "linear"] = "cosine"
+    """Learning-rate schedule after the warm-up, over rm.steps."""
     pooling: Literal["last", "mean"] = "last"
     """What the scalar head reads: the last real token, or the mean of the last hidden states."""
     margin: float = 0.0
@@ -80,6 +84,7 @@ class RMConfig(_PreferenceData):
         _check(self.pairs_from == "task" or not self.source, "rm.pairs_from",
                f"{self.pairs_from!r} makes pairs from data.source's task, so rm.source must be empty")
         _check(self.center_coef >= 0, "rm.center_coef", "must be >= 0")
+        _check(self.warmup_steps >= -1, "rm.warmup_steps", "must be >= 0, or -1 (a tenth of rm.steps, at most 10)")
         _check(self.max_tokens >= 2, "rm.max_tokens", "must be >= 2")
         _check(self.refresh_every >= 0, "rm.refresh_every", "must be >= 0 (0: off)")
         _check(self.refresh_steps >= 1, "rm.refresh_steps", "must be >= 1")
@@ -94,6 +99,10 @@ class DPOConfig(_PreferenceData):
     batch_size: int = 16
     """Pairs per optimizer step."""
     lr: float = 1e-5
+    warmup_steps: int = -1
+    """Linear warm-up steps of the learning rate (-1: a tenth of dpo.steps, at most 10)."""
+    schedule: Literal["constant", "cosine", "linear"] = "cosine"
+    """Learning-rate schedule after the warm-up, over dpo.steps."""
     beta: float = 0.1
     """DPO's beta (IPO's tau): strength of the pull towards the reference."""
     loss: Literal["sigmoid", "ipo"] = "sigmoid"
@@ -104,6 +113,7 @@ class DPOConfig(_PreferenceData):
     def __post_init__(self) -> None:
         super().__post_init__()
         _check(self.beta > 0, "dpo.beta", "must be > 0")
+        _check(self.warmup_steps >= -1, "dpo.warmup_steps", "must be >= 0, or -1 (a tenth of dpo.steps, at most 10)")
         _check(self.nll_coef >= 0, "dpo.nll_coef", "must be >= 0 (0: off)")
 
 
@@ -179,6 +189,8 @@ class SFTConfig:
     batch_size: int = 64
     lr: float = 1e-3
     warmup_steps: int = 10
+    schedule: Literal["constant", "cosine", "linear"] = "cosine"
+    """Learning-rate schedule of SFT after its warm-up (sft.warmup_steps), over sft.steps."""
     loss_on: Literal["response", "all", "answer"] = "response"
     """Which tokens carry the SFT loss: the response (and its eos), prompt and response, or only the final answer (the #### line, last \\boxed{} or <answer> tag) and the eos."""
     source: str = ""

@@ -121,8 +121,10 @@ def train_dpo(model, pairs: Sequence[Pair], ref: Tensor, pad_id: int, dpo: DPOCo
     steps and on a stop signal; ``resume``: one of them, whose weights ``model`` already has, to continue from."""
     from rlft.trainers.optim import make_optimizer, make_scheduler
 
-    opt = make_optimizer(model.parameters(), lr=dpo.lr, weight_decay=optim.weight_decay)
-    sched = make_scheduler(opt, warmup=min(10, dpo.steps // 10), total=dpo.steps, schedule="cosine")
+    opt = make_optimizer(model.parameters(), lr=dpo.lr, weight_decay=optim.weight_decay,
+                         betas=(optim.beta1, optim.beta2), eps=optim.eps)
+    warmup = min(10, dpo.steps // 10) if dpo.warmup_steps < 0 else dpo.warmup_steps
+    sched = make_scheduler(opt, warmup=warmup, total=dpo.steps, schedule=dpo.schedule)
     gen = torch.Generator().manual_seed(seed)
     start = checkpoints.attach(opt, sched, gen, resume) if checkpoints is not None else 0
     model.train()

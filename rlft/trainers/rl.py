@@ -36,7 +36,7 @@ from rlft.rollout.hf import generate, samples_exactly, sampling_args, turn_sampl
 from rlft.rollout.episodes import episode_metrics
 from rlft.rollout.multiturn import rollout_env
 from rlft.rollout.partial import finished_batch, partial_metrics
-from rlft.trainers import hacking
+from rlft.trainers import hacking, trl_names
 from rlft.trainers.distill import distill_advantages, distill_logprobs
 from rlft.trainers.roles import role_advantages, role_metrics, score_roles
 from rlft.trainers.state import RLState
@@ -90,6 +90,7 @@ def rl_step(state: RLState, cfg: Config, *, train_policy: bool = True) -> dict[s
             metrics["actor/ref_refreshed"] = float(refresh)
         metrics.update(hacking.tracker_metrics(state.hacking, metrics))
         metrics.update(count_skips(state, metrics))
+        metrics.update(trl_names.update_metrics(metrics, state.scheduler.get_last_lr()[0]))  # TRL's names
         if state.rm_refresh is not None and state.step % cfg.rm.refresh_every == 0:
             with _timed(t, "rm_refresh"):
                 metrics.update(state.rm_refresh.refresh(cfg, seed=cfg.train.seed + state.step))
@@ -385,6 +386,14 @@ def reward_metrics(drawn: list[tuple[Batch, ScoreResult]], cfg: Config, step: in
             out[f"reward/{name}/failed_frac"] = out[f"reward/{name}/errors"] / max(len(scores), 1)
     for name, weight in zip(cfg.reward.keys, cfg.reward.weights_at(step)):  # the step's weights, schedules applied
         out[f"reward/{name}/weight"] = weight
+    names = list(drawn[0][1].per_fn)  # reward.fns' keys, then overlong_penalty when it is on
+    weights = {**dict(zip(cfg.reward.keys, cfg.reward.weights_at(step))), "overlong_penalty": 1.0}
+    rows = [[math.nan if v is None else float(v) for v in row] for _, s in drawn
+            for row in zip(*(s.per_fn[n] for n in names))]
+    parts = torch.tensor(rows, dtype=torch.float32) if names else torch.zeros(len(scores), 0)  # (B, K) NaN: unscorable
+    out.update(trl_names.reward_metrics(parts, [weights.get(n, 1.0) for n in names], names,
+                                        cfg.algo.group_size))  # TRL's names: reward, reward_std, rewards/<name>/*
+    out.update(trl_names.completion_metrics(lengths, truncated))
     return out
 
 

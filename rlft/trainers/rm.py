@@ -105,8 +105,11 @@ def train_rm(model, pad_id: int, train: Sequence[list[list[int]]], rm: RMConfig,
 
 
 def rm_optimizer(model, rm: RMConfig, optim: OptimConfig):
-    """AdamW on the model and its schedule: ``rm.steps``, warm-up over the first tenth (at most 10 steps)."""
+    """AdamW on the model and its schedule: ``rm.schedule`` over ``rm.steps`` after ``rm.warmup_steps`` (-1: the
+    first tenth, at most 10 steps)."""
     from rlft.trainers.optim import make_optimizer, make_scheduler
 
-    opt = make_optimizer(model.parameters(), lr=rm.lr, weight_decay=optim.weight_decay)
-    return opt, make_scheduler(opt, warmup=min(10, rm.steps // 10), total=rm.steps, schedule="cosine")
+    opt = make_optimizer(model.parameters(), lr=rm.lr, weight_decay=optim.weight_decay,
+                         betas=(optim.beta1, optim.beta2), eps=optim.eps)
+    warmup = min(10, rm.steps // 10) if rm.warmup_steps < 0 else rm.warmup_steps
+    return opt, make_scheduler(opt, warmup=warmup, total=rm.steps, schedule=rm.schedule)

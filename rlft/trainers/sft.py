@@ -157,7 +157,7 @@ def train_sft(model, tokenizer, examples: Sequence[Example], cfg: Config,
     s = cfg.sft
     opt = make_optimizer(model.parameters(), lr=s.lr, weight_decay=cfg.optim.weight_decay,
                          betas=(cfg.optim.beta1, cfg.optim.beta2), eps=cfg.optim.eps)
-    sched = make_scheduler(opt, warmup=s.warmup_steps, total=s.steps, schedule="cosine")
+    sched = make_scheduler(opt, warmup=s.warmup_steps, total=s.steps, schedule=s.schedule)
     gen = torch.Generator().manual_seed(cfg.train.seed)
     ckpts = Checkpoints(checkpoints, cfg, "SFT step", s.steps, model=model, tokenizer=tokenizer, optimizer=opt,
                         scheduler=sched)

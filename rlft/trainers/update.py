@@ -249,6 +249,8 @@ def _policy_step(state: "RLState", mb: Batch, cfg: Config) -> dict[str, float]:
             terms["actor/kl_loss"] = kl_mat
             kl_seq = masked_sum(kl_mat.detach(), mask) / len(mb)  # this micro-batch's share of the KL per sequence
             totals["actor/kl_seq"] = totals.get("actor/kl_seq", 0.0) + kl_seq.item()
+            ref_kl = masked_mean(k3(logp.detach(), micro.ref_logp.to(device)), mask).item() * share_of(mask, n_tok)
+            totals["actor/ref_kl"] = totals.get("actor/ref_kl", 0.0) + ref_kl  # TRL's kl: k3's token mean
         if micro.teacher_logp is not None and cfg.distill.signal == "loss":  # the distill stage's reverse-KL loss
             distill_mat = reverse_kl_loss(logp, micro.teacher_logp.to(device))  # (b, T) value d_t, grad d_t grad logp
             loss_mat = loss_mat + cfg.distill.kl_coef * distill_mat
@@ -262,6 +264,7 @@ def _policy_step(state: "RLState", mb: Batch, cfg: Config) -> dict[str, float]:
             loss = loss + a.lm_coef * lm_num / lm_den
             totals["actor/lm_loss"] = totals.get("actor/lm_loss", 0.0) + (lm_num / lm_den).item()
         s.backward(policy, loss)
+        totals["actor/loss"] = totals.get("actor/loss", 0.0) + loss.item()  # this micro-batch's part of the loss
         share = mask.sum().item() / max(n_tok, 1)  # token-weighted average of per-micro-batch metrics
         with torch.no_grad():
             if a.target_kl > 0:  # k3 of KL(pi_old || pi), r = pi / pi_old on pi_old's samples: its mini-batch mean
@@ -281,6 +284,7 @@ def _policy_step(state: "RLState", mb: Batch, cfg: Config) -> dict[str, float]:
                 lm_tokens(mask, weights)
             s.backward(policy, a.ptx_coef * ptx)
             totals["actor/ptx_loss"] = ptx.item()
+            totals["actor/loss"] = totals.get("actor/loss", 0.0) + a.ptx_coef * ptx.item()
         elif s.shards(policy):  # no rows here: the sharded model still runs the pass the others run
             s.backward(policy, idle_loss(lm_loss_sum(model, ids[:1], mask[:1], weights[:1],
                                                      chunk=cfg.train.logprob_chunk)))
