@@ -153,7 +153,7 @@ def test_the_same_run_through_the_facade_rlft_train_and_the_command_is_bit_ident
             "optim.schedule": "linear", "optim.warmup_steps": 0, "optim.beta2": 0.999, "algo.kl_coef": 0.04, "algo.adv_eps": 1e-4,
             "algo.loss_agg": "token-mean", "data.template": "raw", "data.answer_key": "answer",
             "eval.before_rl": False, "eval.name": "eval", "model.device": "cpu", "model.autocast": "none", "train.seed": 3,
-            "log.tensorboard": False, "log.progress": False, "log.run_dir": str(tmp_path), "log.name": "api"}
+            "log.report_to": [], "log.progress": False, "log.run_dir": str(tmp_path), "log.name": "api"}
     api = rlft.train(None, twin, rewards=[fns.reward_len, fns.reward_answer], train_data=rows, eval_data=rows)
     reward_fns = [{"name": "custom", "fn": f"{tmp_path / 'rewards.py'}:{n}", "label": n}
                   for n in ("reward_len", "reward_answer")]

@@ -38,13 +38,13 @@ def test_trls_defaults_on_a_cpu():
                                 "optim.warmup_steps", "algo.kl_coef", "algo.epochs", "algo.clip_low",
                                 "algo.clip_high", "algo.loss_agg", "algo.advantage", "algo.policy_loss",
                                 "train.seed", "model.device", "model.autocast", "log.run_dir", "log.name",
-                                "log.tensorboard", "train.steps", "optim.beta1", "optim.beta2")} == {
+                                "log.report_to", "train.steps", "optim.beta1", "optim.beta2")} == {
         "algo.group_size": 8, "train.prompts_per_step": 1, "train.micro_batch_size": 8,
         "rollout.max_new_tokens": 256, "data.max_prompt_tokens": 512, "optim.lr": 1e-6, "optim.schedule": "linear",
         "optim.warmup_steps": 0, "algo.kl_coef": 0.0, "algo.epochs": 1, "algo.clip_low": 0.2, "algo.clip_high": 0.2,
         "algo.loss_agg": "token-mean", "algo.advantage": "group_norm", "algo.policy_loss": "clip",
         "train.seed": 42, "model.device": "cpu", "model.autocast": "none", "log.run_dir": ".",
-        "log.name": "trainer_output", "log.tensorboard": False,
+        "log.name": "trainer_output", "log.report_to": [],
         "train.steps": 30,  # 3 epochs x 10 prompts, one prompt (8 completions) per step
         "optim.beta1": 0.9, "optim.beta2": 0.999}  # Hugging Face's AdamW betas (rlft's own beta2 is 0.99)
     assert GRPO_FIXED.items() <= got.items()
@@ -66,7 +66,8 @@ def test_the_translation_is_a_valid_rlft_configuration(tmp_path):
                                                                                   "group_mean", True)
     assert (cfg.optim.schedule, cfg.optim.warmup_steps) == ("cosine", 3)  # ceil(0.5 x 6 optimizer steps)
     assert (cfg.train.save_every, cfg.train.keep_checkpoints, cfg.eval.every) == (1, 3, 2)  # in RL steps
-    assert (cfg.rollout.top_k, cfg.train.seed, cfg.log.progress, cfg.log.tensorboard) == (5, 7, False, True)
+    assert (cfg.rollout.top_k, cfg.train.seed, cfg.log.progress, tuple(cfg.log.report_to)) == (5, 7, False,
+                                                                                         ("tensorboard",))
     assert cfg.log.path == tmp_path / "run" and cfg.sft.steps == 0
 
 

@@ -207,8 +207,7 @@ def report_to(v: Any, args: Any, ctx: Context) -> dict[str, Any]:
     names = [] if v in (None, "none") else [v] if isinstance(v, str) else list(v)
     if "all" in names:
         raise fail("report_to", v, "name the trackers (tensorboard, wandb, mlflow, trackio): log.report_to")
-    others = [n for n in names if n != "tensorboard"]
-    return {"log.tensorboard": "tensorboard" in names, **({"log.report_to": others} if others else {})}
+    return {"log.report_to": names}  # a name rlft has no tracker for is log.report_to's error, naming the allowed
 
 
 def vllm(v: Any, args: Any, ctx: Context) -> dict[str, Any]:
@@ -297,8 +296,8 @@ COMMON = _lines(  # TrainingArguments' fields, in every configuration class
     Entry("disable_tqdm", "log.progress", key("log.progress", lambda v: not v), ""),
     Entry("remove_unused_columns", "", only("remove_unused_columns", "the dataset's columns"), "the columns reach "
           "the reward functions, as TRL's GRPO does"),
-    Entry("report_to", "log.tensorboard, log.report_to", report_to, "tensorboard: log.tensorboard; wandb, mlflow, "
-          "trackio: log.report_to; 'none': neither"),
+    Entry("report_to", "log.report_to", report_to, "tensorboard, wandb, mlflow, trackio; 'none': [] (no tracker; "
+          "metrics.jsonl is always written)"),
     Entry("optim", "optim.lr", only("optim", "optim.lr", "rlft trains with torch's AdamW",
                                     ("adamw_torch", "adamw_torch_fused")), ""),
     Entry("gradient_checkpointing", "model.gradient_checkpointing", key("model.gradient_checkpointing"), ""),
