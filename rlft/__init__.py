@@ -5,7 +5,7 @@ the single stages (``rlft.sft``, ``rlft.rm``, ``rlft.prm``, ``rlft.dpo``, ``rlft
 ``rlft.distill``) and ``rlft.RunResult`` import it (and torch) on first use, so ``import rlft.config`` stays light.
 """
 
-__version__ = "0.1.0"
+from rlft.version import __version__  # noqa: F401 (rlft.__version__)
 
 API = ("train", "evaluate", "load_config", "sft", "rm", "prm", "dpo", "rft", "label", "distill", "RunResult")
 """The names of ``rlft.api`` that ``rlft`` itself offers."""

@@ -18,7 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1] / "rlft"
 CONFIG_MAY_IMPORT = ("rlft.config", "rlft.errors", "rlft.registry")
 FLOORS = {  # a module imports only from its own floor or a lower one (docs/explanation/architecture.md)
-    "rlft.errors": 1, "rlft.registry": 1,
+    "rlft.errors": 1, "rlft.registry": 1, "rlft.version": 1,
     "rlft.userfn": 1,  # a user's function by import path; the standard library only: child processes import it fast
     "rlft.config": 2, "rlft.core": 2,
     "rlft.models": 3,

@@ -80,3 +80,12 @@ def test_every_module_needs_a_floor_of_its_own():
     with pytest.raises(KeyError, match="rlft.nowhere"):
         house.floor("rlft.nowhere")
     assert house.floor("rlft") == house.floor("rlft.cli.main") > house.floor("rlft.api") > house.floor("rlft.recipe")
+
+
+def test_the_version_is_pyprojects():
+    import tomllib
+
+    from rlft import __version__
+
+    project = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]
+    assert __version__ == project["version"]

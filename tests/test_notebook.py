@@ -39,8 +39,11 @@ def test_the_quickstart_notebook_runs(tmp_path, monkeypatch):
     client = nbclient.NotebookClient(nb, kernel_name="rlft-test", timeout=300,
                                      resources={"metadata": {"path": str(tmp_path)}})
     client.execute()  # a cell that raises fails here, with its traceback
-    runs = list((tmp_path / "runs").iterdir())
-    assert len(runs) == 1 and (runs[0] / "policy" / "config.json").is_file() and (runs[0] / "data").is_dir()
+    runs = sorted((tmp_path / "runs").iterdir(), key=lambda p: p.name == "trl-quickstart")
+    assert [r.name for r in runs][1:] == ["trl-quickstart"]  # the API's run (a timestamp), then the TRL script's
+    assert (runs[0] / "policy" / "config.json").is_file() and (runs[0] / "data").is_dir()
+    assert (runs[1] / "final" / "config.json").is_file() and (runs[1] / "metrics.jsonl").is_file()
     shown = "".join(o.get("text", "") + str(o.get("data", {}).get("text/plain", ""))
                     for c in nb.cells if c.cell_type == "code" for o in c.outputs)
     assert "exact match before and after RL" in shown and "'pass@1'" in shown
+    assert "LlamaForCausalLM" in shown  # the TRL script's saved model, loaded back by transformers

@@ -152,7 +152,7 @@ algorithm's name); ``seconds`` from the start to the run's report, null while it
 
 def record_start(run_dir: Path, command: str, stages: list[str]) -> None:
     """Add this start of the run (``command``, its ``stages``, the time, rlft's version) to ``run_dir/run.json``."""
-    from rlft import __version__
+    from rlft.version import __version__
 
     path = Path(run_dir) / RUN_RECORD
     starts = _read_record(path)
