@@ -386,6 +386,11 @@ GROUPS: tuple[tuple[str, str, tuple[tuple[str, str], ...]], ...] = (
         ('grad_norm', "`actor/grad_norm`: the policy's gradient norm before clipping."),
         ('learning_rate', "The policy's learning rate after the step's scheduler step, the one the next step uses "
                           "(what Hugging Face's Trainer logs); `actor/lr` is the one this step used."),
+        ('rewards/chosen', "`dpo/rewards/chosen` as TRL's `DPOTrainer` names it, in `rlft.trl.DPOTrainer`'s "
+                           '`state.log_history`.'),
+        ('rewards/rejected', '`dpo/rewards/rejected`, as TRL names it in the DPO trainer\'s `state.log_history`.'),
+        ('rewards/margins', '`dpo/rewards/margins`, as TRL names it in the DPO trainer\'s `state.log_history`.'),
+        ('rewards/accuracies', '`dpo/rewards/accuracies`, as TRL names it in the DPO trainer\'s `state.log_history`.'),
      )),
 )
 """(title, where the metrics come from, ((name or pattern, definition), ...)), in the order of the page."""
