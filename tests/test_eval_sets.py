@@ -258,7 +258,7 @@ def test_summary_report_and_plot_show_every_set(sets_run):
     assert sorted(labels) == sorted((f"val/{n}/exact_match", "2") for n in NAMES)
     table = page[page.index('<table id="evaluation">'):]
     table = table[: table.index("</table>")]
-    assert all(f'<td><a href="#metric-exact_match">{n}/exact_match</a></td>' in table for n in NAMES[1:])
+    assert all(f'<td><a href="#metric-val-set-exact-match">{n}/exact_match</a></td>' in table for n in NAMES[1:])
     panel = next(p for p in PANELS if p.name == "validation")
     drawn = series(read_metrics(result.run_dir / "metrics.jsonl"), panel)
     assert sorted(drawn) == sorted(f"val/{n}/exact_match" for n in NAMES)
@@ -280,4 +280,4 @@ def test_a_pipeline_carries_every_set_in_its_summary(tmp_path, tiny_size_overrid
         assert arith["n"] == 3 and 0.0 <= arith["exact_match"] <= 1.0 and "examples" not in arith
     assert "arith/exact_match" in "\n".join(lines)
     page = (cfg.log.path / "report.html").read_text()
-    assert '<th><a href="#metric-exact_match">arith/exact_match</a></th>' in page
+    assert '<th><a href="#metric-val-set-exact-match">arith/exact_match</a></th>' in page

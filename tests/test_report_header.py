@@ -16,7 +16,7 @@ import pytest
 
 import rlft
 from rlft.cli.main import main
-from rlft.insight.metric_defs import METRICS, anchor, definition, markdown
+from rlft.insight.metric_defs import anchor, definition
 from rlft.insight.report import _flat
 from rlft.recipe import load_config
 from rlft.insight.report import build_report
@@ -71,14 +71,17 @@ def test_every_metric_the_run_logged_is_defined_in_its_report(cli_run):
     logged |= {k for part in json.loads((run / "eval.json").read_text()).values() for k in _flat(part)}
     assert {"reward/mean", "val/max/exact_match", "sft/loss", "exact_match", "pass@2"} <= logged
     missing = sorted(k for k in logged if definition(k) is None)
-    assert not missing, f"metrics without a definition in rlft/insight/metric_defs.py: {missing}"
+    assert not missing, f"metrics without a definition in rlft/insight/metric_table.py: {missing}"
     ids = set(re.findall(r'id="([^"]+)"', page))
     assert {anchor(definition(k)[0]) for k in logged} <= ids  # the page defines each
     links = re.findall(r'href="#([^"]+)"', page)
     assert links and set(links) <= ids  # every link lands on a definition in the page
     table = page[page.index('<table id="evaluation">'):]
     table = table[:table.index("</table>")]
-    assert '<a href="#metric-exact_match">exact_match</a>' in table and '<a href="#metric-pass-k">pass@2</a>' in table
+    assert '<a href="#metric-val-set-exact-match">exact_match</a>' in table
+    assert '<a href="#metric-val-set-pass-k">pass@2</a>' in table
+    assert '<dt id="metric-val-set-exact-match"><code>val/&lt;set&gt;/exact_match</code></dt>' in page
+    assert "the weighted sum of the reward entries. TRL&#x27;s <code>reward</code>" in page  # code spans as code
     fired = json.loads((run / "health.json").read_text())
     for rule in fired:  # the health table's rules link to health/<rule>
         assert f'<a href="#{anchor("health/<rule>")}">{rule}</a>' in page
@@ -114,20 +117,6 @@ def test_a_run_without_run_json_shows_the_command_of_its_log(tmp_path):
     rows = _what_ran((tmp_path / "report.html").read_text())
     assert rows["command"] == "rlft train r.yaml" and rows["algorithm"] == "dapo" and rows["model"] == "/models/q"
     assert rows["steps"].startswith("none logged yet") and rows["wall time"] == "-"
-
-
-def test_the_definitions_table_is_well_formed():
-    patterns = [p for p, _ in METRICS]
-    assert len(set(patterns)) == len(patterns) and len({anchor(p) for p in patterns}) == len(patterns)
-    assert all(text.strip().endswith(".") for _, text in METRICS)
-    assert definition("pass@16")[0] == "pass@<k>" and definition("val/gsm8k/maj@8")[0] == "val/<set>/<metric>"
-    assert definition("reward/my_fn/failed_frac")[0] == "reward/<fn>/failed_frac"
-    assert definition("health/kl_blowup")[0] == "health/<rule>"
-    assert definition("dpo/loss")[0] == "<stage>/loss" and definition("nonsense/loss") is None
-    assert definition("not_a_metric") is None
-    table = markdown().splitlines()
-    assert table[:2] == ["| metric | meaning |", "|---|---|"] and len(table) == len(METRICS) + 2
-    assert table[2] == f"| `{METRICS[0][0]}` | {METRICS[0][1]} |"
 
 
 def test_a_single_stage_says_which(tmp_path, tiny_overrides):

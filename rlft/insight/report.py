@@ -241,6 +241,10 @@ def _logged_command(run: Path) -> str:
     return first.split(" ", 3)[3] if first.startswith("# ") and first.count(" ") >= 3 else ""
 
 
+CODE = re.compile(r"`([^`]+)`")
+"""A code span of a definition (Markdown's backticks)."""
+
+
 def _definitions(page: str, names: set[str]) -> str:
     """The definitions of the metrics ``names`` (those the run logged) and of those the page links to, each with
     its anchor, in the order of ``rlft.insight.metric_defs.METRICS``."""
@@ -255,8 +259,8 @@ def _definitions(page: str, names: set[str]) -> str:
         if pattern in found or anchor(pattern) in linked:
             shown = [n for n in found.get(pattern, []) if n != pattern]
             here = f" Here: {', '.join(shown[:8])}{', ...' if len(shown) > 8 else ''}." if shown else ""
-            rows.append(f'<dt id="{anchor(pattern)}"><code>{html.escape(pattern)}</code></dt>'
-                        f"<dd>{html.escape(text + here)}</dd>")
+            text = CODE.sub(r"<code>\1</code>", html.escape(text + here))
+            rows.append(f'<dt id="{anchor(pattern)}"><code>{html.escape(pattern)}</code></dt><dd>{text}</dd>')
     return '<dl id="metric-definitions">' + "\n".join(rows) + "</dl>"
 
 
