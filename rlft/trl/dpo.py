@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from rlft.trl.args import TrainingArguments
-from rlft.trl.data import answer_key, is_conversational
+from rlft.trl.data import is_conversational
 from rlft.trl.sft import stage_entries
-from rlft.trl.table import COMMON, Context, Entry, TRLArgumentError, fail, key, nothing, only, register, translate
+from rlft.trl.table import COMMON, Context, Entry, TRLArgumentError, fail, key, nothing, only, register
 from rlft.trl.trainers import TrainOutput, _Base
 
 DPO_NAMES = {"loss": "dpo/loss", "grad_norm": "dpo/grad_norm", "rewards/chosen": "dpo/rewards/chosen",
@@ -114,30 +114,38 @@ class DPOTrainer(_Base):
                 raise TRLArgumentError(f"{name}: rlft does not take it (the reference is the starting model; "
                                        "nearest: dpo.*)")
         super().__init__(model, args, processing_class, peft_config)
-        if self.args.disable_dropout and _dropout(self.model_path) > 0:
-            raise TRLArgumentError(f"disable_dropout=True: the model's configuration has dropout "
-                                   f"{_dropout(self.model_path)}, which rlft's DPO keeps: save the model with its "
-                                   "dropout set to 0 (model.path), or set disable_dropout=False")
+        keep_dropout(self.args, self.model_path, "DPO")
         self.rows, chat = pair_rows(train_dataset)
         self.eval_rows = pair_rows(eval_dataset, "eval_dataset")[0] if eval_dataset is not None else None
-        import torch
-        from transformers import AutoTokenizer
-
-        tok = AutoTokenizer.from_pretrained(self.model_path)
-        count = (lambda p: len(tok(p if isinstance(p, str) else "\n".join(m["content"] for m in p))["input_ids"]))
-        n_prompt = max(count(r["prompt"]) for r in self.rows)
-        most = max(count(r["prompt"]) + max(count(r["chosen"]), count(r["rejected"])) for r in self.rows)
-        ctx = Context(n_train=len(self.rows), cuda=torch.cuda.is_available(), conversational=chat, longest=most,
-                      n_prompt=n_prompt)
-        self.overrides = translate(self.args, ctx)
-        self.overrides.update(self._model_overrides())
-        self.overrides["data.template"] = "chat" if chat else "raw"
-        self.overrides["data.answer_key"] = answer_key(self.rows + (self.eval_rows or []))
+        self.overrides = self._run_overrides(pair_context(self.model_path, self.rows, chat), chat)
         self.overrides["dpo.source"] = str(Path(self.args.output_dir).resolve() / "data")  # the rows, as written
 
     def train(self, resume_from_checkpoint: Any = None) -> TrainOutput:
         """The DPO run (``rlft.dpo``); fills ``state.log_history`` with TRL's names."""
         return self._train_stage("dpo", DPO_NAMES, resume_from_checkpoint)
+
+
+def keep_dropout(args: Any, path: str, stage: str) -> None:
+    """TRL's ``disable_dropout=True`` for rlft's ``stage``, which trains with the model's own dropout: an error for
+    a model whose configuration (at ``path``) has some."""
+    if args.disable_dropout and _dropout(path) > 0:
+        raise TRLArgumentError(f"disable_dropout=True: the model's configuration has dropout {_dropout(path)}, which "
+                               f"rlft's {stage} keeps: save the model with its dropout set to 0 (model.path), or set "
+                               "disable_dropout=False")
+
+
+def pair_context(path: str, rows: list[dict], chat: bool) -> Context:
+    """The :class:`Context` of preference ``rows`` in the tokens of the model at ``path``: the longest prompt and
+    prompt + response."""
+    import torch
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(path)
+    count = (lambda p: len(tok(p if isinstance(p, str) else "\n".join(m["content"] for m in p))["input_ids"]))
+    n_prompt = max(count(r["prompt"]) for r in rows)
+    most = max(count(r["prompt"]) + max(count(r["chosen"]), count(r["rejected"])) for r in rows)
+    return Context(n_train=len(rows), cuda=torch.cuda.is_available(), conversational=chat, longest=most,
+                   n_prompt=n_prompt)
 
 
 def _dropout(path: str) -> float:

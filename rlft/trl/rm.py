@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from rlft.trl.args import TrainingArguments
-from rlft.trl.data import answer_key, is_conversational
-from rlft.trl.dpo import _dropout, pair_rows
+from rlft.trl.data import is_conversational
+from rlft.trl.dpo import keep_dropout, pair_context, pair_rows
 from rlft.trl.sft import stage_entries
-from rlft.trl.table import COMMON, Context, Entry, TRLArgumentError, fail, key, nothing, register, translate
+from rlft.trl.table import COMMON, Context, Entry, TRLArgumentError, fail, key, nothing, register
 from rlft.trl.trainers import TrainOutput, _Base
 
 RM_NAMES = {"loss": "rm/loss", "grad_norm": "rm/grad_norm", "accuracy": "rm/accuracy_train",
@@ -91,23 +91,10 @@ class RewardTrainer(_Base):
         if peft_config is not None:
             raise TRLArgumentError("peft_config: rlft's reward-model stage trains the whole model (lora.*: RL only)")
         super().__init__(model, args, processing_class, None)
-        if self.args.disable_dropout and _dropout(self.model_path) > 0:
-            raise TRLArgumentError(f"disable_dropout=True: the model's configuration has dropout "
-                                   f"{_dropout(self.model_path)}, which rlft's reward-model stage keeps: save the "
-                                   "model with its dropout set to 0 (model.path), or set disable_dropout=False")
+        keep_dropout(self.args, self.model_path, "reward-model stage")
         self.rows, chat = preference_rows(train_dataset)
         self.eval_rows = preference_rows(eval_dataset, "eval_dataset")[0] if eval_dataset is not None else None
-        import torch
-        from transformers import AutoTokenizer
-
-        tok = AutoTokenizer.from_pretrained(self.model_path)
-        count = (lambda p: len(tok(p if isinstance(p, str) else "\n".join(m["content"] for m in p))["input_ids"]))
-        most = max(count(r["prompt"]) + max(count(r["chosen"]), count(r["rejected"])) for r in self.rows)
-        ctx = Context(n_train=len(self.rows), cuda=torch.cuda.is_available(), conversational=chat, longest=most)
-        self.overrides = translate(self.args, ctx)
-        self.overrides.update(self._model_overrides())
-        self.overrides["data.template"] = "chat" if chat else "raw"
-        self.overrides["data.answer_key"] = answer_key(self.rows + (self.eval_rows or []))
+        self.overrides = self._run_overrides(pair_context(self.model_path, self.rows, chat), chat)
         self.overrides["rm.source"] = str(Path(self.args.output_dir).resolve() / "data")  # the rows, as written
 
     def train(self, resume_from_checkpoint: Any = None) -> TrainOutput:

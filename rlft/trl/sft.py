@@ -12,9 +12,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from rlft.trl.args import TrainingArguments
-from rlft.trl.data import answer_key
 from rlft.trl.table import (COMMON, SCHEDULES, Context, Entry, TRLArgumentError, every, fail, key, nothing, only,
-                            register, translate)
+                            register)
 from rlft.trl.trainers import TrainOutput, _Base, batch
 
 SFT_NAMES = {"loss": "sft/loss", "mean_token_accuracy": "sft/mean_token_accuracy", "grad_norm": "sft/grad_norm",
@@ -171,10 +170,7 @@ class SFTTrainer(_Base):
         tok = AutoTokenizer.from_pretrained(self.model_path)
         longest = max(len(tok(_text(r["prompt"]) + r["completion"])["input_ids"]) for r in self.rows)
         ctx = Context(n_train=len(self.rows), cuda=torch.cuda.is_available(), conversational=chat, longest=longest)
-        self.overrides = translate(self.args, ctx)
-        self.overrides.update(self._model_overrides())
-        self.overrides["data.template"] = "chat" if chat else "raw"
-        self.overrides["data.answer_key"] = answer_key(self.rows + (self.eval_rows or []))
+        self.overrides = self._run_overrides(ctx, chat)
 
     def train(self, resume_from_checkpoint: Any = None) -> TrainOutput:
         """The SFT run (``rlft.sft``); fills ``state.log_history`` with TRL's names."""

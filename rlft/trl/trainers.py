@@ -133,6 +133,15 @@ class _Base:
         merged = self.lora and self.model_path.startswith(self._tmp.name)
         return {"model.path": self.model_path, **self.lora, **({"lora.save": "merged"} if merged else {})}
 
+    def _run_overrides(self, ctx: Context, chat: bool) -> dict[str, Any]:
+        """rlft's keys for the run: the arguments translated (``ctx``), the model's, the template (``chat``: the
+        rows are messages; TRL takes plain text as it is) and the answer key of the rows."""
+        out = translate(self.args, ctx)
+        out.update(self._model_overrides())
+        out["data.template"] = "chat" if chat else "raw"
+        out["data.answer_key"] = answer_key(self.rows + (self.eval_rows or []))  # the evaluation's truth
+        return out
+
     def _held(self) -> dict:
         """``python:<name>`` -> function, for the reward functions this trainer gave rlft.train."""
         entries = [e for e in self.overrides.get("reward.fns", []) if e["name"] == "custom"]
@@ -211,10 +220,8 @@ class GRPOTrainer(_Base):
             raise TRLArgumentError("reward_funcs: none given")
         import torch
 
-        self.overrides = translate(self.args, Context(n_train=len(self.rows), cuda=torch.cuda.is_available()))
-        self.overrides.update(self._model_overrides())
-        self.overrides["data.template"] = "chat" if self.conversational else "raw"  # TRL: plain text as it is
-        self.overrides["data.answer_key"] = answer_key(self.rows + (self.eval_rows or []))  # the evaluation's truth
+        ctx = Context(n_train=len(self.rows), cuda=torch.cuda.is_available())
+        self.overrides = self._run_overrides(ctx, self.conversational)
         self.callables, self.overrides["reward.fns"] = self._rewards()
         self.overrides["reward.weights"] = []  # each entry carries its weight
 
