@@ -13,7 +13,7 @@ from typing import Any
 
 from rlft.trl.args import TrainingArguments
 from rlft.trl.data import is_conversational
-from rlft.trl.sft import stage_entries
+from rlft.trl.sft import stage_entries, text
 from rlft.trl.table import COMMON, Context, Entry, TRLArgumentError, fail, key, nothing, only, register
 from rlft.trl.trainers import TrainOutput, _Base
 
@@ -141,7 +141,7 @@ def pair_context(path: str, rows: list[dict], chat: bool) -> Context:
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(path)
-    count = (lambda p: len(tok(p if isinstance(p, str) else "\n".join(m["content"] for m in p))["input_ids"]))
+    count = (lambda p: len(tok(text(p))["input_ids"]))
     n_prompt = max(count(r["prompt"]) for r in rows)
     most = max(count(r["prompt"]) + max(count(r["chosen"]), count(r["rejected"])) for r in rows)
     return Context(n_train=len(rows), cuda=torch.cuda.is_available(), conversational=chat, longest=most,

@@ -168,7 +168,7 @@ class SFTTrainer(_Base):
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(self.model_path)
-        longest = max(len(tok(_text(r["prompt"]) + r["completion"])["input_ids"]) for r in self.rows)
+        longest = max(len(tok(text(r["prompt"]) + r["completion"])["input_ids"]) for r in self.rows)
         ctx = Context(n_train=len(self.rows), cuda=torch.cuda.is_available(), conversational=chat, longest=longest)
         self.overrides = self._run_overrides(ctx, chat)
 
@@ -177,5 +177,6 @@ class SFTTrainer(_Base):
         return self._train_stage("sft", SFT_NAMES, resume_from_checkpoint)
 
 
-def _text(prompt: Any) -> str:
+def text(prompt: Any) -> str:
+    """A prompt (text or messages) as text: the messages' contents a line each."""
     return prompt if isinstance(prompt, str) else "\n".join(m["content"] for m in prompt)
