@@ -7,17 +7,15 @@ fields; ``docs/trl.md`` shows it.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rlft.trl.args import TrainingArguments
-from rlft.trl.data import answer_key, is_conversational
-from rlft.trl.sft import batch, precision
-from rlft.trl.table import (COMMON, SCHEDULES, Context, Entry, TRLArgumentError, every, fail, key, nothing, only,
-                            register, translate)
-from rlft.trl.trainers import TrainerState, TrainOutput, _Base
+from rlft.trl.data import is_conversational
+from rlft.trl.sft import stage_entries, text
+from rlft.trl.table import COMMON, Context, Entry, TRLArgumentError, fail, key, nothing, only, register
+from rlft.trl.trainers import TrainOutput, _Base
 
 DPO_NAMES = {"loss": "dpo/loss", "grad_norm": "dpo/grad_norm", "rewards/chosen": "dpo/rewards/chosen",
              "rewards/rejected": "dpo/rewards/rejected", "rewards/accuracies": "dpo/rewards/accuracies",
@@ -42,25 +40,6 @@ class DPOConfig(TrainingArguments):
     disable_dropout: bool = True
 
 
-def dpo_steps(args: Any, ctx: Context) -> int:
-    if args.max_steps > 0:
-        return args.max_steps
-    return max(1, math.ceil(args.num_train_epochs * math.ceil(ctx.n_train / batch(args))))
-
-
-def warmup(v: Any, args: Any, ctx: Context) -> dict[str, Any]:
-    if args.lr_scheduler_type == "constant":  # Hugging Face's constant schedule has no warm-up
-        return {"dpo.warmup_steps": 0}
-    steps = args.warmup_steps if args.warmup_steps > 0 else math.ceil(args.warmup_ratio * dpo_steps(args, ctx))
-    return {"dpo.warmup_steps": steps}
-
-
-def schedule(v: Any, args: Any, ctx: Context) -> dict[str, Any]:
-    if v not in SCHEDULES:
-        raise fail("lr_scheduler_type", v, f"rlft has {sorted(SCHEDULES)} (dpo.schedule)")
-    return {"dpo.schedule": SCHEDULES[v]}
-
-
 def loss_type(v: Any, args: Any, ctx: Context) -> dict[str, Any]:
     if v not in ("sigmoid", ["sigmoid"]):
         raise fail("loss_type", v, "rlft's DPO has TRL's sigmoid loss (dpo.loss; its ipo is Azar et al.'s on summed "
@@ -82,20 +61,7 @@ def longest(name: str, what: str) -> Any:
 DPO_FIXED = {"dpo.train_split": "train", "dpo.eval_split": "test"}  # dpo.source: the run's rows (set per run)
 
 DPO = register({**COMMON, **{e.trl: e for e in (
-    Entry("per_device_train_batch_size", "dpo.batch_size", lambda v, a, c: {"dpo.batch_size": batch(a)},
-          "pairs per optimizer step = per_device_train_batch_size x gradient_accumulation_steps"),
-    Entry("gradient_accumulation_steps", "dpo.batch_size", nothing, "read with per_device_train_batch_size"),
-    Entry("learning_rate", "dpo.lr", key("dpo.lr"), ""),
-    Entry("max_steps", "dpo.steps", lambda v, a, c: {"dpo.steps": dpo_steps(a, c)}, "or num_train_epochs passes "
-          "over the pairs; rlft draws each batch at random, with replacement"),
-    Entry("lr_scheduler_type", "dpo.schedule", schedule, "linear, cosine, constant, constant_with_warmup"),
-    Entry("warmup_ratio", "dpo.warmup_steps", warmup, "ceil(warmup_ratio x steps), as Hugging Face's"),
-    Entry("eval_strategy", "eval.every", only("eval_strategy", "dpo_eval.json", "rlft's DPO evaluates before and "
-          "after training"), ""),
-    Entry("save_strategy", "train.save_every", every("save_steps", "save_strategy", "train.save_every",
-                                                     steps=dpo_steps), "'steps': every save_steps; 'no': none"),
-    Entry("bf16", "model.dtype", precision, "False only (no autocast in rlft's DPO)"),
-    Entry("gradient_checkpointing", "", nothing, "changes no result; accepted as any value"),
+    *stage_entries("dpo", "pairs", "DPO", "before and after training"),
     Entry("beta", "dpo.beta", key("dpo.beta"), ""),
     Entry("loss_type", "dpo.loss", loss_type, "sigmoid only"),
     Entry("max_length", "dpo.source", longest("max_length", "row"), "no prompt + response may be longer: rlft "
@@ -148,50 +114,38 @@ class DPOTrainer(_Base):
                 raise TRLArgumentError(f"{name}: rlft does not take it (the reference is the starting model; "
                                        "nearest: dpo.*)")
         super().__init__(model, args, processing_class, peft_config)
-        if self.args.disable_dropout and _dropout(self.model_path) > 0:
-            raise TRLArgumentError(f"disable_dropout=True: the model's configuration has dropout "
-                                   f"{_dropout(self.model_path)}, which rlft's DPO keeps: save the model with its "
-                                   "dropout set to 0 (model.path), or set disable_dropout=False")
+        keep_dropout(self.args, self.model_path, "DPO")
         self.rows, chat = pair_rows(train_dataset)
         self.eval_rows = pair_rows(eval_dataset, "eval_dataset")[0] if eval_dataset is not None else None
-        import torch
-        from transformers import AutoTokenizer
-
-        tok = AutoTokenizer.from_pretrained(self.model_path)
-        count = (lambda p: len(tok(p if isinstance(p, str) else "\n".join(m["content"] for m in p))["input_ids"]))
-        n_prompt = max(count(r["prompt"]) for r in self.rows)
-        most = max(count(r["prompt"]) + max(count(r["chosen"]), count(r["rejected"])) for r in self.rows)
-        ctx = Context(n_train=len(self.rows), cuda=torch.cuda.is_available(), conversational=chat, longest=most,
-                      n_prompt=n_prompt)
-        self.overrides = translate(self.args, ctx)
-        self.overrides.update(self._model_overrides())
-        self.overrides["data.template"] = "chat" if chat else "raw"
-        self.overrides["data.answer_key"] = answer_key(self.rows + (self.eval_rows or []))
+        self.overrides = self._run_overrides(pair_context(self.model_path, self.rows, chat), chat)
         self.overrides["dpo.source"] = str(Path(self.args.output_dir).resolve() / "data")  # the rows, as written
 
     def train(self, resume_from_checkpoint: Any = None) -> TrainOutput:
         """The DPO run (``rlft.dpo``); fills ``state.log_history`` with TRL's names."""
-        from rlft import api
+        return self._train_stage("dpo", DPO_NAMES, resume_from_checkpoint)
 
-        if resume_from_checkpoint:
-            self.overrides["train.resume"] = True
-        self.result = api.dpo(None, self.overrides, train_data=self.rows,
-                              eval_data=self.eval_rows if self.eval_rows is not None else self.rows)
-        rows = self.result.metrics  # dpo_metrics.jsonl's rows
-        per, history = max(1, int(self.args.logging_steps)), []
-        for start in range(0, len(rows), per):
-            window = rows[start:start + per]
-            entry = {trl: sum(r[ours] for r in window) / len(window) for trl, ours in DPO_NAMES.items()}
-            done = start + len(window)
-            entry.update(learning_rate=window[-1]["dpo/lr"], epoch=done * batch(self.args) / len(self.rows),
-                         step=done)
-            history.append(entry)
-        loss = sum(r["dpo/loss"] for r in rows) / max(len(rows), 1)
-        summary = {"train_runtime": self.result.seconds, "train_loss": loss,
-                   "epoch": history[-1]["epoch"] if history else 0.0, "step": len(rows)}
-        self.state = TrainerState(log_history=[*history, summary], global_step=len(rows), max_steps=len(rows),
-                                  epoch=summary["epoch"])
-        return TrainOutput(len(rows), loss, {k: v for k, v in summary.items() if k != "step"})
+
+def keep_dropout(args: Any, path: str, stage: str) -> None:
+    """TRL's ``disable_dropout=True`` for rlft's ``stage``, which trains with the model's own dropout: an error for
+    a model whose configuration (at ``path``) has some."""
+    if args.disable_dropout and _dropout(path) > 0:
+        raise TRLArgumentError(f"disable_dropout=True: the model's configuration has dropout {_dropout(path)}, which "
+                               f"rlft's {stage} keeps: save the model with its dropout set to 0 (model.path), or set "
+                               "disable_dropout=False")
+
+
+def pair_context(path: str, rows: list[dict], chat: bool) -> Context:
+    """The :class:`Context` of preference ``rows`` in the tokens of the model at ``path``: the longest prompt and
+    prompt + response."""
+    import torch
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(path)
+    count = (lambda p: len(tok(text(p))["input_ids"]))
+    n_prompt = max(count(r["prompt"]) for r in rows)
+    most = max(count(r["prompt"]) + max(count(r["chosen"]), count(r["rejected"])) for r in rows)
+    return Context(n_train=len(rows), cuda=torch.cuda.is_available(), conversational=chat, longest=most,
+                   n_prompt=n_prompt)
 
 
 def _dropout(path: str) -> float:

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from rlft.trl.args import TrainingArguments
-from rlft.trl.data import answer_key
 from rlft.trl.table import (COMMON, SCHEDULES, Context, Entry, TRLArgumentError, every, fail, key, nothing, only,
-                            register, translate)
-from rlft.trl.trainers import TrainerState, TrainOutput, _Base
+                            register)
+from rlft.trl.trainers import TrainOutput, _Base, batch
 
 SFT_NAMES = {"loss": "sft/loss", "mean_token_accuracy": "sft/mean_token_accuracy", "grad_norm": "sft/grad_norm",
              "learning_rate": "sft/lr"}
@@ -36,28 +35,33 @@ class SFTConfig(TrainingArguments):
     assistant_only_loss: bool = False
 
 
-def sft_steps(args: Any, ctx: Context) -> int:
-    """Optimizer steps: ``max_steps``, else ``num_train_epochs`` passes of ``batch`` rows each."""
+def stage_steps(args: Any, ctx: Context) -> int:
+    """A supervised stage's optimizer steps: ``max_steps``, else ``num_train_epochs`` passes of ``batch`` rows
+    each."""
     if args.max_steps > 0:
         return args.max_steps
     return max(1, math.ceil(args.num_train_epochs * math.ceil(ctx.n_train / batch(args))))
 
 
-def batch(args: Any) -> int:
-    return args.per_device_train_batch_size * args.gradient_accumulation_steps
+def warmup(stage: str) -> Callable[[Any, Any, Context], dict[str, Any]]:
+    """``warmup_ratio`` as ``<stage>.warmup_steps``."""
+    def convert(v: Any, args: Any, ctx: Context) -> dict[str, Any]:
+        if args.lr_scheduler_type == "constant":  # Hugging Face's constant schedule has no warm-up
+            return {f"{stage}.warmup_steps": 0}
+        steps = args.warmup_steps if args.warmup_steps > 0 else math.ceil(args.warmup_ratio * stage_steps(args, ctx))
+        return {f"{stage}.warmup_steps": steps}
+
+    return convert
 
 
-def warmup(v: Any, args: Any, ctx: Context) -> dict[str, Any]:
-    if args.lr_scheduler_type == "constant":  # Hugging Face's constant schedule has no warm-up
-        return {"sft.warmup_steps": 0}
-    steps = args.warmup_steps if args.warmup_steps > 0 else math.ceil(args.warmup_ratio * sft_steps(args, ctx))
-    return {"sft.warmup_steps": steps}
+def schedule(stage: str) -> Callable[[Any, Any, Context], dict[str, Any]]:
+    """``lr_scheduler_type`` as ``<stage>.schedule``."""
+    def convert(v: Any, args: Any, ctx: Context) -> dict[str, Any]:
+        if v not in SCHEDULES:
+            raise fail("lr_scheduler_type", v, f"rlft has {sorted(SCHEDULES)} ({stage}.schedule)")
+        return {f"{stage}.schedule": SCHEDULES[v]}
 
-
-def schedule(v: Any, args: Any, ctx: Context) -> dict[str, Any]:
-    if v not in SCHEDULES:
-        raise fail("lr_scheduler_type", v, f"rlft has {sorted(SCHEDULES)} (sft.schedule)")
-    return {"sft.schedule": SCHEDULES[v]}
+    return convert
 
 
 def precision(v: Any, args: Any, ctx: Context) -> dict[str, Any]:
@@ -83,24 +87,33 @@ def max_length(v: Any, args: Any, ctx: Context) -> dict[str, Any]:
     return {}
 
 
+def stage_entries(stage: str, unit: str, name: str, evaluates: str) -> tuple[Entry, ...]:
+    """The entries every supervised stage's table starts with (SFT's, DPO's, the reward model's), naming
+    ``stage``'s keys: ``unit`` what a batch holds, ``name`` the stage in the notes, ``evaluates`` when it
+    evaluates."""
+    return (
+        Entry("per_device_train_batch_size", f"{stage}.batch_size", lambda v, a, c: {f"{stage}.batch_size": batch(a)},
+              f"{unit} per optimizer step = per_device_train_batch_size x gradient_accumulation_steps"),
+        Entry("gradient_accumulation_steps", f"{stage}.batch_size", nothing, "read with per_device_train_batch_size"),
+        Entry("learning_rate", f"{stage}.lr", key(f"{stage}.lr"), ""),
+        Entry("max_steps", f"{stage}.steps", lambda v, a, c: {f"{stage}.steps": stage_steps(a, c)},
+              f"or num_train_epochs passes over the {unit}; rlft draws each batch at random, with replacement"),
+        Entry("lr_scheduler_type", f"{stage}.schedule", schedule(stage), "linear, cosine, constant, "
+              "constant_with_warmup"),
+        Entry("warmup_ratio", f"{stage}.warmup_steps", warmup(stage), "ceil(warmup_ratio x steps), as Hugging Face's"),
+        Entry("eval_strategy", "eval.every", only("eval_strategy", f"{stage}_eval.json", f"rlft's {name} evaluates "
+              f"{evaluates}"), ""),
+        Entry("save_strategy", "train.save_every", every("save_steps", "save_strategy", "train.save_every",
+                                                         steps=stage_steps), "'steps': every save_steps; 'no': none"),
+        Entry("bf16", "model.dtype", precision, f"False only (no autocast in rlft's {name})"),
+        Entry("gradient_checkpointing", "", nothing, "changes no result; accepted as any value"),
+    )
+
+
 SFT_FIXED = {"data.response_key": "completion"}  # the rows' completion is the SFT target
 
 SFT = register({**COMMON, **{e.trl: e for e in (
-    Entry("per_device_train_batch_size", "sft.batch_size", lambda v, a, c: {"sft.batch_size": batch(a)},
-          "rows per optimizer step = per_device_train_batch_size x gradient_accumulation_steps"),
-    Entry("gradient_accumulation_steps", "sft.batch_size", lambda v, a, c: {"sft.batch_size": batch(a)},
-          "read with per_device_train_batch_size"),
-    Entry("learning_rate", "sft.lr", key("sft.lr"), ""),
-    Entry("max_steps", "sft.steps", lambda v, a, c: {"sft.steps": sft_steps(a, c)}, "or num_train_epochs passes "
-          "over the rows; rlft draws each batch at random, with replacement"),
-    Entry("lr_scheduler_type", "sft.schedule", schedule, "linear, cosine, constant, constant_with_warmup"),
-    Entry("warmup_ratio", "sft.warmup_steps", warmup, "ceil(warmup_ratio x steps), as Hugging Face's"),
-    Entry("eval_strategy", "eval.every", only("eval_strategy", "sft_eval.json", "rlft's SFT evaluates before and "
-          "after training"), ""),
-    Entry("save_strategy", "train.save_every", every("save_steps", "save_strategy", "train.save_every",
-                                                     steps=sft_steps), "'steps': every save_steps; 'no': none"),
-    Entry("bf16", "model.dtype", precision, "False only (no autocast in rlft's SFT)"),
-    Entry("gradient_checkpointing", "", nothing, "changes no result; accepted as any value"),
+    *stage_entries("sft", "rows", "SFT", "before and after training"),
     Entry("dataset_text_field", "sft.source", only("dataset_text_field", "sft.source",
           "rows are prompt-completion or messages"), ""),
     Entry("max_length", "data.max_prompt_tokens", max_length, "no row may be longer: rlft never cuts one"),
@@ -155,37 +168,15 @@ class SFTTrainer(_Base):
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(self.model_path)
-        longest = max(len(tok(_text(r["prompt"]) + r["completion"])["input_ids"]) for r in self.rows)
+        longest = max(len(tok(text(r["prompt"]) + r["completion"])["input_ids"]) for r in self.rows)
         ctx = Context(n_train=len(self.rows), cuda=torch.cuda.is_available(), conversational=chat, longest=longest)
-        self.overrides = translate(self.args, ctx)
-        self.overrides.update(self._model_overrides())
-        self.overrides["data.template"] = "chat" if chat else "raw"
-        self.overrides["data.answer_key"] = answer_key(self.rows + (self.eval_rows or []))
+        self.overrides = self._run_overrides(ctx, chat)
 
     def train(self, resume_from_checkpoint: Any = None) -> TrainOutput:
         """The SFT run (``rlft.sft``); fills ``state.log_history`` with TRL's names."""
-        from rlft import api
-
-        if resume_from_checkpoint:
-            self.overrides["train.resume"] = True
-        self.result = api.sft(None, self.overrides, train_data=self.rows,
-                              eval_data=self.eval_rows if self.eval_rows is not None else self.rows)
-        rows = self.result.metrics  # sft_metrics.jsonl's rows
-        per, history = max(1, int(self.args.logging_steps)), []
-        for start in range(0, len(rows), per):
-            window = rows[start:start + per]
-            entry = {trl: sum(r[ours] for r in window) / len(window) for trl, ours in SFT_NAMES.items()}
-            entry["learning_rate"] = window[-1]["sft/lr"]
-            done = start + len(window)
-            entry.update(epoch=done * batch(self.args) / len(self.rows), step=done)
-            history.append(entry)
-        loss = sum(r["sft/loss"] for r in rows) / max(len(rows), 1)
-        summary = {"train_runtime": self.result.seconds, "train_loss": loss,
-                   "epoch": history[-1]["epoch"] if history else 0.0, "step": len(rows)}
-        self.state = TrainerState(log_history=[*history, summary], global_step=len(rows), max_steps=len(rows),
-                                  epoch=summary["epoch"])
-        return TrainOutput(len(rows), loss, {k: v for k, v in summary.items() if k != "step"})
+        return self._train_stage("sft", SFT_NAMES, resume_from_checkpoint)
 
 
-def _text(prompt: Any) -> str:
+def text(prompt: Any) -> str:
+    """A prompt (text or messages) as text: the messages' contents a line each."""
     return prompt if isinstance(prompt, str) else "\n".join(m["content"] for m in prompt)

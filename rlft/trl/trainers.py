@@ -10,7 +10,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 from rlft.trainers.trl_names import RENAMED
 from rlft.trl.args import GRPOConfig
@@ -44,21 +44,40 @@ def is_trl_metric(name: str) -> bool:
     return name in TRL_KEYS or name.startswith(("rewards/", "completions/", "clip_ratio/"))
 
 
+def batch(args: Any) -> int:
+    """Rows per optimizer step of a supervised stage (SFT, DPO, reward model)."""
+    return args.per_device_train_batch_size * args.gradient_accumulation_steps
+
+
+def windows(rows: list[dict], per: int, entry: Callable[[list[dict]], dict], epoch: Callable[[int], float],
+            steps_per_row: int = 1) -> list[dict]:
+    """TRL's log entries from rlft's metric ``rows``: for each ``per`` rows ``entry(window)`` (TRL's metrics of
+    the window), with ``epoch`` (``epoch(rows done)``) and ``step`` (``steps_per_row`` optimizer steps a row).
+
+    >>> windows([{"x": 1.0}, {"x": 3.0}, {"x": 5.0}], 2, lambda w: {"x": w[-1]["x"]}, lambda done: done / 4)
+    [{'x': 3.0, 'epoch': 0.5, 'step': 2}, {'x': 5.0, 'epoch': 0.75, 'step': 3}]
+    """
+    out = []
+    for start in range(0, len(rows), per):
+        window = rows[start:start + per]
+        done = start + len(window)
+        out.append({**entry(window), "epoch": epoch(done), "step": done * steps_per_row})
+    return out
+
+
 def log_history(rows: list[dict], logging_steps: int, num_iterations: int, epochs_per_step: float) -> list[dict]:
     """TRL's log entries from metrics.jsonl's ``rows`` (one per RL step): each ``logging_steps`` optimizer steps
     (TRL's ``global_step``, ``num_iterations`` per RL step) the mean of every TRL metric over them, with ``step``
     and ``epoch`` (passes over the prompts, ``epochs_per_step`` per RL step) as TRL writes them."""
-    per = max(1, logging_steps // num_iterations)
-    out = []
-    for start in range(0, len(rows), per):
-        window = rows[start:start + per]
+    def entry(window: list[dict]) -> dict:
         names = [k for k in window[-1] if is_trl_metric(k)]
-        entry = {k: sum(r.get(k, 0.0) for r in window) / len(window) for k in names}
-        entry["learning_rate"] = window[-1].get("learning_rate", 0.0)  # the rate when logged, not a mean
-        entry["num_tokens"] = window[-1].get("num_tokens", 0.0)  # a running count
-        entry.update(epoch=(start + len(window)) * epochs_per_step, step=(start + len(window)) * num_iterations)
-        out.append(entry)
-    return out
+        out = {k: sum(r.get(k, 0.0) for r in window) / len(window) for k in names}
+        out["learning_rate"] = window[-1].get("learning_rate", 0.0)  # the rate when logged, not a mean
+        out["num_tokens"] = window[-1].get("num_tokens", 0.0)  # a running count
+        return out
+
+    return windows(rows, max(1, logging_steps // num_iterations), entry, lambda done: done * epochs_per_step,
+                   num_iterations)
 
 
 class _Base:
@@ -114,10 +133,48 @@ class _Base:
         merged = self.lora and self.model_path.startswith(self._tmp.name)
         return {"model.path": self.model_path, **self.lora, **({"lora.save": "merged"} if merged else {})}
 
+    def _run_overrides(self, ctx: Context, chat: bool) -> dict[str, Any]:
+        """rlft's keys for the run: the arguments translated (``ctx``), the model's, the template (``chat``: the
+        rows are messages; TRL takes plain text as it is) and the answer key of the rows."""
+        out = translate(self.args, ctx)
+        out.update(self._model_overrides())
+        out["data.template"] = "chat" if chat else "raw"
+        out["data.answer_key"] = answer_key(self.rows + (self.eval_rows or []))  # the evaluation's truth
+        return out
+
     def _held(self) -> dict:
         """``python:<name>`` -> function, for the reward functions this trainer gave rlft.train."""
         entries = [e for e in self.overrides.get("reward.fns", []) if e["name"] == "custom"]
         return {e["fn"]: fn for e, fn in zip(entries, self.callables) if e["fn"].startswith(PYTHON)}
+
+    def _train_stage(self, stage: str, names: dict[str, str], resume_from_checkpoint: Any) -> TrainOutput:
+        """The supervised ``stage``'s run (``rlft.<stage>``: sft, dpo, rm) on the trainer's rows; fills
+        ``state.log_history``: each ``logging_steps`` steps the mean of ``names`` (TRL's name: rlft's metric) and
+        the learning rate (``<stage>/lr``) at the last, train_loss the mean ``<stage>/loss``."""
+        from rlft import api
+
+        if resume_from_checkpoint:
+            self.overrides["train.resume"] = True
+        self.result = getattr(api, stage)(None, self.overrides, train_data=self.rows,
+                                          eval_data=self.eval_rows if self.eval_rows is not None else self.rows)
+        rows = self.result.metrics  # <stage>_metrics.jsonl's rows, one per optimizer step
+
+        def entry(window: list[dict]) -> dict:
+            means = {trl: sum(r[ours] for r in window) / len(window) for trl, ours in names.items()}
+            return {**means, "learning_rate": window[-1][f"{stage}/lr"]}
+
+        history = windows(rows, max(1, int(self.args.logging_steps)), entry,
+                          lambda done: done * batch(self.args) / len(self.rows))
+        loss = sum(r[f"{stage}/loss"] for r in rows) / max(len(rows), 1)
+        return self._trained(history, {"train_runtime": self.result.seconds}, loss, len(rows))
+
+    def _trained(self, history: list[dict], timing: dict, loss: float, steps: int) -> TrainOutput:
+        """``state`` (the ``history`` and TRL's summary entry: ``timing``, train_loss, epoch, step) and the
+        ``TrainOutput`` of a run of ``steps`` optimizer steps."""
+        summary = {**timing, "train_loss": loss, "epoch": history[-1]["epoch"] if history else 0.0, "step": steps}
+        self.state = TrainerState(log_history=[*history, summary], global_step=steps, max_steps=steps,
+                                  epoch=summary["epoch"])
+        return TrainOutput(steps, loss, {k: v for k, v in summary.items() if k != "step"})
 
     def save_model(self, output_dir: str | None = None) -> None:
         """The trained policy into ``output_dir`` (default ``args.output_dir``): a directory
@@ -163,10 +220,8 @@ class GRPOTrainer(_Base):
             raise TRLArgumentError("reward_funcs: none given")
         import torch
 
-        self.overrides = translate(self.args, Context(n_train=len(self.rows), cuda=torch.cuda.is_available()))
-        self.overrides.update(self._model_overrides())
-        self.overrides["data.template"] = "chat" if self.conversational else "raw"  # TRL: plain text as it is
-        self.overrides["data.answer_key"] = answer_key(self.rows + (self.eval_rows or []))  # the evaluation's truth
+        ctx = Context(n_train=len(self.rows), cuda=torch.cuda.is_available())
+        self.overrides = self._run_overrides(ctx, self.conversational)
         self.callables, self.overrides["reward.fns"] = self._rewards()
         self.overrides["reward.weights"] = []  # each entry carries its weight
 
@@ -205,12 +260,8 @@ class GRPOTrainer(_Base):
         history = log_history(self.result.metrics, int(self.args.logging_steps), mu, per_step)
         losses = [r["loss"] for r in self.result.metrics if "loss" in r]
         steps = len(self.result.metrics) * mu
-        summary = {"train_runtime": seconds, "train_steps_per_second": steps / max(seconds, 1e-9),
-                   "train_loss": sum(losses) / max(len(losses), 1),
-                   "epoch": history[-1]["epoch"] if history else 0.0, "step": steps}
-        self.state = TrainerState(log_history=[*history, summary], global_step=steps, max_steps=steps,
-                                  epoch=summary["epoch"])
-        return TrainOutput(steps, summary["train_loss"], {k: v for k, v in summary.items() if k != "step"})
+        timing = {"train_runtime": seconds, "train_steps_per_second": steps / max(seconds, 1e-9)}
+        return self._trained(history, timing, sum(losses) / max(len(losses), 1), steps)
 
 
 def _short(model: Any) -> str:
