@@ -1,6 +1,7 @@
 """Acceptance of the TRL façade: TRL-style scripts (tests/trl_scripts/, each with only its import line changed) run
 as subprocesses, train, log TRL's metric names and save a model AutoModelForCausalLM reloads; the same GRPO run
-through rlft.trl.GRPOTrainer, rlft.train and `rlft train` gives bit-identical metrics."""
+through rlft.trl.GRPOTrainer, rlft.train and `rlft train` gives bit-identical metrics (tests/test_docs_trl.py, which
+runs docs/trl.md's twins as the page shows them)."""
 
 from __future__ import annotations
 
@@ -116,64 +117,6 @@ def _tiny_model_dir(path: Path, tokenizer_dir: Path) -> Path:
     AutoModelForCausalLM.from_config(config).save_pretrained(path)
     tok.save_pretrained(path)
     return path
-
-
-REWARDS = '''
-def reward_len(completions, **kwargs):
-    return [-abs(6 - len(c)) / 6 for c in completions]
-
-
-def reward_answer(completions, answer, **kwargs):
-    return [1.0 if c.strip().startswith(a) else 0.0 for c, a in zip(completions, answer)]
-'''
-
-
-def test_the_same_run_through_the_facade_rlft_train_and_the_command_is_bit_identical(tmp_path, tokenizer_dir):
-    """GRPOTrainer and its twins, written as docs/trl.md shows them: the same seed, the same metrics to the bit
-    (wall-clock keys aside)."""
-    import importlib.util
-
-    import rlft
-    from rlft.trl import GRPOConfig, GRPOTrainer
-
-    model = _tiny_model_dir(tmp_path / "model", tokenizer_dir)
-    (tmp_path / "rewards.py").write_text(REWARDS)
-    spec = importlib.util.spec_from_file_location("trl_twin_rewards", tmp_path / "rewards.py")
-    fns = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(fns)
-    rows = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(4) for b in range(3)]
-    args = GRPOConfig(output_dir=str(tmp_path / "trl"), num_generations=2, per_device_train_batch_size=4,
-                      max_completion_length=8, max_steps=2, learning_rate=1e-3, beta=0.04, bf16=False, use_cpu=True,
-                      report_to="none", seed=3, disable_tqdm=True)
-    trainer = GRPOTrainer(model=str(model), reward_funcs=[fns.reward_len, fns.reward_answer], args=args,
-                          train_dataset=rows)
-    trainer.train()
-    twin = {"model.path": str(model), "stages": [], "sft.steps": 0, "algo.group_size": 2, "train.prompts_per_step": 2,
-            "train.micro_batch_size": 4, "rollout.max_new_tokens": 8, "train.steps": 2, "optim.lr": 1e-3,
-            "optim.schedule": "linear", "optim.warmup_steps": 0, "optim.beta2": 0.999, "algo.kl_coef": 0.04, "algo.adv_eps": 1e-4,
-            "algo.loss_agg": "token-mean", "data.template": "raw", "data.answer_key": "answer",
-            "eval.before_rl": False, "eval.name": "eval", "model.device": "cpu", "model.autocast": "none", "train.seed": 3,
-            "log.report_to": [], "log.progress": False, "log.run_dir": str(tmp_path), "log.name": "api"}
-    api = rlft.train(None, twin, rewards=[fns.reward_len, fns.reward_answer], train_data=rows, eval_data=rows)
-    reward_fns = [{"name": "custom", "fn": f"{tmp_path / 'rewards.py'}:{n}", "label": n}
-                  for n in ("reward_len", "reward_answer")]
-    cli = {**twin, "log.name": "cli", "data.source": str(api.run_dir / "data"), "reward.fns": reward_fns,
-           "reward.weights": []}
-    done = subprocess.run([sys.executable, "-m", "rlft", "train", *(f"{k}={json.dumps(v)}" for k, v in cli.items())],
-                          cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
-                          timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-
-    def kept(run_dir: Path) -> list[dict]:
-        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-        return [{k: v for k, v in r.items() if not k.startswith(WALL_CLOCK)} for r in rows]
-
-    ours = kept(trainer.result.run_dir)
-    assert len(ours) == 2 and "kl" in ours[0] and "rewards/reward_answer/mean" in ours[0]
-    assert ours == kept(api.run_dir) == kept(tmp_path / "cli")
-    held_out = trainer.evaluate()  # rlft's evaluation of the trained policy, TRL's eval_ prefix
-    after = json.loads((trainer.result.run_dir / "eval.json").read_text())["after_rl"]
-    assert held_out["eval_exact_match"] == after["exact_match"] and "eval_format_rate" in held_out
 
 
 def test_reward_models_by_path_keep_trls_order_and_weights(tmp_path, tokenizer_dir):
