@@ -7,7 +7,7 @@ import time
 
 from pool_checkers import mark_and_hang
 from rlft.rewards import score_batch
-from rlft.rewards.calls import THREADS, left_running, run_calls
+from rlft.rewards.calls import THREADS, given_up_so_far, left_running, run_calls
 from rlft.rewards.pool import RewardPool
 
 N = 16  # samples; sequential timeouts would take N x the limit
@@ -58,6 +58,18 @@ def test_a_call_spinning_in_python_is_stopped_not_left_running():
     while left_running() > before and time.monotonic() < deadline:
         time.sleep(0.05)
     assert left_running() <= before  # the RewardTimeout raised in its thread ended it
+
+
+def test_a_run_counts_the_calls_it_left_running_not_an_earlier_runs():
+    """``reward/calls_left_running`` of a run started after another in the same process (a notebook, rlft.train
+    twice) counts its own given-up calls only: the earlier run's threads, still sleeping, are not its."""
+    earlier = given_up_so_far()
+    score_batch(["hang"] * 2, [{}] * 2, [("stuck", Counting(seconds=30.0))], [1.0], timeout_s=0.5)
+    assert left_running(since=earlier) >= 1  # blocked in time.sleep, outside Python: still running
+    this_run = given_up_so_far()
+    assert left_running(since=this_run) == 0 and left_running() >= left_running(since=earlier)
+    score_batch(["hang"], [{}], [("stuck", Counting(seconds=30.0))], [1.0], timeout_s=0.5)
+    assert left_running(since=this_run) == 1
 
 
 def test_outcomes_keep_their_order_and_exceptions():

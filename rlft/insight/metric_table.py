@@ -36,7 +36,8 @@ GROUPS: tuple[tuple[str, str, tuple[tuple[str, str], ...]], ...] = (
         ('reward/unscorable_frac', "Share of the step's completions whose total is unscorable (`None`: a component "
                                    "with non-zero weight could not score it); they are left out of their group's "
                                    'baseline.'),
-        ('reward/calls_left_running', 'Reward calls past `reward.timeout_s` whose thread is still running (a call '
+        ('reward/calls_left_running', "This run's reward calls past `reward.timeout_s` whose thread is still running "
+                                      '(an earlier run in the same process counts its own; a call '
                                       'that does not compute, such as a network read, keeps its thread until it '
                                       'returns).'),
         ('reward/<label>/mean', "Mean of one reward entry's value over the completions it scored, before its weight."),

@@ -38,7 +38,8 @@ logger = logging.getLogger("rlft.rewards")
 THREADS = 8
 """Calls of one reward that run at once."""
 
-_GIVEN_UP: list[threading.Thread] = []  # threads whose call was given up at its limit (pruned as they end)
+_GIVEN_UP: dict[int, threading.Thread] = {}  # threads whose call was given up at its limit, by their order (pruned as they end)
+_GIVEN_UP_SO_FAR = [0]  # how many calls this process has given up, ever: a run counts its own from here
 _GIVEN_UP_LOCK = threading.Lock()
 
 
@@ -144,11 +145,22 @@ def _give_up(ident: int, threads: list[threading.Thread]) -> None:
     except (ImportError, AttributeError):  # not CPython: the thread is left to finish its call
         pass
     with _GIVEN_UP_LOCK:
-        _GIVEN_UP.append(thread)
+        _GIVEN_UP[_GIVEN_UP_SO_FAR[0]] = thread
+        _GIVEN_UP_SO_FAR[0] += 1
 
 
-def left_running() -> int:
-    """Calls given up at their limit whose threads still run (blocked outside Python, or ignoring the timeout)."""
+def given_up_so_far() -> int:
+    """How many calls this process has given up at their limit: a run records it at its start, and counts in
+    ``left_running(since=...)`` only its own (an earlier run of the same process, e.g. in a notebook, may have
+    left threads running: they are not this run's)."""
     with _GIVEN_UP_LOCK:
-        _GIVEN_UP[:] = [t for t in _GIVEN_UP if t.is_alive()]
-        return len(_GIVEN_UP)
+        return _GIVEN_UP_SO_FAR[0]
+
+
+def left_running(since: int = 0) -> int:
+    """Calls given up at their limit whose threads still run (blocked outside Python, or ignoring the timeout),
+    among those given up after the first ``since`` (:func:`given_up_so_far`); 0: all of this process's."""
+    with _GIVEN_UP_LOCK:
+        for order in [o for o, t in _GIVEN_UP.items() if not t.is_alive()]:
+            del _GIVEN_UP[order]
+        return sum(order >= since for order in _GIVEN_UP)

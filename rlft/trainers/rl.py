@@ -214,7 +214,7 @@ def collect(state: RLState, cfg: Config, t: dict[str, float],
             n_kept += len(groups)
         if n_kept >= P:
             break
-    metrics = reward_metrics(drawn, cfg, step)
+    metrics = reward_metrics(drawn, cfg, step, since=state.reward_calls_before)
     metrics.update(partial)
     metrics.update(step_metrics([(b.step_rewards, b.step_mask) for b, _ in drawn if b.step_mask is not None]))
     metrics.update(hacking.batch_metrics([b.scores for b, _ in drawn], [b.correct for b, _ in drawn], G))
@@ -354,12 +354,14 @@ def attach_steps(batch: Batch, scored: ScoreResult, tokenizer, cfg: Config, step
                                                            scored.steps, weights)
 
 
-def reward_metrics(drawn: list[tuple[Batch, ScoreResult]], cfg: Config, step: int = 1) -> dict[str, float]:
+def reward_metrics(drawn: list[tuple[Batch, ScoreResult]], cfg: Config, step: int = 1,
+                   since: int = 0) -> dict[str, float]:
     """The step's reward metrics over every sample drawn: ``reward/mean``, ``reward/std`` (over the batch),
     ``reward/group_std`` (the mean over groups of the within-group std), ``reward/<name>/mean``, ``/errors``,
     ``/failed_frac`` (the share of the step's samples it failed on), ``reward/<name>/weight`` (each reward.fns entry's
     weight at RL step ``step``, its schedule applied), ``reward/samples`` (the samples scored) and
-    ``reward/calls_left_running`` (timed-out calls still running in their threads, ``rlft.rewards.calls``)."""
+    ``reward/calls_left_running`` (this run's timed-out calls still running in their threads: those given up
+    after the first ``since`` of the process, ``rlft.rewards.calls``)."""
     scores = torch.cat([b.scores for b, _ in drawn])
     valid = ~torch.isnan(scores)
     vals = scores[valid]
@@ -373,7 +375,7 @@ def reward_metrics(drawn: list[tuple[Batch, ScoreResult]], cfg: Config, step: in
         "frac_reward_zero_std": zero_std.float().mean().item(),
         "reward/group_std": group_std.mean().item(),  # TRL's reward_std: a group with < 2 valid rewards counts 0
         "reward/samples": float(len(scores)),
-        "reward/calls_left_running": float(left_running()),
+        "reward/calls_left_running": float(left_running(since)),
         "response_length/mean": lengths.mean().item(),
         "response_length/max": lengths.max().item(),
         "response_length/clip_ratio": truncated.float().mean().item(),

@@ -14,6 +14,7 @@ from rlft.data.samplers import PromptSampler, PromptStats
 from rlft.data.schema import Example
 from rlft.parallel.dist import Dist
 from rlft.parallel.launch import strategy
+from rlft.rewards.calls import given_up_so_far
 from rlft.rollout.batch import Batch
 
 
@@ -49,6 +50,7 @@ class RLState:
     stats: PromptStats | None = None  # per training prompt: rollouts drawn, judged right, last step (checkpointed)
     num_tokens: int = 0  # prompt + response tokens of every batch trained on so far (the log's num_tokens)
     step: int = 0
+    reward_calls_before: int = field(default_factory=given_up_so_far)  # calls given up before this run began
 
     def refresh_ref(self) -> None:
         """Set the reference model's weights to the policy's (``algo.ref_refresh_every``): a copy, so the policy's
