@@ -73,6 +73,8 @@ def test_a_trl_script_trains_logs_trls_names_and_saves_a_loadable_model(script, 
     assert all(r["actor/grad_norm"] > 0 or r["frac_reward_zero_std"] == 1 for r in rows)  # it trained where it could
     assert all(r["grad_norm"] == r["actor/grad_norm"] for r in rows)
     assert all(r["reward/mean"] == pytest.approx(r["reward"]) for r in rows)  # every reward scorable here
+    started = json.loads((out / "run.json").read_text())["starts"][0]["command"]
+    assert started == f"rlft.trl.GRPOTrainer.train(...) in python {SCRIPTS / script} {out}"  # run.json, the report
     model = AutoModelForCausalLM.from_pretrained(out / "final")
     assert sum(p.numel() for p in model.parameters()) > 0
     saved = {p.name for p in (out / "final").iterdir()}

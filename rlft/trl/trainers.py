@@ -5,6 +5,7 @@ functions rlft rewards (``rlft.trl.data.TRLReward``); nothing below knows the ru
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import tempfile
 import time
@@ -12,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
+from rlft.runs.console import STARTED_BY, command_line
 from rlft.trainers.trl_names import RENAMED
 from rlft.trl.args import GRPOConfig
 from rlft.trl.data import TRLReward, answer_key, prompt_rows
@@ -147,6 +149,16 @@ class _Base:
         entries = [e for e in self.overrides.get("reward.fns", []) if e["name"] == "custom"]
         return {e["fn"]: fn for e, fn in zip(entries, self.callables) if e["fn"].startswith(PYTHON)}
 
+    @contextlib.contextmanager
+    def _started(self):
+        """The run records this trainer's ``.train()`` as its command (run.json, run.log, report.html), not the
+        ``rlft.train`` it calls."""
+        token = STARTED_BY.set(command_line(f"rlft.trl.{type(self).__name__}.train"))
+        try:
+            yield
+        finally:
+            STARTED_BY.reset(token)
+
     def _train_stage(self, stage: str, names: dict[str, str], resume_from_checkpoint: Any) -> TrainOutput:
         """The supervised ``stage``'s run (``rlft.<stage>``: sft, dpo, rm) on the trainer's rows; fills
         ``state.log_history``: each ``logging_steps`` steps the mean of ``names`` (TRL's name: rlft's metric) and
@@ -155,8 +167,9 @@ class _Base:
 
         if resume_from_checkpoint:
             self.overrides["train.resume"] = True
-        self.result = getattr(api, stage)(None, self.overrides, train_data=self.rows,
-                                          eval_data=self.eval_rows if self.eval_rows is not None else self.rows)
+        with self._started():
+            self.result = getattr(api, stage)(None, self.overrides, train_data=self.rows,
+                                              eval_data=self.eval_rows if self.eval_rows is not None else self.rows)
         rows = self.result.metrics  # <stage>_metrics.jsonl's rows, one per optimizer step
 
         def entry(window: list[dict]) -> dict:
@@ -252,8 +265,9 @@ class GRPOTrainer(_Base):
         if resume_from_checkpoint:
             self.overrides["train.resume"] = True
         t0 = time.perf_counter()
-        self.result = api.train(None, self.overrides, rewards=self.callables, train_data=self.rows,
-                                 eval_data=self.eval_rows if self.eval_rows is not None else self.rows)
+        with self._started():
+            self.result = api.train(None, self.overrides, rewards=self.callables, train_data=self.rows,
+                                    eval_data=self.eval_rows if self.eval_rows is not None else self.rows)
         seconds = time.perf_counter() - t0
         mu = self.args.num_iterations
         per_step = self.overrides["train.prompts_per_step"] / len(self.rows)  # of an epoch, per RL step
