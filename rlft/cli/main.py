@@ -1,4 +1,4 @@
-"""Command line: ``rlft train``, ``rlft eval``, ``rlft sft``, ``rlft rm``, ``rlft prm``, ``rlft dpo``, ``rlft rft``, ``rlft label``, ``rlft distill``, ``rlft difficulty``, ``rlft prepare gsm8k|gsm8k_xml|humaneval|mbpp``, ``rlft merge``, ``rlft config``.
+"""Command line: ``rlft train``, ``rlft eval``, ``rlft sft``, ``rlft rm``, ``rlft prm``, ``rlft dpo``, ``rlft rft``, ``rlft label``, ``rlft distill``, ``rlft difficulty``, ``rlft prepare gsm8k|gsm8k_xml|humaneval|mbpp``, ``rlft merge``, ``rlft serve``, ``rlft config``.
 
     rlft train                                    # the embedded demo (tiny model, synthetic arithmetic)
     rlft train recipes/grpo_gsm8k.yaml model.path=/models/qwen algo.group_size=4
@@ -15,6 +15,7 @@
     rlft prepare gsm8k --input path/to/gsm8k --output data/gsm8k
     rlft prepare mbpp --input path/to/mbpp.jsonl --output data/mbpp    # also: humaneval (HumanEval.jsonl)
     rlft merge runs/long/policy runs/short/policy --alpha 0.5 --out runs/merged   # (1 - alpha) A + alpha B
+    rlft serve runs/<name>/policy --port 8000     # the OpenAI Chat Completions API on 127.0.0.1
     rlft config                                   # every key, its default and meaning
 """
 
