@@ -176,6 +176,17 @@ def test_server_with_the_openai_sdk(policy_dir):
                 {"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}])
         with pytest.raises(openai.BadRequestError, match="max_tokens must be in"):
             client.chat.completions.create(model=str(policy_dir), messages=HI, max_tokens=9)
+        with pytest.raises(openai.APIStatusError, match="over the limit of 1000000 bytes") as e:  # 1 MB by default
+            client.chat.completions.create(model=str(policy_dir),
+                                           messages=[{"role": "user", "content": "x" * 1_100_000}])
+        assert e.value.status_code == 413
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(3) as pool:  # concurrent requests take turns through the model, each answered
+            seeded = list(pool.map(lambda s: client.chat.completions.create(
+                model=str(policy_dir), messages=HI, max_tokens=6, seed=s, temperature=0.9), [4, 4, 5]))
+        assert [len(r.choices) for r in seeded] == [1, 1, 1]
+        assert seeded[0].choices[0].message.content == seeded[1].choices[0].message.content
     finally:
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=30)
@@ -191,3 +202,11 @@ def test_serve_refuses_bad_arguments(policy_dir, tmp_path):
     done = subprocess.run([sys.executable, "-m", "rlft", "serve", str(policy_dir), "--max-tokens", "0"],
                           env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "--max-tokens must be >= 1" in done.stderr
+
+
+def test_serve_without_fastapi_is_one_line_naming_the_extra(policy_dir):
+    code = ("import sys; sys.modules['fastapi'] = None; from rlft.cli.main import main; "
+            f"sys.exit(main(['serve', {str(policy_dir)!r}]))")
+    done = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(ROOT)},
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "pip install 'rlft[serve]'" in done.stderr and "Traceback" not in done.stderr
