@@ -210,3 +210,22 @@ def test_serve_without_fastapi_is_one_line_naming_the_extra(policy_dir):
     done = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(ROOT)},
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "pip install 'rlft[serve]'" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_lora_adapter_directory_is_served(policy_dir, tmp_path):
+    """LoRA adapters load onto their base (rlft.models.loading.load_policy, as rlft chat) and answer requests."""
+    pytest.importorskip("peft")
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rlft.models.loading import load_policy
+    from rlft.recipe import load_config
+
+    base = AutoModelForCausalLM.from_pretrained(str(policy_dir))
+    get_peft_model(base, LoraConfig(r=2, target_modules=["q_proj", "v_proj"])).save_pretrained(tmp_path / "adapters")
+    AutoTokenizer.from_pretrained(str(policy_dir)).save_pretrained(tmp_path / "adapters")  # as a run's policy/
+    model, tok = load_policy(str(tmp_path / "adapters"), load_config(None, ["model.device=cpu"]).model)
+    response, record = Policy(model, tok, "adapters").complete({"model": "adapters", "messages": HI,
+                                                                 "max_tokens": 4, "seed": 0})
+    assert response["choices"][0]["message"]["content"] == tok.decode(record.completion_ids[0],
+                                                                      skip_special_tokens=True)
