@@ -27,6 +27,7 @@ FLOORS = {  # a module imports only from its own floor or a lower one (docs/expl
     "rlft.trainers": 6, "rlft.insight": 6,
     "rlft.stages": 7,
     "rlft.recipe": 8,
+    "rlft.serve": 9,  # rlft serve: a plain core (rendered ids in, records out) and its HTTP shell
     "rlft.api": 9,  # the Python API: rlft.train, rlft.evaluate, ... (the one orchestration path's public face)
     "rlft.cli": 10, "rlft.__main__": 10,
     "rlft": 10,  # the package's __init__ itself (not its modules): it re-exports rlft.api lazily, the front door

@@ -18,6 +18,7 @@ from typing import Callable
 import torch
 
 from rlft.envs.tool_env import ToolEnv
+from rlft.models.tokens import chat_prompt_ids
 
 
 @dataclass
@@ -38,12 +39,7 @@ class ChatSession:
         """The token ids the model continues for the next reply to ``user``."""
         messages = ([{"role": "system", "content": self.system}] if self.system else []) + self.history + \
             [{"role": "user", "content": user}]
-        tok = self.tokenizer
-        if getattr(tok, "chat_template", None):
-            text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        else:
-            text = "".join(f"{m['role'].capitalize()}: {m['content']}\n" for m in messages) + "Assistant:"
-        return tok(text, add_special_tokens=False)["input_ids"]
+        return chat_prompt_ids(self.tokenizer, messages)
 
     @torch.no_grad()
     def send(self, user: str, on_text: Callable[[str], None] | None = None) -> str:

@@ -76,6 +76,11 @@ EXAMPLES: dict[str, tuple[tuple[str, str], ...]] = {
         ("rlft chat runs/dapo/policy --greedy --max-new-tokens 64", "greedy replies, at most 64 tokens"),
         ("rlft chat runs/tool/policy --tools calculator,python", "a policy that calls tools"),
     ),
+    "serve": (
+        ("rlft serve runs/dapo/policy", "the OpenAI Chat Completions API on http://127.0.0.1:8000/v1"),
+        ("rlft serve runs/dapo/policy --port 9000 --api-key secret", "another port; requests need the key"),
+        ("rlft serve runs/dapo/policy --host 0.0.0.0 --max-tokens 1024", "reachable from other machines"),
+    ),
     "report": (
         ("rlft report runs/dapo", "(re)build runs/dapo/report.html, for a finished or a running run"),
     ),

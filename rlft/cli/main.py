@@ -1,4 +1,4 @@
-"""Command line: ``rlft train``, ``rlft eval``, ``rlft sft``, ``rlft rm``, ``rlft prm``, ``rlft dpo``, ``rlft rft``, ``rlft label``, ``rlft distill``, ``rlft difficulty``, ``rlft prepare gsm8k|gsm8k_xml|humaneval|mbpp``, ``rlft merge``, ``rlft config``.
+"""Command line: ``rlft train``, ``rlft eval``, ``rlft sft``, ``rlft rm``, ``rlft prm``, ``rlft dpo``, ``rlft rft``, ``rlft label``, ``rlft distill``, ``rlft difficulty``, ``rlft prepare gsm8k|gsm8k_xml|humaneval|mbpp``, ``rlft merge``, ``rlft serve``, ``rlft config``.
 
     rlft train                                    # the embedded demo (tiny model, synthetic arithmetic)
     rlft train recipes/grpo_gsm8k.yaml model.path=/models/qwen algo.group_size=4
@@ -15,6 +15,7 @@
     rlft prepare gsm8k --input path/to/gsm8k --output data/gsm8k
     rlft prepare mbpp --input path/to/mbpp.jsonl --output data/mbpp    # also: humaneval (HumanEval.jsonl)
     rlft merge runs/long/policy runs/short/policy --alpha 0.5 --out runs/merged   # (1 - alpha) A + alpha B
+    rlft serve runs/<name>/policy --port 8000     # the OpenAI Chat Completions API on 127.0.0.1
     rlft config                                   # every key, its default and meaning
 """
 
@@ -103,6 +104,24 @@ def cmd_merge(ns: argparse.Namespace) -> int:
 
 def cmd_config(ns: argparse.Namespace) -> int:
     print(help_text(ns.search))
+    return 0
+
+
+def cmd_serve(ns: argparse.Namespace) -> int:
+    from rlft.config.extras import require
+    from rlft.models.loading import load_policy, quiet_transformers
+    from rlft.serve.core import Limits, Policy
+    from rlft.serve.http import serve
+
+    if ns.max_tokens < 1 or not 0 <= ns.port < 65536:
+        raise ConfigError(f"serve: --max-tokens must be >= 1 (got {ns.max_tokens}), --port in [0, 65535] "
+                          f"(got {ns.port})")
+    require("fastapi", "rlft serve")
+    require("uvicorn", "rlft serve")
+    quiet_transformers()
+    model, tok = load_policy(ns.policy, load_config(None, [f"model.device={ns.device}"]).model)
+    serve(Policy(model, tok, ns.policy, Limits(max_tokens=ns.max_tokens)), host=ns.host, port=ns.port,
+          api_key=ns.api_key)
     return 0
 
 
@@ -216,6 +235,17 @@ def build_parser() -> argparse.ArgumentParser:
     ch.add_argument("--tools", default="", help="tools the model may call, comma-separated (calculator, python): "
                                                 "<call>NAME: ARGS</call> is answered by <result>...</result>")
     ch.set_defaults(fn=cmd_chat)
+    sv = sub.add_parser("serve", help="serve a policy over the OpenAI Chat Completions API (POST /v1/chat/"
+                                      "completions, GET /v1/models), one request at a time")
+    sv.add_argument("policy", help="a model directory (runs/<name>/policy, LoRA adapters and roles included); "
+                                   "clients name it as given here in the request's model")
+    sv.add_argument("--port", type=int, default=8000)
+    sv.add_argument("--host", default="127.0.0.1", help="the address to bind (default 127.0.0.1: this machine only)")
+    sv.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every request")
+    sv.add_argument("--max-tokens", type=int, default=512, help="the most tokens a choice may sample, and the "
+                                                               "default when a request names none")
+    sv.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    sv.set_defaults(fn=cmd_serve)
     rp = sub.add_parser("report", help="(re)build runs/<name>/report.html: a self-contained page with the "
                                        "configuration, curves, evaluations, health warnings and samples")
     rp.add_argument("run", help="a run directory (runs/<name>), finished or running")

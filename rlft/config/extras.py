@@ -12,7 +12,7 @@ from rlft.config.checks import ConfigError
 
 EXTRAS = {"peft": "lora", "matplotlib": "plot", "tensorboard": "tensorboard", "py3langid": "lang",
           "deepspeed": "deepspeed", "datasets": "hub", "vllm": "vllm", "wandb": "wandb", "mlflow": "mlflow",
-          "trackio": "trackio"}
+          "trackio": "trackio", "fastapi": "serve", "uvicorn": "serve"}
 
 
 def installed(module: str) -> bool:

@@ -1,4 +1,4 @@
-"""Where positions in a text fall in its token ids, and which tokens end a response."""
+"""Where positions in a text fall in its token ids, which tokens end a response, and a conversation's prompt ids."""
 
 from __future__ import annotations
 
@@ -52,3 +52,14 @@ def eos_ids(model, tokenizer) -> list[int]:
     elif extra:
         ids.update(extra)
     return sorted(i for i in ids if i is not None)
+
+
+def chat_prompt_ids(tokenizer, messages: Sequence[dict]) -> list[int]:
+    """The token ids a model continues for the next assistant reply to ``messages`` (``[{"role", "content"}]``):
+    the tokenizer's chat template with the generation prompt, or plain ``Role: content`` lines ending in
+    ``Assistant:`` when it has none. ``rlft chat`` and ``rlft serve`` render by it."""
+    if getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
+    else:
+        text = "".join(f"{m['role'].capitalize()}: {m['content']}\n" for m in messages) + "Assistant:"
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
