@@ -306,18 +306,27 @@ def trl_arguments(completions: Sequence[str], samples: Sequence[dict]) -> dict[s
             **{k: [row.get(k) for row in rows] for k in columns}}
 
 
+def named_arguments(fn: Callable, arguments: Mapping[str, object]) -> Mapping[str, object]:
+    """The keyword ``arguments`` ``fn`` takes: all of them when it has ``**kwargs`` (or Python cannot read its
+    signature: everything, as TRL passes it), else only those it names.
+
+    >>> named_arguments(lambda completions, answer: 0, {"prompts": 1, "completions": 2, "answer": 3})
+    {'completions': 2, 'answer': 3}
+    """
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return arguments
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return arguments
+    return {k: v for k, v in arguments.items() if k in params}
+
+
 def trl_call(fn: Callable, completions: Sequence[str], samples: Sequence[dict]) -> list:
     """``fn`` called as TRL calls a reward function, ``fn(**trl_arguments(completions, samples))`` (a function
     without ``**kwargs`` gets only the arguments it names); what it returns as a list (a tuple or an array's
     ``tolist()``), checked value by value by the caller."""
-    arguments = trl_arguments(completions, samples)
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):  # unreadable: everything, as TRL passes it
-        params = None
-    if params is not None and not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        arguments = {k: v for k, v in arguments.items() if k in params}
-    out = fn(**arguments)
+    out = fn(**named_arguments(fn, trl_arguments(completions, samples)))
     if hasattr(out, "tolist") and not isinstance(out, (str, bytes)):  # a numpy array or a tensor
         out = out.tolist()
     return list(out) if isinstance(out, tuple) else out

@@ -10,11 +10,11 @@
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Mapping, Sequence
 from typing import Any, Callable
 
 from rlft.trl.table import TRLArgumentError
+from rlft.userfn import named_arguments
 
 
 def is_conversational(prompt: Any) -> bool:
@@ -82,18 +82,8 @@ class TRLReward:
         self.__name__ = getattr(fn, "__name__", type(fn).__name__)
         self.__qualname__ = self.__name__
         self.__module__ = getattr(fn, "__module__", __name__)
-        try:
-            params = inspect.signature(fn).parameters
-        except (TypeError, ValueError):
-            params = None
-        if params is not None and any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-            params = None  # takes everything
-        self.params = params
 
     def __call__(self, prompts: list, completions: list[str], **columns: Any) -> list:
         if self.conversational:
             completions = [[{"role": "assistant", "content": c}] for c in completions]
-        arguments = {"prompts": prompts, "completions": completions, **columns}
-        if self.params is not None:  # no **kwargs: only what it names, as rlft's own TRL-style call does
-            arguments = {k: v for k, v in arguments.items() if k in self.params}
-        return self.fn(**arguments)
+        return self.fn(**named_arguments(self.fn, {"prompts": prompts, "completions": completions, **columns}))
