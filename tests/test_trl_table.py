@@ -193,13 +193,15 @@ def test_the_docs_table_is_the_translation_table():
         assert re.search(rf"^\| `{name}` \|", page, re.M), name
 
 
-def test_the_evaluations_ground_truth_column():
+def test_the_evaluations_ground_truth_column(caplog):
     from rlft.trl.data import answer_key
 
     assert answer_key([{"prompt": "a", "answer": 4, "solution": "x"}]) == "answer"
     assert answer_key([{"prompt": "a", "solution": "x"}, {"prompt": "b", "solution": "y"}]) == "solution"
+    assert not caplog.records
     bare = [{"prompt": "a"}, {"prompt": "b", "answer": None}]
     assert answer_key(bare) == "ground_truth" and all(r["ground_truth"] == "" for r in bare)
+    assert "no reference answers" in caplog.text  # an evaluation of nothing is said, not left to read as 0
 
 
 def test_sft_translation():

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any, Callable
 
@@ -63,6 +64,10 @@ def answer_key(rows: list[dict]) -> str:
     for name in ANSWER_COLUMNS:
         if all(isinstance(r.get(name), (str, int, float)) and not isinstance(r.get(name), bool) for r in rows):
             return name
+    logging.getLogger("rlft").warning(
+        "rlft.trl: the dataset has no column %s in every row: the held-out evaluation has no reference answers, so "
+        "its exact_match and pass@k are 0 and mean nothing (training uses your reward functions only); add one of "
+        "these columns to measure the policy", " / ".join(ANSWER_COLUMNS))
     for row in rows:
         row["ground_truth"] = ""
     return "ground_truth"
