@@ -24,6 +24,7 @@ FLOORS = {  # a module imports only from its own floor or a lower one (docs/expl
     "rlft.models": 3,
     "rlft.rewards": 4, "rlft.parallel": 4, "rlft.envs": 4,
     "rlft.data": 5, "rlft.rollout": 5, "rlft.runs": 5,
+    "rlft.gateway": 5,  # the OpenAI-compatible gateway an agent plays through (rlft.rollout.agent answers it)
     "rlft.trainers": 6, "rlft.insight": 6,
     "rlft.stages": 7,
     "rlft.recipe": 8,

@@ -102,7 +102,8 @@ def test_stop_strings_end_the_reply_before_them(policy):
 
 
 @pytest.mark.parametrize("request_, param, status, match", [
-    (ask(tools=[{"type": "function", "function": {"name": "f"}}]), "tools", 400, "tools are not supported"),
+    (ask(tools=[{"type": "function"}]), "tools[0]", 400, r"tools\[0\] must be"),
+    (ask(tool_choice="required"), "tool_choice", 400, "cannot force a call"),
     (ask(max_tokens=17), "max_tokens", 400, r"max_tokens must be in \[1, 16\], got 17"),
     (ask(max_completion_tokens=0), "max_completion_tokens", 400, "max_completion_tokens must be in"),
     (ask(n=5), "n", 400, r"n must be in \[1, 4\]"),
@@ -113,7 +114,10 @@ def test_stop_strings_end_the_reply_before_them(policy):
     (ask(stop=["a"] * 5), "stop", 400, "stop must be"),
     (ask(top_logprobs=3), "top_logprobs", 400, "top_logprobs is not supported"),
     ({"model": "tiny", "messages": []}, "messages", 400, "messages must be a non-empty list"),
-    ({"model": "tiny", "messages": [{"role": "tool", "content": "x"}]}, "messages[0]", 400, "role must be"),
+    ({"model": "tiny", "messages": [{"role": "robot", "content": "x"}]}, "messages[0]", 400, "role must be"),
+    ({"model": "tiny", "messages": [{"role": "user", "content": "x", "tool_calls": []}, {"role": "assistant",
+      "content": None, "tool_calls": [{"function": {"name": "f"}}]}]}, "messages[1].tool_calls[0]", 400,
+     "arguments a JSON string"),
     ({"model": "tiny", "messages": [{"role": "user", "content": 3}]}, "messages[0].content", 400, "must be a string"),
     ({"model": "other", "messages": HI}, "model", 404, "model must be 'tiny'"),
 ])
@@ -171,8 +175,8 @@ def test_server_with_the_openai_sdk(policy_dir):
         with pytest.raises(openai.AuthenticationError):
             openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="wrong", max_retries=0) \
                 .chat.completions.create(model=str(policy_dir), messages=HI)
-        with pytest.raises(openai.BadRequestError, match="tools are not supported by rlft serve yet"):
-            client.chat.completions.create(model=str(policy_dir), messages=HI, tools=[
+        with pytest.raises(openai.BadRequestError, match="cannot force a call"):
+            client.chat.completions.create(model=str(policy_dir), messages=HI, tool_choice="required", tools=[
                 {"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}])
         with pytest.raises(openai.BadRequestError, match="max_tokens must be in"):
             client.chat.completions.create(model=str(policy_dir), messages=HI, max_tokens=9)

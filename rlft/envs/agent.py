@@ -21,13 +21,16 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json
 import math
 import numbers
+import threading
+import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
-from rlft.envs.base import check_int
+from rlft.envs.base import ENVS, check_int, error_text
 from rlft.userfn import resolve, target
 
 
@@ -41,6 +44,7 @@ class Endpoint:
     model: str
 
 
+@ENVS.register("agent")
 @dataclass(frozen=True)
 class AgentSpec:
     """The parameters of ``env: {name: agent}``: ``entry`` (``package.module:run`` or ``path/to/file.py:run``),
@@ -50,6 +54,7 @@ class AgentSpec:
     entry: str
     timeout_s: float = 120.0
     workers: int = 2
+    black_box: ClassVar[bool] = True  # played through the gateway (rlft.rollout.agent), not stepped by reset/step
 
     def __post_init__(self):
         if not isinstance(self.entry, str) or not self.entry:
@@ -63,6 +68,14 @@ class AgentSpec:
     def target(self) -> str:
         """The entry as :func:`rlft.userfn.resolve` imports it (a file named by path made absolute)."""
         return target(self.entry, "run")
+
+    def agent(self) -> str:
+        """What a worker process calls for each episode: the entry, imported there (``resolve``)."""
+        return self.target
+
+    def check(self) -> None:
+        """A ValueError naming ``entry`` when it does not import as a function of two arguments."""
+        self.function()
 
     def function(self) -> Callable[..., Any]:
         """The agent's function; a ValueError naming ``entry`` when it is missing or not callable."""
@@ -140,3 +153,42 @@ def play(fn: Callable[..., Any], task: dict[str, Any], endpoint: Endpoint) -> tu
 
 async def _awaited(awaitable):
     return await awaitable
+
+
+def run_episodes(agent: str | Callable[..., Any], episodes: list[tuple[dict, Endpoint, str]], key: str) -> None:
+    """A worker process's share of a rollout's episodes, each in a thread of its own: ``agent`` (an entry to
+    import, or a picklable function) plays ``(task, endpoint, end_url)``, and the outcome (``{"reward", "info"}``,
+    or ``{"error"}`` with what went wrong) is posted to ``end_url``, the gateway's record of the episode. The
+    gateway enforces the deadlines; a thread still running when the rollout ends goes with its process."""
+    try:
+        fn = resolve(agent, agent) if isinstance(agent, str) else agent
+    except BaseException as e:  # noqa: BLE001  every episode of this share is lost, and says why
+        failure = error_text(e)
+        for _, _, end_url in episodes:
+            _post(end_url, {"error": f"the agent did not import: {failure}"}, key)
+        return
+    threads = [threading.Thread(target=_episode, args=(fn, task, endpoint, end_url, key), daemon=True)
+               for task, endpoint, end_url in episodes]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def _episode(fn: Callable[..., Any], task: dict, endpoint: Endpoint, end_url: str, key: str) -> None:
+    try:
+        reward, info = play(fn, task, endpoint)
+        body = {"reward": reward, "info": info}
+    except BaseException as e:  # noqa: BLE001  the agent's failure costs its episode only
+        body = {"error": error_text(e)}
+    _post(end_url, body, key)
+
+
+def _post(url: str, body: dict, key: str) -> None:
+    data = json.dumps(body, default=str).encode()
+    request = urllib.request.Request(url, data=data, method="POST", headers={
+        "Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+    try:
+        urllib.request.urlopen(request, timeout=30).read()
+    except OSError:  # the rollout is over (its gateway gone): nobody is waiting for this outcome
+        pass

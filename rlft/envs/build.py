@@ -48,6 +48,9 @@ def check_params(name: str, fn: str, params: Mapping[str, Any]) -> None:
         if p.default is p.empty and key not in params:
             raise ValueError(f"{key}: environment {name!r} needs this parameter")
     env = make(**params)
+    if getattr(env, "black_box", False):  # an agent played through the gateway: its entry must import
+        env.check()
+        return
     if not (callable(getattr(env, "reset", None)) and callable(getattr(env, "step", None))):
         raise ValueError(f"name: {name!r} built a {type(env).__name__}, which has no reset and step methods")
 

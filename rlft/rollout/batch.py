@@ -47,6 +47,8 @@ class Batch:
     role_scores: Tensor | None = None  # (B, R) multi-agent: each role's reward, NaN where unscorable
     reward_parts: Tensor | None = None  # (B, K) each reward component unweighted (reward.fns order, then the
     # overlong penalty when on), NaN where unscorable: what GDPO normalises one by one
+    pieces: list[list[dict]] = field(default_factory=list)  # per row: the training sequences a prefix break left
+    # behind in its agent's session (rlft.rollout.agent), each {"prompt", "ids", "logp", "env"}; [] elsewhere
     staleness: int = 0  # policy updates between the weights that sampled the batch and those it trains (async)
 
     def __len__(self) -> int:
@@ -92,7 +94,7 @@ class Batch:
             v = getattr(self, f.name)
             if isinstance(v, Tensor):
                 out[f.name] = v[idx]
-            elif f.name in ("texts", "episodes") and v:
+            elif f.name in ("texts", "episodes", "pieces") and v:
                 rows = range(len(self))[idx] if isinstance(idx, slice) else idx.tolist()
                 out[f.name] = [v[i] for i in rows]
             else:
@@ -153,7 +155,9 @@ def cat_batches(batches: list[Batch]) -> Batch:
     tp = max(b.prompt_ids.shape[1] for b in batches)
     t = max(b.response_ids.shape[1] for b in batches)
     out = {"group_size": batches[0].group_size, "texts": [x for b in batches for x in b.texts],
-           "episodes": [x for b in batches for x in b.episodes] if all(b.episodes for b in batches) else []}
+           "episodes": [x for b in batches for x in b.episodes] if all(b.episodes for b in batches) else [],
+           "pieces": [x for b in batches for x in (b.pieces or [[]] * len(b))] if any(b.pieces for b in batches)
+           else []}
     for f in dataclasses.fields(Batch):
         vals = [getattr(b, f.name) for b in batches]
         if f.name in out or not all(isinstance(v, Tensor) for v in vals):

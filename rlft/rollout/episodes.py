@@ -33,7 +33,24 @@ def episode_metrics(episodes: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     if rewarded:
         out["env/success"] = sum(r >= 1.0 for r in rewarded) / len(rewarded)  # the held-out rule's "correct"
         out["env/reward/mean"] = sum(rewarded) / len(rewarded)
+    out.update(gateway_metrics(episodes))
     errors = [e["error"] for e in episodes if e["error"] is not None]
     if errors:
         logger.warning("the environment cost %d of %d trajectories; first: %s", len(errors), n, errors[0])
     return out
+
+
+def gateway_metrics(episodes: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """``gateway/*`` of the episodes an agent played through the gateway (``rlft.rollout.agent``; {} for none):
+    calls answered, tokens sampled, mean seconds from a call's arrival to its answer, prefix breaks, episodes
+    lost, sessions."""
+    played = [e for e in episodes if "gateway" in e]
+    if not played:
+        return {}
+    latency = [x for e in played for x in e["gateway"]["latency_s"]]
+    return {"gateway/requests": float(sum(e["gateway"]["requests"] for e in played)),
+            "gateway/tokens": float(sum(e["gateway"]["tokens"] for e in played)),
+            "gateway/latency_s": sum(latency) / len(latency) if latency else 0.0,
+            "gateway/prefix_breaks": float(sum(e["gateway"]["prefix_breaks"] for e in played)),
+            "gateway/errors": float(sum(e["error"] is not None for e in played)),
+            "gateway/sessions": float(len(played))}

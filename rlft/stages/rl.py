@@ -41,6 +41,7 @@ from rlft.rewards.model import PIPELINE_RM
 from rlft.rewards.prm import PIPELINE_PRM
 from rlft.rewards.terms import reward_pool
 from rlft.rollout import lean
+from rlft.rollout.agent import agents_for
 from rlft.runs import checkpoint, stop
 from rlft.runs.checkpoint import save_model
 from rlft.runs.start import removed_if_start_fails, seed_everything, stops_on_write_failure, write_json
@@ -120,7 +121,7 @@ def run_rl_stage(inp: StageInput, distill: bool = False) -> StageResult:
          + (f"; {dist.world} processes" if dist.active else ""))
 
     results = json.loads((out_dir / "eval.json").read_text()) if ckpt and (out_dir / "eval.json").exists() else {}
-    with reward_pool(cfg), stops_on_write_failure(out_dir):
+    with reward_pool(cfg), agents_for(cfg, policy, tokenizer), stops_on_write_failure(out_dir):
         if ckpt is None:
             warm = inp.warm_up and cfg.sft.steps > 0
             if warm:  # in the main process; the others then take its weights

@@ -38,6 +38,7 @@ from rlft.rollout.multiturn import rollout_env
 from rlft.rollout.partial import finished_batch, partial_metrics
 from rlft.trainers import hacking, trl_names
 from rlft.trainers.distill import distill_advantages, distill_logprobs
+from rlft.trainers.pieces import with_pieces
 from rlft.trainers.roles import role_advantages, role_metrics, score_roles
 from rlft.trainers.state import RLState
 from rlft.trainers.update import batch_logprobs, micro_batches, shares_prefix, update
@@ -68,8 +69,12 @@ def rl_step(state: RLState, cfg: Config, *, train_policy: bool = True) -> dict[s
     with _timed(t, "advantage"):
         metrics.update(compute_advantages(state, batch, cfg))
     state.last_batch = batch
+    with _timed(t, "logprob"):  # an agent's broken-off chains join the update with their episode's advantage
+        trained, found = with_pieces(batch, lambda sub: fill_logprobs(state, sub, cfg),
+                                     state.tokenizer.pad_token_id)
+        metrics.update(found)
     with _timed(t, "update"):
-        metrics.update(update(state, batch, cfg, train_policy=train_policy))
+        metrics.update(update(state, trained, cfg, train_policy=train_policy))
         if state.penalty_ctl is not None and train_policy:  # PPO §4: d = KL(pi_old || pi) after the update
             with strategy().gathered(state.policy):
                 metrics["actor/ppo_penalty_kl_post"] = penalty_kl(state, batch, cfg)
