@@ -37,6 +37,9 @@ from rlft.gateway.request import Limits, Params, RequestError, body_json, parse
 from rlft.gateway.session import Chain, Session
 
 
+START_WINDOW_S = 5.0  # how long a batch waits for an episode's first call after its session opened
+
+
 @dataclass
 class Pending:
     """A request waiting for the trainer: its session, its parameters, and where its answer goes."""
@@ -198,20 +201,26 @@ class Gateway:
 
     def take(self, window_s: float = 0.05) -> list[Pending]:
         """The requests waiting: blocks up to ``window_s`` for the first, then collects until every live session
-        has one waiting or ``window_s`` has passed since the first came."""
+        has one waiting or ``window_s`` has passed since the first came; a session whose agent has not called yet
+        is waited for up to ``START_WINDOW_S`` after it opened (the first calls of a prompt's episodes are one
+        batch, sharing the prompt's prefill, even when the workers start them a little apart)."""
         try:
             got = [self.inbox.get(timeout=window_s)]
         except queue.Empty:
             return []
         until = time.monotonic() + window_s
         while True:
-            waiting = {p.session.sid for p in got}
-            if all(s.sid in waiting for s in self.sessions.values() if s.live) or time.monotonic() >= until:
+            waiting, now = {p.session.sid for p in got}, time.monotonic()
+            lagging = [s for s in self.sessions.values() if s.live and s.sid not in waiting]
+            starting = [s for s in lagging if s.requests == 0 and now < s.opened + START_WINDOW_S]
+            if not lagging or (now >= until and not starting):
                 return got
+            wait = (until if not starting else min(s.opened + START_WINDOW_S for s in starting)) - now
             try:
-                got.append(self.inbox.get(timeout=max(until - time.monotonic(), 0.0)))
+                got.append(self.inbox.get(timeout=max(wait, 0.001)))
             except queue.Empty:
-                return got
+                if not starting:
+                    return got
 
     def answer(self, pending: list[Pending], sample: Callable[..., Any]) -> None:
         """Answer ``pending`` (see the module's docstring): ``sample(contexts, group_size, max_new_tokens)`` is the

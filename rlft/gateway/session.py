@@ -47,6 +47,7 @@ class Session:
 
     sid: str
     deadline: float
+    opened: float = field(default_factory=time.monotonic)
     chains: list[Chain] = field(default_factory=list)
     own: dict[tuple, tuple[str, bool]] = field(default_factory=dict)  # call_key -> (sampled text, paused)
     requests: int = 0
