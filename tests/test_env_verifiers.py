@@ -213,7 +213,7 @@ def test_run_pickles_and_plays_in_another_process(server):
     policy, endpoint = server
     spec = spec_of("single_turn")
     fn = pickle.loads(pickle.dumps(spec.function()))
-    assert isinstance(fn, functools.partial) and fn.func is run and fn.args == (spec.to_plain(),)
+    assert isinstance(fn, functools.partial) and fn.func is run and fn.args == (spec.to_plain(),)  # HERE: absolute
     here = play(fn, one_task(spec, 1), endpoint)
     with ProcessPoolExecutor(1, mp_context=get_context("spawn")) as pool:  # a fresh interpreter: nothing inherited
         there = [pool.submit(play, spec.function(), one_task(spec, 1), endpoint).result(timeout=120)
@@ -280,6 +280,29 @@ def test_an_object_by_path_and_one_held_from_python(tmp_path):
         load(VerifiersSpec(environment=name, args={"turns": 2}))
 
 
+ID_MODULE = ("import datasets, verifiers as vf\n"
+             "def exact(completion, answer):\n    return float(completion[-1]['content'] == answer)\n"
+             "def load_environment(answer='yo'):\n"
+             "    rows = datasets.Dataset.from_list([{'question': 'hi', 'answer': answer}])\n"
+             "    return vf.SingleTurnEnv(dataset=rows, rubric=vf.Rubric(funcs=[exact]))\n")
+
+
+def test_an_installed_id_and_a_relative_path(tmp_path, monkeypatch):
+    """``vf-tiny-id`` is the module vf_tiny_id's load_environment, as verifiers finds an installed environment; a
+    file named relative to the directory travels to the workers by its absolute path."""
+    (tmp_path / "envs").mkdir()
+    (tmp_path / "envs" / "vf_tiny_id.py").write_text(ID_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path / "envs"))
+    monkeypatch.chdir(tmp_path)
+    by_id = VerifiersSpec(environment="vf-tiny-id", args={"answer": "ho"})
+    assert by_id.target == "vf_tiny_id:load_environment" and dataset_rows(by_id)[0]["answer"] == "ho"
+    by_path = VerifiersSpec(environment="envs/vf_tiny_id.py")
+    assert by_path.target == f"{tmp_path / 'envs' / 'vf_tiny_id.py'}:load_environment"
+    assert by_path.function().args[0]["environment"] == by_path.target
+    assert by_path.to_plain()["environment"] == "envs/vf_tiny_id.py"  # what a recipe keeps: the user's own words
+    assert dataset_rows(by_path)[0]["answer"] == "yo"
+
+
 def test_building_keeps_the_signal_handlers_and_works_off_the_main_thread():
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     first = load(spec_of("multi_turn", args={"turns": 2}))
@@ -328,3 +351,14 @@ def test_an_environment_that_raises_while_built_names_it(tmp_path):
     with pytest.raises(ValueError, match="^environment: .*broken_env.py' raised RuntimeError while building the "
                                          "environment: no data here"):
         load(VerifiersSpec(environment=str(tmp_path / "broken_env.py")))
+
+
+def test_without_verifiers_the_error_names_the_extra(monkeypatch):
+    import sys
+
+    from rlft.config.checks import ConfigError
+
+    monkeypatch.setitem(sys.modules, "verifiers", None)  # an import of it fails, as when it is not installed
+    with pytest.raises(ConfigError, match=r"^env.name=verifiers needs the verifiers package.*pip install "
+                                          r"'rlft\[verifiers\]'$"):
+        load(spec_of("single_turn"))

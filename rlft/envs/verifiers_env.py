@@ -80,6 +80,7 @@ class VerifiersSpec:
                 not math.isfinite(self.timeout_s) or self.timeout_s <= 0:
             raise ValueError(f"timeout_s: must be a positive number of seconds, got {self.timeout_s!r}")
         check_int("workers", self.workers, low=1, high=64)
+        self.target  # noqa: B018  (a malformed environment, or a file that is not there: an error now)
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any]) -> VerifiersSpec:
@@ -120,8 +121,9 @@ class VerifiersSpec:
 
     def function(self) -> Callable[..., Any]:
         """The episode function of the agent contract, ``fn(task, endpoint)``: :func:`run` with this spec bound, a
-        ``functools.partial`` of plain data, so it pickles into worker processes."""
-        return functools.partial(run, self.to_plain())
+        ``functools.partial`` of plain data, so it pickles into worker processes (``environment`` as
+        :attr:`target`: a file by its absolute path, whatever the worker's directory)."""
+        return functools.partial(run, {**self.to_plain(), "environment": self.target})
 
 
 def _plain(name: str, value: Any) -> dict[str, Any]:
