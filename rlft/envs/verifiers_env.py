@@ -9,7 +9,8 @@ environment brings three things, each used as verifiers defines it:
   ``task``, ``example_id`` and its other columns as they were, so an episode replays it exactly;
 - its **rollout protocol** (:func:`run`): ``env.run_rollout`` on that row, with an ``AsyncOpenAI`` client pointed at
   the episode's endpoint (the gateway, which records every call's tokens): one model call for a ``SingleTurnEnv``,
-  model and ``env_response`` taking turns for a ``MultiTurnEnv``, tool calls for a ``ToolEnv``;
+  model and ``env_response`` taking turns for a ``MultiTurnEnv``, tool calls for a ``ToolEnv`` (given an endpoint
+  that answers with tool calls: ``rlft serve`` refuses tools, so none is tested here);
 - its **rubric**: the reward is the rubric's score of that episode (its reward functions' weighted sum), each
   function's value kept in the episode's ``info["metrics"]``.
 
