@@ -230,6 +230,20 @@ def _import(where: str, spec: str):
         raise ValueError(f"fn: {spec!r}: {type(e).__name__}: {e} (while importing {where})") from None
 
 
+def attribute(target: str, spec: str):
+    """The object at ``target`` (``module:attr`` or ``/abs/file.py:attr``), whatever it is (an environment object
+    as well as a function), its module imported as :func:`resolve` imports it; a ValueError naming ``spec`` when
+    the module is refused or fails to import, or has no such attribute. The caller judges what it finds."""
+    where, _, attr = target.rpartition(":")
+    check_module(target, spec)
+    obj = _import(where, spec)
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ValueError(f"fn: {spec!r}: no attribute {attr!r} in {where}")
+        obj = getattr(obj, part)
+    return obj
+
+
 MARKERS = ("group_level", "batched", "runs_in_pool")
 """The attributes rlft's decorators set on a reward function (its shape, and whether it is slow)."""
 
