@@ -362,3 +362,28 @@ def test_without_verifiers_the_error_names_the_extra(monkeypatch):
     with pytest.raises(ConfigError, match=r"^env.name=verifiers needs the verifiers package.*pip install "
                                           r"'rlft\[verifiers\]'$"):
         load(spec_of("single_turn"))
+
+
+def test_rlft_trains_on_a_verifiers_environment_through_the_gateway(tiny_overrides, tmp_path):
+    """``env: {name: verifiers}`` with ``data.source=verifiers``: the environment's dataset, its multi-turn
+    protocol played through the gateway, the rubric's score as the reward; a run of two steps."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run(
+        [sys.executable, "-m", "rlft", "train", *tiny_overrides(tmp_path / "runs"), "train.steps=2", "sft.steps=0",
+         "data.source=verifiers", "env.name=verifiers", f"env.environment={HERE}:multi_turn", "env.args.turns=2",
+         "env.timeout_s=60", "reward.fns=[env_reward]", "reward.weights=[]", "eval.ks=[1]"],
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{root / 'tests'}"},
+        capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (run,) = (tmp_path / "runs").iterdir()
+    steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    rl = [m for m in steps if "gateway/sessions" in m]
+    assert len(rl) == 2 and all(m["gateway/sessions"] == 4 and m["gateway/errors"] == 0 for m in rl)
+    assert all(m["gateway/requests"] == 8 for m in rl)  # two turns an episode (max_turns=2), each a call
+    assert all(0.0 <= m["reward/env_reward/mean"] <= 2.0 for m in rl)  # the rubric: even replies, 0 to 2

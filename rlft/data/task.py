@@ -15,13 +15,30 @@ from pathlib import Path
 
 from rlft.config import Config, ConfigError
 from rlft.data.loaders import HF_PREFIX, load_examples, resolve_path
-from rlft.data.schema import Example
+from rlft.data.schema import Example, rows_to_examples
 from rlft.data.sft_data import with_system_prompt
 from rlft.data.synthetic import configured_task
 from rlft.parallel.dist import current
 
 logger = logging.getLogger("rlft.data")
 SALT = b"rlft held-out split\0"  # fixed: the carved rows do not change with train.seed
+
+
+VERIFIERS = "verifiers"  # data.source: the dataset of the verifiers environment env names
+
+
+def verifiers_task(cfg: Config) -> tuple[list[Example], list[Example]]:
+    """(training, held-out) rows of ``env: {name: verifiers}``'s environment: its ``dataset`` and its
+    ``eval_dataset`` (its dataset again when it has none, as verifiers does)."""
+    if cfg.env.name != "verifiers":
+        raise ConfigError(f"data.source: {VERIFIERS!r} reads the dataset of a verifiers environment; set "
+                          f"env.name=verifiers (got {cfg.env.name or 'none'!r})")
+    from rlft.envs.verifiers_env import VerifiersSpec, dataset_rows
+
+    spec = VerifiersSpec.from_params(cfg.env.kwargs)
+    where = f"verifiers:{spec.environment}"
+    return tuple(rows_to_examples(dataset_rows(spec, split), source=where, answer_key="answer")
+                 for split in ("train", "eval"))
 
 
 def load_task(cfg: Config) -> tuple[list[Example], list[Example]]:
@@ -31,6 +48,9 @@ def load_task(cfg: Config) -> tuple[list[Example], list[Example]]:
     d = cfg.data
     if d.source.startswith("synthetic:"):
         train, held_out = configured_task(d.source, d, cfg.train.seed, d.num_eval or 500)
+    elif d.source == VERIFIERS:
+        train, held_out = verifiers_task(cfg)
+        train, held_out = train[: d.num_train or None], held_out[: d.num_eval or None]
     else:
         keys = {"prompt_key": d.prompt_key, "answer_key": d.answer_key or None, "response_key": d.response_key or None}
         rows = load_examples(d.source, d.train_split, **keys)

@@ -17,6 +17,7 @@ from rlft.envs.python_tool import RunPython  # noqa: E402,F401  (registers the p
 from rlft.envs.lookup import Lookup  # noqa: E402,F401  (registers the lookup tool)
 from rlft.envs.review import ReviewEnv  # noqa: E402,F401  (registers "review": a solver and a verifier)
 from rlft.envs.agent import AgentSpec, Endpoint  # noqa: E402,F401  (registers "agent": a black box, rlft.gateway)
+from rlft.envs.verifiers_env import VerifiersSpec  # noqa: E402,F401  (registers "verifiers": a black box too)
 
 __all__ = ["ENVS", "TOOLS", "Call", "Env", "EpisodeOver", "GuessEnv", "Lookup", "ReviewEnv", "RunPython", "Step", "Tool", "ToolEnv",
            "ToolError", "parse_call", "render_error", "render_result", "schema"]

@@ -38,11 +38,11 @@ import signal
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from rlft.config.checks import ConfigError
 from rlft.envs.agent import Endpoint
-from rlft.envs.base import check_int
+from rlft.envs.base import ENVS, check_int
 from rlft.userfn import PYTHON, attribute, check_plain, target
 
 ROW_KEY = "verifiers"
@@ -54,6 +54,7 @@ _LOADED: dict[str, Any] = {}  # VerifiersSpec.key -> the Environment built in th
 _LOCK = threading.RLock()
 
 
+@ENVS.register("verifiers")
 @dataclass(frozen=True)
 class VerifiersSpec:
     """The parameters of ``env: {name: verifiers}``: ``environment`` (what builds the environment, see the
@@ -67,6 +68,7 @@ class VerifiersSpec:
     sampling_args: Mapping[str, Any] = field(default_factory=dict)
     timeout_s: float = 300.0
     workers: int = 2
+    black_box: ClassVar[bool] = True  # played through the gateway (rlft.rollout.agent), as env.name=agent is
 
     def __post_init__(self):
         if not isinstance(self.environment, str) or not self.environment.strip():
@@ -119,6 +121,14 @@ class VerifiersSpec:
         return {"environment": self.environment, "args": copy.deepcopy(dict(self.args)),
                 "sampling_args": copy.deepcopy(dict(self.sampling_args)), "timeout_s": self.timeout_s,
                 "workers": self.workers}
+
+    def agent(self) -> Callable[..., Any]:
+        """What a worker process calls for each episode (the gateway's agent rollout): :meth:`function`."""
+        return self.function()
+
+    def check(self) -> None:
+        """The environment builds (an error naming ``environment`` or ``args`` at once, not in every episode)."""
+        load(self)
 
     def function(self) -> Callable[..., Any]:
         """The episode function of the agent contract, ``fn(task, endpoint)``: :func:`run` with this spec bound, a
