@@ -2,8 +2,9 @@
 
 ``ENVS`` (``rlft.envs.base``) holds one factory per environment: ``ENVS.get(name)(**params)`` is a fresh
 :class:`Env` for one trajectory. Registered here: ``"tools"`` (``tool_env.ToolEnv``: the tools of ``TOOLS`` in a
-plain-text call protocol, ``rlft.envs.tools``), ``"guess"`` (``games.GuessEnv``: guess the number) and ``"review"``
-(``review.ReviewEnv``: a solver and a verifier, two roles of one model).
+plain-text call protocol, ``rlft.envs.tools``), ``"guess"`` (``games.GuessEnv``: guess the number), ``"review"``
+(``review.ReviewEnv``: a solver and a verifier, two roles of one model) and ``"openenv"`` (``openenv_env.OpenEnv``: an
+OpenEnv environment driven through its client, its server given or started here).
 Tools registered in ``TOOLS``: ``"calculator"`` (``tools``), ``"python"`` (``python_tool``: a program run in the code
 sandbox) and ``"lookup"`` (``lookup``: BM25 over a local file of documents).
 """
@@ -16,6 +17,7 @@ from rlft.envs.games import GuessEnv  # noqa: E402,F401  (registers "guess")
 from rlft.envs.python_tool import RunPython  # noqa: E402,F401  (registers the python tool)
 from rlft.envs.lookup import Lookup  # noqa: E402,F401  (registers the lookup tool)
 from rlft.envs.review import ReviewEnv  # noqa: E402,F401  (registers "review": a solver and a verifier)
+from rlft.envs.openenv_env import OpenEnv  # noqa: E402,F401  (registers "openenv": an OpenEnv environment's client)
 
 __all__ = ["ENVS", "TOOLS", "Call", "Env", "EpisodeOver", "GuessEnv", "Lookup", "ReviewEnv", "RunPython", "Step", "Tool", "ToolEnv",
            "ToolError", "parse_call", "render_error", "render_result", "schema"]
