@@ -21,7 +21,9 @@ pytest.importorskip("openenv.core.env_client", reason="openenv-core is not insta
 
 from rlft.envs import ENVS, EpisodeOver  # noqa: E402
 from rlft.envs import openenv_env  # noqa: E402
-from rlft.envs.openenv_env import OpenEnv, stop_servers  # noqa: E402
+from rlft.envs import served  # noqa: E402
+from rlft.envs.openenv_env import OpenEnv  # noqa: E402
+from rlft.envs.served import stop_servers  # noqa: E402
 from tests.conftest import TINY_DEMO  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -125,8 +127,9 @@ def refused(port: int) -> bool:
     return False
 
 
-def test_doctests():
-    assert doctest.testmod(openenv_env).failed == 0
+@pytest.mark.parametrize("module", [openenv_env, served])
+def test_doctests(module):
+    assert doctest.testmod(module).failed == 0
 
 
 def test_reset_and_steps_map_text_rewards_and_done(game):
@@ -235,7 +238,7 @@ def test_a_run_ends_with_its_servers_stopped(game, monkeypatch):
     monkeypatch.setattr(pipeline, "_pipeline", fake_run)
     with pytest.raises(RuntimeError, match="the run failed"):
         pipeline.run_pipeline(None, echo=lambda *a, **k: None)
-    assert ports and refused(ports[0]) and not openenv_env._SERVERS
+    assert ports and refused(ports[0]) and not served._SERVERS
 
 
 def test_rlft_train_plays_the_openenv_game_for_2_steps(game, tmp_path):

@@ -13,10 +13,9 @@ of ``openenv.core.EnvClient`` whose ``reset`` and ``step`` answer a ``StepResult
   untyped client (``GenericEnvClient``) sends ``{action_field: text}`` and reads ``observation[observation_field]``:
   both must be named.
 - the server: ``base_url``, one already running, or ``app``, an ASGI app (or a function of no arguments that
-  returns one) that rlft serves itself: uvicorn on 127.0.0.1, on a free port the system picks, in a thread of this
-  process; started at the first episode, shared by every trajectory of the process, stopped when the run ends
-  (:func:`stop_servers`, which the pipeline calls) or the process exits. A forked child closes its copy of the
-  listening socket, so no port outlives the run.
+  returns one) that rlft serves itself (``rlft.envs.served``): uvicorn on 127.0.0.1, on a free port the system
+  picks, in a thread of this process; started at the first episode, shared by every trajectory of the process,
+  stopped when the run ends or the process exits, the sessions still open closed first.
 - ``reset_fields``: fields of the data row passed to the environment's ``reset`` (a list: each under its own name,
   such as ``seed``; a mapping: ``{secret: ground_truth}`` passes the row's ``ground_truth`` as ``secret``), so that
   a group's trajectories play the same episode; the server passes on those its environment's ``reset`` takes.
@@ -33,7 +32,7 @@ Environment class marked ``SUPPORTS_CONCURRENT_SESSIONS``. A server of one sessi
 others, each refusal costing its trajectory with an error that says so.
 
 Steps run in the trainer's process (not ``runs_in_pool``: a connection does not pickle to a worker); the clients
-share one event loop in a daemon thread. What fails (an unreachable server, a refused session, a server error, a
+share one event loop in a daemon thread (``rlft.envs.served.run``). What fails (an unreachable server, a refused session, a server error, a
 turn the Action type refuses) raises from ``reset`` or ``step`` with the server's address in the message, and costs
 that trajectory (``env/errors``).
 """
@@ -41,27 +40,19 @@ that trajectory (``env/errors``).
 from __future__ import annotations
 
 import asyncio
-import atexit
 import json
-import logging
 import os
-import socket
-import threading
-import time
 import types
 import typing
 import weakref
 from collections.abc import Mapping, Sequence
-from typing import Any, Callable
+from typing import Any
 
 from rlft.envs.base import ENVS, EpisodeOver, Step
+from rlft.envs.served import local_server, on_stop, run, run_soon
 from rlft.userfn import resolve, target
 
-logger = logging.getLogger(__name__)
-
 _NOT_TEXT = {"action": ("metadata",), "observation": ("done", "reward", "metadata")}  # never the text field
-_START_S = 30.0  # seconds a local server may take to start
-_STOP_S = 10.0  # seconds a local server may take to stop
 _CLOSE_S = 5.0  # seconds closing one client's connection may take
 _SCHEMES = ("http://", "https://", "ws://", "wss://")
 _MISSING = object()
@@ -326,44 +317,12 @@ def _explained(e: Exception, what: str, url: str, said: str = "") -> str:
     return f"the OpenEnv server at {url} failed a {what}: {text}"
 
 
-# -- the clients' event loop: one daemon thread per process ----------------------------------------------------------
-
-_LOCK = threading.RLock()
-_LOOP: list[Any] = [None, None]  # [the loop, its thread]
-_OPEN: weakref.WeakSet = weakref.WeakSet()  # the environments of this process that opened a session
-
-
-def run(coro: Any, timeout: float | None = None) -> Any:
-    """Run ``coro`` on the clients' loop and wait for it (``timeout`` seconds at most); interrupted (``env.deadline_s``
-    raises in this thread), the coroutine is cancelled."""
-    with _LOCK:
-        if _LOOP[0] is None:
-            loop = asyncio.new_event_loop()
-            thread = threading.Thread(target=loop.run_forever, name="rlft-openenv-clients", daemon=True)
-            thread.start()
-            _LOOP[:] = [loop, thread]
-        loop = _LOOP[0]
-    future = asyncio.run_coroutine_threadsafe(coro, loop)
-    try:
-        return future.result(timeout)
-    except BaseException:
-        future.cancel()
-        raise
+_OPEN: weakref.WeakSet = weakref.WeakSet()  # the environments of this process with a session open
 
 
 def _close_client(client: Any) -> None:
-    """Close ``client``'s connection (best effort: the server drops the session once the connection closes)."""
-    loop, thread = _LOOP
-    if loop is None or not loop.is_running():
-        return
-    coro = _closed(client)
-    if threading.current_thread() is thread:  # a finaliser run on the loop itself cannot wait for it
-        loop.create_task(coro)
-        return
-    try:
-        run(coro, _CLOSE_S)
-    except Exception:  # noqa: BLE001
-        pass
+    """Close ``client``'s session (best effort: the server drops the session once the connection closes)."""
+    run_soon(_closed(client), _CLOSE_S)
 
 
 async def _closed(client: Any) -> None:
@@ -379,90 +338,20 @@ async def _closed(client: Any) -> None:
     await client.close()
 
 
-# -- servers rlft starts itself --------------------------------------------------------------------------------------
-
-class LocalServer:
-    """An ASGI ``app`` served by uvicorn on 127.0.0.1 in a daemon thread, on a port the system picks (``url``)."""
-
-    def __init__(self, app: Any, name: str):
-        import uvicorn
-
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.sock.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        config = uvicorn.Config(app, log_config=None, log_level="warning", access_log=False,
-                                timeout_graceful_shutdown=2)  # log_config=None: the run's logging stays as it is
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True,
-                                       name=f"rlft-openenv-server {name}")
-        self.thread.start()
-        deadline = time.monotonic() + _START_S
-        while not self.server.started:
-            if not self.thread.is_alive() or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"app: the OpenEnv server {name} did not start on {self.url} (see the log above)")
-            time.sleep(0.01)
-        logger.info("OpenEnv server %s listening on %s", name, self.url)
-
-    def stop(self) -> None:
-        """Stop serving and close the listening socket."""
-        self.server.should_exit = True
-        if self.thread.is_alive() and self.thread is not threading.current_thread():
-            self.thread.join(_STOP_S)
-        self.sock.close()
-
-
-_SERVERS: dict[str, LocalServer] = {}  # app target -> its server, in this process
-
-
-def local_server(name: str, app: Any) -> LocalServer:
-    """The server of ``app`` (named ``name``, its target), started at the first call of the process."""
-    with _LOCK:
-        if name not in _SERVERS:
-            built = app() if _is_factory(app) else app
-            _SERVERS[name] = LocalServer(built, name)
-        return _SERVERS[name]
-
-
-def stop_servers() -> None:
-    """Stop every server rlft started in this process (at the end of a run, and at exit); the next episode starts
-    its server again."""
-    with _LOCK:
-        servers = list(_SERVERS.values())
-        _SERVERS.clear()
-    for env in list(_OPEN) if servers else ():  # sessions still open close first, as the rollout would
+def _close_sessions() -> None:
+    """Close the sessions still open, before the servers stop (as the rollout would have)."""
+    for env in list(_OPEN):
         env.close()
-    for server in servers:
-        server.stop()
-
-
-def _is_factory(app: Callable) -> bool:
-    """A function of no arguments (an ASGI app takes scope, receive and send)."""
-    import inspect
-
-    if not isinstance(app, types.FunctionType):
-        return False
-    return all(p.default is not p.empty or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
-               for p in inspect.signature(app).parameters.values())
 
 
 def _forget_after_fork() -> None:
-    """In a forked child: the parent's servers and loop are not here; close the copies of their sockets."""
-    global _LOCK
-    _LOCK = threading.RLock()  # another thread of the parent may have held it at the fork
-    for server in _SERVERS.values():
-        try:
-            server.sock.close()
-        except OSError:
-            pass
-    _SERVERS.clear()
-    _LOOP[:] = [None, None]
+    """In a forked child: the parent's connections are not this process's to close."""
     for env in list(_OPEN):
         if env._closer is not None:
-            env._closer.detach()  # the parent's connections: not this process's to close
+            env._closer.detach()
         env._client, env._closer = None, None
 
 
-atexit.register(stop_servers)
+on_stop(_close_sessions)
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_after_fork)

@@ -39,7 +39,7 @@ from rlft.config import PIPELINE_LABELS, Config, ConfigError
 from rlft.config.extras import check_extras
 from rlft.data.rankings import load_rankings
 from rlft.data.task import load_task
-from rlft.envs.openenv_env import stop_servers
+from rlft.envs.served import stop_servers
 from rlft.errors import WriteFailed, writing
 from rlft.insight.eval import load_sets
 from rlft.insight.plot import write_run_plots
