@@ -179,6 +179,13 @@ def test_bad_parameters_name_their_key(game, params, message):
         OpenEnv(**given)
 
 
+def test_without_openenv_installed_the_error_names_the_extra(game, monkeypatch):
+    monkeypatch.setitem(sys.modules, "openenv.core.env_client", None)  # as if openenv-core were not installed
+    with pytest.raises(ValueError, match=r"client: the openenv environment needs openenv-core \(pip install "
+                                         r"'rlft\[openenv\]'\)"):
+        OpenEnv(client=game("DigitClient"), app=game("app"))
+
+
 def test_a_bad_parameter_is_a_config_error_naming_env_key(game):
     from rlft.config import ConfigError
     from rlft.recipe import load_config
