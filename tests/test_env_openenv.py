@@ -107,6 +107,34 @@ GAME = textwrap.dedent('''
     def one_session():
         """An app factory: OpenEnv's default of one session at a time."""
         return create_app(DigitGame, GuessAction, GuessObservation, max_concurrent_envs=1)
+
+
+    def slow_start():
+        """The game's app, whose startup takes a second."""
+        import asyncio, contextlib
+
+        made = create_app(DigitGame, GuessAction, GuessObservation, max_concurrent_envs=64)
+
+        @contextlib.asynccontextmanager
+        async def lifespan(app):
+            await asyncio.sleep(1.0)
+            yield
+
+        made.router.lifespan_context = lifespan
+        return made
+
+
+    def no_start():
+        """An app that fails to start."""
+        import contextlib
+        from fastapi import FastAPI
+
+        @contextlib.asynccontextmanager
+        async def lifespan(app):
+            raise RuntimeError("cannot start")
+            yield
+
+        return FastAPI(lifespan=lifespan)
 ''')
 
 
@@ -228,6 +256,28 @@ def test_the_server_rlft_started_is_gone_once_stopped_and_starts_again(game):
     assert refused(port) and env._client is None
     env.reset({})  # the next episode starts a server again
     assert env.step("0").done and not refused(int(env.url.rpartition(":")[2]))
+
+
+def test_a_server_that_does_not_start_leaves_nothing_behind(game):
+    """A deadline that interrupts the start, or a start that fails: a clear error, no server thread left."""
+    import threading
+
+    from rlft.rewards import call_with_timeout
+    from rlft.rewards.calls import RewardTimeout
+
+    def servers():
+        return [t for t in threading.enumerate() if t.name.startswith("rlft-env-server")]
+
+    stop_servers()  # those of the tests before
+    env = OpenEnv(client=game("DigitClient"), app=game("slow_start"))
+    with pytest.raises(RewardTimeout):
+        call_with_timeout(env.reset, ({},), 0.2)  # env.deadline_s, as the rollout calls it
+    assert not servers() and not served._SERVERS  # the server starting when the deadline came was stopped
+    assert env.reset({}).startswith("Guess") and len(servers()) == 1  # given the time, it starts
+    stop_servers()
+    with pytest.raises(RuntimeError, match=r"app: the server of .*no_start did not start on http://127.0.0.1:"):
+        OpenEnv(client=game("DigitClient"), app=game("no_start")).reset({})
+    assert not servers() and not served._SERVERS
 
 
 def test_a_run_ends_with_its_servers_stopped(game, monkeypatch):

@@ -80,16 +80,24 @@ class LocalServer:
         config = uvicorn.Config(app, log_config=None, log_level="warning", access_log=False,
                                 timeout_graceful_shutdown=2)  # log_config=None: the run's logging stays as it is
         self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True,
-                                       name=f"rlft-env-server {name}")
+        self.thread = threading.Thread(target=self._serve, daemon=True, name=f"rlft-env-server {name}")
         self.thread.start()
         deadline = time.monotonic() + START_S
-        while not self.server.started:
-            if not self.thread.is_alive() or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"app: the server of {name} did not start on {self.url} (see the log above)")
-            time.sleep(0.01)
+        try:
+            while not self.server.started:
+                if not self.thread.is_alive() or time.monotonic() > deadline:
+                    raise RuntimeError(f"app: the server of {name} did not start on {self.url} (see the log above)")
+                time.sleep(0.01)
+        except BaseException:  # it did not start, or a deadline interrupted the wait: nothing is left listening
+            self.stop()
+            raise
         logger.info("serving %s on %s", name, self.url)
+
+    def _serve(self) -> None:
+        try:
+            self.server.run(sockets=[self.sock])
+        except SystemExit:  # uvicorn's way to say that the app did not start (logged): the wait below reports it
+            pass
 
     def stop(self) -> None:
         """Stop serving and close the listening socket."""
