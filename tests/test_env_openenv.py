@@ -36,10 +36,11 @@ GAME = textwrap.dedent('''
     from openenv.core.env_server.http_server import create_app
     from openenv.core.env_server.interfaces import Environment
     from openenv.core.env_server.types import Action, Observation, State
+    from pydantic import Field
 
 
     class GuessAction(Action):
-        guess: str
+        guess: str = Field(max_length=40)
 
 
     class GuessObservation(Observation):
@@ -66,6 +67,8 @@ GAME = textwrap.dedent('''
             return GuessObservation(message="Guess my digit (0-9); 3 tries.")
 
         def step(self, action, timeout_s=None, **kwargs):
+            if action.guess == "crash":
+                raise ValueError("the game broke")
             self._state.step_count += 1
             n = self._state.step_count
             digits = [c for c in action.guess if c.isdigit()]
@@ -180,6 +183,26 @@ def test_reset_and_steps_map_text_rewards_and_done(game):
     again = OpenEnv(client=game("DigitClient"), base_url=env.url)  # the same server, given by its address
     again.reset({})  # no reset_fields: secret 0
     assert (again.step("0").observation, again.url) == ("Correct!", env.url)
+
+
+def test_an_untyped_client_sends_and_reads_the_fields_named(game):
+    env = OpenEnv(client="openenv.core.generic_client:GenericEnvClient", app=game("app"), action_field="guess",
+                  observation_field="message", reset_fields={"secret": "ground_truth"})
+    assert env.reset({"ground_truth": "4"}).startswith("Guess")
+    s = env.step("4")
+    assert (s.observation, s.reward, s.done) == ("Correct!", 1.0, True)
+
+
+def test_what_fails_in_a_session_raises_with_the_servers_address(game):
+    env = OpenEnv(client=game("DigitClient"), app=game("app"))
+    env.reset({})
+    with pytest.raises(ValueError, match="the policy's turn is not a valid GuessAction.guess: String should have at "
+                                         "most 40 characters"):
+        env.step("7" * 41)
+    with pytest.raises(RuntimeError, match=r"the OpenEnv server at http://127.0.0.1:[0-9]+ failed a step: "
+                                           r"RuntimeError: Server error: the game broke \(code: EXECUTION_ERROR\)"):
+        env.step("crash")
+    assert env._client is None  # the failed session was closed
 
 
 @pytest.mark.parametrize("params, message", [
@@ -298,6 +321,7 @@ def test_a_run_ends_with_its_servers_stopped(game, monkeypatch):
     assert ports and refused(ports[0]) and not served._SERVERS
 
 
+@pytest.mark.slow
 def test_rlft_train_plays_the_openenv_game_for_2_steps(game, tmp_path):
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(f"env: {{name: openenv, client: '{game('DigitClient')}', app: '{game('app')}', "
