@@ -135,7 +135,7 @@ class OpenEnv:
         try:
             return run(coro)
         except BaseException as e:
-            said = _server_said(self._client) if isinstance(e, Exception) else None
+            said = _server_said(self._client) if _closed_by_server(e) else ""
             self.close()  # a failed session is not used again; the server frees its slot
             if not isinstance(e, Exception):
                 raise
@@ -289,6 +289,15 @@ def _target(key: str, spec: Any) -> str:
 def _renamed(e: ValueError, key: str) -> ValueError:
     text = str(e)
     return ValueError(f"{key}: {text[4:] if text.startswith('fn: ') else text}")
+
+
+def _closed_by_server(e: BaseException) -> bool:
+    """Whether ``e`` is the connection closed under the client (websockets' ConnectionClosed)."""
+    try:
+        from websockets.exceptions import ConnectionClosed
+    except ImportError:  # pragma: no cover  (openenv-core requires websockets)
+        return False
+    return isinstance(e, ConnectionClosed)
 
 
 def _server_said(client: Any) -> str:
