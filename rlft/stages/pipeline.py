@@ -39,6 +39,7 @@ from rlft.config import PIPELINE_LABELS, Config, ConfigError
 from rlft.config.extras import check_extras
 from rlft.data.rankings import load_rankings
 from rlft.data.task import load_task
+from rlft.envs.served import stop_servers
 from rlft.errors import WriteFailed, writing
 from rlft.insight.eval import load_sets
 from rlft.insight.plot import write_run_plots
@@ -104,7 +105,10 @@ def run_pipeline(cfg: Config, echo=print, only: str | None = None) -> RunResult:
     """Run the planned stages of ``cfg`` (``only``: that one stage) in one run directory; what the console shows
     is kept in its run.log (``rlft.runs.console``)."""
     with RunLog(echo) as log:
-        return _pipeline(cfg, log, only)
+        try:
+            return _pipeline(cfg, log, only)
+        finally:
+            stop_servers()  # the environment servers the run started (env.name=openenv with app), ended with it
 
 
 def _pipeline(cfg: Config, log: RunLog, only: str | None) -> RunResult:
