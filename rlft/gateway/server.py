@@ -14,9 +14,10 @@ A request that is refused (a wrong key, a body over the bound, a malformed reque
 turns or tokens, a session past its deadline) is answered with OpenAI's error JSON and costs its episode
 (``Session.error``), counted in ``gateway/errors``; the other episodes go on.
 
-What a request asks of sampling is honoured where it is the client's to decide (``max_tokens``, ``stop``,
-``tools``, ``tool_choice``, ``logprobs``); ``temperature``, ``top_p`` and ``seed`` are the run's (the loss's
-log-probs are at the run's temperature); ``n`` above 1 is refused (a prompt's G episodes are rlft's group).
+What a request asks of sampling is honoured where it is the client's to decide (``stop``, ``tools``,
+``tool_choice``, ``logprobs``, and ``max_tokens`` up to the run's per-turn budget, ``max_new_tokens``);
+``temperature``, ``top_p`` and ``seed`` are the run's (the loss's log-probs are at the run's temperature); ``n``
+above 1 is refused (a prompt's G episodes are rlft's group).
 """
 
 import asyncio  # no `from __future__ import annotations`: FastAPI reads the routes' annotations (Request) at runtime

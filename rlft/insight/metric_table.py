@@ -194,6 +194,20 @@ GROUPS: tuple[tuple[str, str, tuple[tuple[str, str], ...]], ...] = (
         ('role/<name>/tokens/mean', 'Tokens each role wrote per trajectory.'),
         ('role/<name>/turns/mean', 'Turns each role took per trajectory.'),
      )),
+    ('Agent gateway',
+     'An agent of your own played through the OpenAI-compatible gateway (`env.name: agent` or `verifiers`; '
+     '[Agents](../how-to/agents.md#train-the-agent-you-already-have)).',
+     (
+        ('gateway/requests', "Calls of the model the gateway answered in the step's episodes."),
+        ('gateway/tokens', 'Tokens the policy sampled for those calls.'),
+        ('gateway/latency_s', "Mean seconds from a call's arrival to its answer (batching wait and sampling)."),
+        ('gateway/prefix_breaks', 'Calls that did not extend their session token for token (history rewritten, or '
+                                  'a template that re-renders earlier turns): each starts a separate sequence.'),
+        ('gateway/errors', 'Episodes lost: the agent raised, hung past `timeout_s`, returned no number, never '
+                           'called the model, or sent a refused request; they are unscored.'),
+        ('gateway/sessions', 'Episodes played (one session each).'),
+        ('gateway/pieces_trained', 'Sequences a prefix break left behind, trained with their episode\'s advantage.'),
+     )),
     ('Health',
      'One flag per [health rule](../how-to/runs.md#health-warnings), 1.0 while it fires, and the skip counters.',
      (

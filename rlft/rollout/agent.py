@@ -51,8 +51,7 @@ class Agents:
 
         e = cfg.env
         self.spec = factory(e.name, e.fn)(**e.kwargs)
-        self.gateway = Gateway(tokenizer, name="policy", limits=Limits(max_tokens=e.max_new_tokens or
-                                                                       cfg.rollout.max_new_tokens),
+        self.gateway = Gateway(tokenizer, name="policy", limits=Limits(max_tokens=1 << 20),  # cut to the turn's
                                max_turns=e.max_turns, max_tokens=e.max_tokens or max_tokens,
                                max_new_tokens=e.max_new_tokens or cfg.rollout.max_new_tokens,
                                max_result_chars=e.max_observation_chars).start()
