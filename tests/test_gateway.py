@@ -301,3 +301,39 @@ def test_pieces_join_the_update_with_their_episodes_advantage(tok):
     again, _ = with_pieces(changed, fill, pad_id=0)
     assert torch.equal(again.adv[2], out.adv[2])
     assert with_pieces(_row_batch(tok, [[], []]), fill, pad_id=0)[1] == {}  # no pieces: the batch itself
+
+
+def test_identical_contexts_share_their_prefill_whatever_order_they_came_in(tok):
+    from types import SimpleNamespace
+
+    from rlft.gateway.server import Gateway, Pending, _shared
+    from rlft.rollout.decode import Sampled
+
+    a, b = [1, 2], [1, 3]
+    assert _shared([a, a, b, b]) == 2 and _shared([a, a, a]) == 3
+    assert _shared([a, b, a, b]) == 1 and _shared([a, a, b]) == 1 and _shared([a]) == 1
+
+    class Now:  # stands for the HTTP side's loop: the answer is set at once
+        def call_soon_threadsafe(self, fn, *args):
+            fn(*args)
+
+    gw, calls = Gateway(tok, name="m"), []
+    gw.stop_ids = [tok.eos_token_id]
+    future = SimpleNamespace(done=lambda: False, set_result=lambda r: answers.append(r))
+    answers = []
+    pending = []
+    for question in ["a", "b", "a", "b"]:  # a prompt's episodes arrive interleaved with another's
+        sid, _ = gw.open(60)
+        params = parse({"model": "m", "messages": [{"role": "user", "content": question}]}, Limits(), "m")
+        pending.append(Pending(gw.sessions[sid], params, time.monotonic(), future, Now()))
+
+    def sample(contexts, group_size, max_new_tokens):
+        calls.append((contexts, group_size))
+        ids = torch.tensor([[tok.eos_token_id]] * (len(contexts) * group_size))
+        return Sampled(prompt_ids=ids, prompt_mask=ids * 0 + 1, response_ids=ids, response_mask=ids * 0 + 1,
+                       truncated=torch.zeros(len(ids), dtype=torch.bool), logprobs=torch.full(ids.shape, -0.5))
+
+    gw.answer(pending, sample)
+    ((contexts, group),) = calls
+    assert group == 2 and [tok.decode(c) for c in contexts] == ["Q: a\nA: ", "Q: b\nA: "]
+    assert len(answers) == 4 and all(r["choices"][0]["finish_reason"] == "stop" for r in answers)

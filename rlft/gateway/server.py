@@ -237,6 +237,7 @@ class Gateway:
             ready.append((p, chain, budget))
         if not ready:
             return
+        ready.sort(key=lambda r: r[1].prompt + r[1].ids)  # identical contexts side by side: one prefill for each run
         contexts = [c.prompt + c.ids for _, c, _ in ready]
         shared = _shared(contexts)
         width = max(b for _, _, b in ready)
