@@ -208,15 +208,38 @@ def _run_config(model: str) -> Path | None:
 
 
 def _items(overrides: Overrides) -> list:
-    """The overrides as load_config's list: ``key=value`` texts, or one mapping."""
+    """The overrides as load_config's list: ``key=value`` texts, or one mapping (an agent's function given as
+    ``env.entry`` written as its import path)."""
     if overrides is None:
         return []
     if isinstance(overrides, Mapping):
-        return [overrides]
+        return [_entry_named(overrides)]
     if isinstance(overrides, (str, bytes)) or not isinstance(overrides, Iterable):
         raise ConfigError(f"overrides: expected a mapping of keys to values or a list of key=value texts, got a "
                           f"{type(overrides).__name__}")
     return list(overrides)
+
+
+def _entry_named(overrides: Mapping) -> Mapping:
+    """``overrides`` with an agent function given as ``env.entry`` (dotted, or inside an ``env`` section) replaced
+    by its import path: the agent runs in worker processes, which import it there; a lambda, a closure or a
+    function of ``__main__`` cannot reach them, a ConfigError says so."""
+    def named(fn):
+        if not callable(fn) or isinstance(fn, str):
+            return fn
+        path = import_path(fn)
+        if path is None:
+            raise ConfigError(f"env.entry: {getattr(fn, '__qualname__', fn)!r} runs in the agent's worker processes, "
+                              "which import it: give a top-level function of an importable module (or its "
+                              "'module:function' / 'path/to/file.py:function'), not a lambda, a closure or a function "
+                              "of __main__")
+        return path
+    out = dict(overrides)
+    if "env.entry" in out:
+        out["env.entry"] = named(out["env.entry"])
+    if isinstance(out.get("env"), Mapping) and "entry" in out["env"]:
+        out["env"] = {**out["env"], "entry": named(out["env"]["entry"])}
+    return out
 
 
 def _shown(items: list) -> str:

@@ -337,3 +337,15 @@ def test_identical_contexts_share_their_prefill_whatever_order_they_came_in(tok)
     ((contexts, group),) = calls
     assert group == 2 and [tok.decode(c) for c in contexts] == ["Q: a\nA: ", "Q: b\nA: "]
     assert len(answers) == 4 and all(r["choices"][0]["finish_reason"] == "stop" for r in answers)
+
+
+def test_an_agent_function_from_python_is_named_by_its_import_path():
+    from rlft.api import _items
+    from rlft.config import ConfigError
+    from rlft.envs.agent import outcome
+
+    assert _items({"env": {"name": "agent", "entry": outcome}}) == [
+        {"env": {"name": "agent", "entry": "rlft.envs.agent:outcome"}}]
+    assert _items({"env.entry": outcome, "env.name": "agent"})[0]["env.entry"] == "rlft.envs.agent:outcome"
+    with pytest.raises(ConfigError, match=r"env.entry: '.*<lambda>' runs in the agent's worker processes"):
+        _items({"env.entry": lambda task, endpoint: 1.0})
