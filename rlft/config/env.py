@@ -6,6 +6,7 @@ the environment's signature)::
 
     env: {name: tools, max_turns: 4, tools: [calculator], max_calls: 3}
     env: {name: custom, fn: my_pkg.envs:Maze, size: 5}
+    env: {name: agent, entry: my_agent.py:run, timeout_s: 120}
 
 An empty ``name`` (the default) is the single-turn rollout: one prompt, one completion.
 """
@@ -25,7 +26,7 @@ FIELDS = ("name", "fn", "max_turns", "max_tokens", "max_new_tokens", "deadline_s
 @dataclass(frozen=True)
 class EnvConfig:
     name: str = ""
-    """The environment (rlft.envs.ENVS: tools, guess; custom: a class or factory of your own, named by fn); empty: single-turn rollouts."""
+    """The environment (rlft.envs.ENVS: tools, guess, review, openenv; agent or verifiers: an agent of your own or a verifiers environment, played through the OpenAI-compatible gateway; custom: a class or factory of your own, named by fn); empty: single-turn rollouts."""
     fn: str = ""
     """name=custom: where the environment's class or factory lives, package.module:Name or path/to/file.py:Name; called with the environment's parameters, once per trajectory."""
     params: tuple[tuple[str, Any], ...] = ()
