@@ -262,8 +262,8 @@ def test_a_call_with_json_arguments_reads_back_as_written_json_protocol(json_con
 def test_the_fuzz_reads_what_it_should(text_conv, json_conv):
     """The properties above are not vacuous: a well-formed call is read in both protocols."""
     tools = [{"name": "calculator", "description": "", "parameters": SCHEMAS["calculator"]}]
-    for conv, text in ((text_conv, "So <call>calculator: 2+2</call>"),
-                       (json_conv, 'So\n<tool_call>\n{"name": "calculator", "arguments": {"expression": "2+2"}}\n</tool_call>')):
+    json_call = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "2+2"}}\n</tool_call>'
+    for conv, text in ((text_conv, "So <call>calculator: 2+2</call>"), (json_conv, "So\n" + json_call)):
         content, calls = conv.reply(text, tools)
         assert content.strip() == "So" and len(calls) == 1
         assert (calls[0]["function"]["name"], json.loads(calls[0]["function"]["arguments"])) == \
