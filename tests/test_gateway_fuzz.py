@@ -26,7 +26,7 @@ from rlft.gateway.render import Conversation
 from rlft.gateway.request import Limits, RequestError, messages_of, parse, tools_of
 from rlft.models.loading import load_tokenizer
 
-FUZZ = settings(max_examples=150, deadline=None, derandomize=True, database=None,
+FUZZ = settings(max_examples=100, deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 # Qwen2.5's tool-calling template, cut down: tools in the system block, an assistant's tool_calls written as
@@ -125,6 +125,7 @@ def test_any_request_is_parsed_or_refused_naming_its_field(req):
 
 @FUZZ
 @given(st.one_of(st.lists(message, max_size=5), json_like))
+@example([{"role": ["user"], "content": "hi"}])  # an unhashable role
 def test_any_messages_are_normalised_or_refused_naming_the_message(value):
     try:
         out = messages_of(value)
@@ -249,6 +250,10 @@ def test_a_call_with_json_arguments_reads_back_as_written_text_protocol(text_con
 
 @FUZZ
 @given(names, single, content)
+@example("calculator", "", "")
+@example("calculator", "{not json", "")
+@example("calculator", " 2+2", "")
+@example("calculator", "1</call><call>x: 2", "")
 def test_a_call_with_one_string_reads_back_as_written_text_protocol(text_conv, name, value, said):
     _round_trip(text_conv, name, {"expression": value}, SCHEMAS["calculator"], said)
 
