@@ -1,8 +1,8 @@
 """What a rollout through the agent gateway costs over the in-process multi-turn rollout of the same episodes, and
 where the difference goes.
 
-    python benchmarks/gateway_overhead.py --quick          # 4 prompts x 4, 2 rounds: about a minute
-    python benchmarks/gateway_overhead.py                  # 8 prompts x 8, 5 rounds
+    python benchmarks/gateway_overhead.py --quick          # 4 prompts x 4, 2 rounds: under a minute
+    python benchmarks/gateway_overhead.py                  # 8 prompts x 8, 5 rounds: about a minute
     python benchmarks/gateway_overhead.py --policy runs/x/policy --threads 2 --json /tmp/gateway.json
 
 Both sides play the tool demo's task (``recipes/tool_demo.yaml``: products of two 3-digit numbers, the calculator,
@@ -17,14 +17,17 @@ episodes (checked: how many episodes have the same tokens on both sides is print
 
 The policy is the tool demo's SFT warm-up (``rlft sft recipes/tool_demo.yaml``, 300 steps: it calls the calculator
 on 95% of held-out problems; 120 steps are not enough, it never calls), trained once (4-5 minutes on 2 cores) and
-kept under ``runs/bench/`` (``--policy`` names another). The gateway and its workers live across the rounds, as they live
-across a run's steps; the first gateway rollout (worker processes starting, the agent's imports) is reported apart.
+kept under ``runs/bench/`` (``--policy`` names another). The gateway and its workers live across the rounds, as
+they live across a run's steps; the first gateway rollout (worker processes starting, the agent's imports) is
+reported apart.
 Rounds alternate the two sides; printed are medians over the rounds (the first gateway rollout left out):
 
 - wall time per rollout, the ratio, and the overhead per model call ((gateway - in-process) / calls);
-- the trainer's thread on each side: time in the sampler, the environment's steps or the gateway's parts
-  (waiting in ``Gateway.take``: for the agents, then the batching window; rendering ``Conversation.text``;
-  tokenising in ``Session.context``; cutting and answering);
+- the trainer's thread on each side: time in the sampler (its calls, rows, decode steps), the environment's steps
+  or the gateway's parts (waiting in ``Gateway.take``: for the agents, then the batching window; rendering
+  ``Conversation.text``; tokenising in ``Session.context``; cutting and answering); and the last gateway
+  rollout's sampler calls replayed alone after the rounds (the same calls in the same batches, no agents or HTTP
+  beside them): what sharing the machine with the agents costs the sampler;
 - one model call as the agent sees it: client to the gateway's handler (the SDK, HTTP, uvicorn), the handler
   (reading and checking the body), queued (in the batching window, then behind the trainer's other work),
   answered (the batch's rendering and sampling), and back to the agent (JSON, HTTP, the SDK's parsing);
@@ -105,9 +108,14 @@ class Clock:
     def __init__(self):
         self.s: dict[str, float] = {}
         self.n: dict[str, int] = {}
+        self.calls: list[dict] = []  # the sampler's calls: rows, decode steps, seconds, longest context
+        self.args: list[tuple] = []  # and what they were called with (replayed alone: :func:`replayed`)
 
-    def add(self, key: str, dt: float, n: int = 1) -> None:
+    def add(self, key: str, dt: float) -> None:
         self.s[key] = self.s.get(key, 0.0) + dt
+        self.count(key)
+
+    def count(self, key: str, n: int = 1) -> None:
         self.n[key] = self.n.get(key, 0) + n
 
     def timed(self, key: str, fn):
@@ -130,8 +138,14 @@ class TimedSampler:
     def __call__(self, contexts, group_size, max_new_tokens):
         t0 = time.perf_counter()
         out = self.run(contexts, group_size, max_new_tokens)
-        self.clock.add("sample", time.perf_counter() - t0)
-        self.clock.add("rows", 0.0, len(contexts) * group_size)
+        dt = time.perf_counter() - t0
+        self.clock.add("sample", dt)
+        self.clock.count("rows", len(contexts) * group_size)
+        steps = int(out.response_mask.sum(1).max()) if len(out.response_mask) else 0
+        self.clock.count("decode steps", steps)
+        self.clock.calls.append({"rows": len(contexts) * group_size, "steps": steps, "s": dt,
+                                 "context": max(map(len, contexts))})
+        self.clock.args.append((self.run, contexts, group_size, max_new_tokens))
         return out
 
     def __getattr__(self, name):
@@ -164,7 +178,7 @@ def instrument_gateway(gw, clock_of, requests: list) -> None:
             first = max(min(p.queued for p in got), t0)
             clock.add("take: waiting for the agents", first - t0)
             clock.add("take: batching window", t1 - first)
-            clock.add("batches", 0.0, 1)
+            clock.count("batches")
             for p in got:
                 p.taken, p.take_start, p.batch = t1, t0, len(got)
         else:
@@ -279,16 +293,46 @@ def main() -> None:
     G = args.group or (4 if args.quick else 8)
     rounds = args.rounds or (2 if args.quick else 5)
     policy = Path(args.policy) if args.policy else warm_policy(args.warmup_steps, args.threads)
-    result = measure(policy, P, G, rounds, args.workers, args.threads)
+    result = {"command": " ".join(["python", *sys.argv]), **measure(policy, P, G, rounds, args.workers, args.threads)}
     report(result)
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1))
+        Path(args.json).write_text(json.dumps(_rounded(_columns(result)), separators=(",", ":")) + "\n")
+
+
+def _columns(result: dict) -> dict:
+    """The per-call and per-episode records as columns (each key once)."""
+    out = json.loads(json.dumps(result))
+    for rows in out["rows"].values():
+        for row in rows:
+            for key in ("calls", "episodes", "sampler_calls"):
+                if row.get(key):
+                    row[key] = {k: [r[k] for r in row[key]] for k in row[key][0]}
+    return out
+
+
+def _rounded(value):
+    """Seconds to 0.1 ms, for a raw file of a readable size."""
+    if isinstance(value, float):
+        return round(value, 4)
+    if isinstance(value, dict):
+        return {k: _rounded(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_rounded(v) for v in value]
+    return value
+
+
+def _machine() -> str:
+    try:
+        names = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                 if line.startswith("model name")]
+    except OSError:
+        names = []
+    return f"{names[0] if names else platform.machine()}, {os.cpu_count()} cores"
 
 
 def measure(policy: Path, P: int, G: int, rounds: int, workers: int, threads: int) -> dict:
     import torch
 
-    import rlft.gateway.server as server
     import rlft.rollout.agent as agent_mod
     import rlft.rollout.multiturn as mt
     from rlft.data.synthetic import configured_task
@@ -321,6 +365,7 @@ def measure(policy: Path, P: int, G: int, rounds: int, workers: int, threads: in
     agent_mod.Agents.play = recorded_play
     rows: dict[str, list] = {"in-process": [], "gateway": [], "gateway, first": []}
     same: list[int] = []
+    last_gateway: list = [None]
     t0 = time.monotonic()
     with agent_mod.agents_for(agent_cfg, model, tok):
         start_s = time.monotonic() - t0
@@ -337,7 +382,8 @@ def measure(policy: Path, P: int, G: int, rounds: int, workers: int, threads: in
                 else:
                     batch, trajs = mt.rollout_env(model, tok, examples, prompts, agent_cfg, group_size=G, greedy=True)
                 wall = time.perf_counter() - t
-                row = {"wall": wall, "clock": clock.s, "counts": clock.n, "turns": [t.turns for t in trajs],
+                row = {"wall": wall, "clock": clock.s, "counts": clock.n, "sampler_calls": clock.calls,
+                       "turns": [t.turns for t in trajs],
                        "errors": sum(t.error is not None for t in trajs),
                        "tokens": [t.prompt + t.ids for t in trajs],
                        "policy_tokens": sum(sum(x >= 0 for x in t.role) for t in trajs)}
@@ -346,15 +392,29 @@ def measure(policy: Path, P: int, G: int, rounds: int, workers: int, threads: in
                     row["model_calls"] = sum(e["gateway"]["requests"] for e in batch.episodes)
                     row["prefix_breaks"] = sum(e["gateway"]["prefix_breaks"] for e in batch.episodes)
                 rows["gateway, first" if r == 0 else side].append(row)
+                if side == "gateway":
+                    last_gateway[0] = clock
+    alone = replayed(last_gateway[0])
     for a, b in zip(rows["in-process"], rows["gateway"]):
         same.append(sum(x == y for x, y in zip(a["tokens"], b["tokens"])))
     for side in rows.values():
         for row in side:
             del row["tokens"]
-    del server
-    return {"machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+    return {"machine": _machine(),
             "policy": str(policy), "prompts": P, "group": G, "rounds": rounds, "workers": workers,
-            "threads": threads, "gateway_start_s": start_s, "same_episodes": same, "rows": rows}
+            "threads": threads, "gateway_start_s": start_s, "same_episodes": same, "rows": rows,
+            "sample_alone_s": alone, "sample_in_rollout_s": last_gateway[0].s["sample"]}
+
+
+def replayed(clock: Clock) -> float:
+    """The seconds the last gateway rollout's sampler calls take again, the same calls in the same batches, with
+    nothing beside them (no agents, no HTTP): what sampling costs there apart from the machine being shared."""
+    total = 0.0
+    for run, contexts, group_size, max_new_tokens in clock.args:
+        t0 = time.perf_counter()
+        run(contexts, group_size, max_new_tokens)
+        total += time.perf_counter() - t0
+    return total
 
 
 def report(res: dict) -> None:
@@ -367,8 +427,8 @@ def report(res: dict) -> None:
           f"{res['workers']}; {res['machine']}")
     print(f"same episodes (token for token) in each round: {res['same_episodes']} of {n}; policy turns per "
           f"episode {med(sum(r['turns']) for r in ip) / n:.2f} in-process, {med(sum(r['turns']) for r in gw) / n:.2f} "
-          f"gateway ({calls:.0f} model calls, errors {med(r['errors'] for r in gw)}, prefix breaks "
-          f"{med(r['prefix_breaks'] for r in gw)})")
+          f"gateway ({calls:.0f} model calls, errors {med(r['errors'] for r in gw):g}, prefix breaks "
+          f"{med(r['prefix_breaks'] for r in gw):g})")
     wi, wg = med(r["wall"] for r in ip), med(r["wall"] for r in gw)
     print(f"in-process rollout:      {wi:.3f} s")
     print(f"gateway rollout:         {wg:.3f} s  ({wg / wi:.2f}x), {(wg - wi) / calls * 1000:.1f} ms per model call "
@@ -380,9 +440,12 @@ def report(res: dict) -> None:
         keys = sorted({k for r in rows for k in r["clock"]})
         parts = {k: med(r["clock"].get(k, 0.0) for r in rows) for k in keys}
         sampled = med(r["counts"].get("sample", 0) for r in rows)
+        steps = med(r["counts"].get("decode steps", 0) for r in rows)
         print(f"  {name}: " + ", ".join(f"{k} {v:.3f}" for k, v in parts.items()) +
               f"; {sampled:.0f} sampler calls of {med(r['counts'].get('rows', 0) for r in rows) / max(sampled, 1):.1f}"
-              f" rows")
+              f" rows, {steps:.0f} decode steps, {parts.get('sample', 0.0) / max(steps, 1) * 1000:.1f} ms per step")
+    print(f"  the last gateway rollout's sampler calls again, alone (same calls and batches, no agents beside "
+          f"them): {res['sample_alone_s']:.3f} s, against {res['sample_in_rollout_s']:.3f} s in the rollout")
     per_call = [c for r in gw for c in r["calls"]]
     if per_call:
         print(f"one model call, as the agent sees it (ms, medians over {len(per_call)} calls; batch of "
@@ -390,8 +453,9 @@ def report(res: dict) -> None:
         print("  " + ", ".join(f"{k} {med(c[k] for c in per_call) * 1000:.1f}" for k in per_call[0] if k != "batch"))
     eps = [e for r in gw for e in r["episodes"]]
     if eps:
+        parts = ("episode", "agent's own work", "before the first call")
         print(f"one episode in the agent (ms, medians over {len(eps)}): " + ", ".join(
-            f"{k} {med(e[k] for e in eps) * 1000:.1f}" for k in ("episode", "agent's own work", "before the first call")))
+            f"{k} {med(e[k] for e in eps) * 1000:.1f}" for k in parts))
     imports = [e["import_s"] for e in first["episodes"]]
     if imports:
         print(f"the first rollout's agent imports (the openai SDK and the agent, once per worker): "
