@@ -122,13 +122,13 @@ class Conversation:
         names = {t["name"]: t for t in tools}
         try:
             found = self._read_json(text, names) if self.protocol == "json" else self._read_text(text, names)
-        except (ToolError, ValueError, TypeError):
+            if found is None:
+                return text, []
+            content, calls = found[0], [(name, json.dumps(args, allow_nan=False)) for name, args in found[1]]
+        except (ToolError, ValueError, TypeError, RecursionError):  # allow_nan: NaN and Infinity are not JSON
             return text, []
-        if found is None:
-            return text, []
-        content, calls = found
         return content, [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-                          "function": {"name": name, "arguments": json.dumps(args)}} for name, args in calls]
+                          "function": {"name": name, "arguments": arguments}} for name, arguments in calls]
 
     @staticmethod
     def _read_text(text: str, tools: Mapping[str, dict]):
@@ -196,10 +196,12 @@ def _bound(tool: Mapping[str, Any], argument_text: str) -> dict:
 
 
 def _argument_text(call: Mapping[str, Any], tools: Sequence[dict]) -> str:
-    """A call's arguments as the plain-text protocol writes them (the inverse of :func:`_bound`)."""
+    """A call's arguments as the plain-text protocol writes them (the inverse of :func:`_bound`): the single string
+    parameter's value bare when it reads back as itself, else JSON with ``<`` escaped (no tag inside a value)."""
     args = _loaded(call["arguments"])
     tool = next((t for t in tools if t["name"] == call["name"]), None)
     name = _single_string(tool) if tool else None
-    if name is not None and isinstance(args, dict) and list(args) == [name] and isinstance(args[name], str):
+    if name is not None and isinstance(args, dict) and list(args) == [name] and isinstance(args[name], str) and \
+            args[name] == args[name].strip() and args[name][:1] not in ("", "{") and "<" not in args[name]:
         return args[name]
-    return json.dumps(args)
+    return json.dumps(args).replace("<", "\\u003c")

@@ -116,7 +116,7 @@ def messages_of(value) -> list[dict]:
     out = []
     for i, m in enumerate(value):
         where = f"messages[{i}]"
-        if not isinstance(m, dict) or m.get("role") not in ROLES:
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or m["role"] not in ROLES:
             raise RequestError(f"{where}.role must be one of {', '.join(ROLES)}, got "
                                f"{m.get('role') if isinstance(m, dict) else m!r}", where)
         role = ROLES[m["role"]]
