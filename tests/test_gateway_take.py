@@ -41,9 +41,20 @@ def test_the_batch_closes_at_once_when_every_live_session_has_a_call_waiting(gat
 
 
 def test_a_session_still_live_holds_the_batch_for_the_window_only(gateway):
-    a, _ = _sessions(gateway, "a", "b")
+    a, b = _sessions(gateway, "a", "b")
+    b.requests = 1  # b's agent called before: it is busy with its own work (a tool), not starting
     _call(gateway, a)
     sids, took = _timed_take(gateway, 0.3)
     assert sids == ["a"] and 0.29 < took < 2.0
     assert _timed_take(gateway, 0.2)[0] == []  # nothing waiting: empty after the window
+
+
+def test_a_session_yet_to_make_its_first_call_holds_the_batch_until_the_start_window(gateway, monkeypatch):
+    from rlft.gateway import server
+
+    monkeypatch.setattr(server, "START_WINDOW_S", 1.0)
+    a, b = _sessions(gateway, "a", "b")  # b's agent is still starting (its worker, its client)
+    _call(gateway, a)
+    sids, took = _timed_take(gateway, 0.05)
+    assert sids == ["a"] and 0.9 < took < 3.0  # held for b's first call up to 1 s after b opened, not 0.05 s
 
