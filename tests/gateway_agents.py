@@ -8,7 +8,8 @@ the Agents SDK agent's instructions and the LangGraph agent's system prompt chan
 (openai only) asks a second question after the first reply, so that an untrained model's episodes have two turns.
 
 The info each returns: ``ran`` (the arguments each tool call ran with, as the client parsed them), ``reasons``
-(each reply's ``finish_reason``) and ``final`` (the last reply's text).
+(each reply's ``finish_reason``) and ``final`` (the last reply's text); the openai agent asks for ``logprobs`` and
+returns them too (``logprobs``: each reply's, token by token).
 """
 
 import asyncio
@@ -28,24 +29,26 @@ def calculate(expression: str) -> str:
     return str(eval(expression, {"__builtins__": {}}))  # noqa: S307  digits and operators only (checked above)
 
 
-def outcome(task, final: str, ran: list, reasons: list) -> dict:
+def outcome(task, final: str, ran: list, reasons: list, **more) -> dict:
     found = FINAL.search(final or "")
     solved = found is not None and found.group(1) == str(task["answer"])
     return {"reward": 1.0 if solved else sum(c.isdigit() for c in final or "") / max(len(final or ""), 1) / 2,
-            "info": {"ran": ran, "reasons": reasons, "final": final or ""}}
+            "info": {"ran": ran, "reasons": reasons, "final": final or "", **more}}
 
 
 def with_openai(task, endpoint, plant: str) -> dict:
     from openai import OpenAI
 
     client = OpenAI(base_url=endpoint.base_url, api_key=endpoint.api_key, max_retries=0)
-    messages, ran, reasons = list(task["messages"]), [], []
+    messages, ran, reasons, logprobs = list(task["messages"]), [], [], []
     for turn in range(4):
         if plant == "edit" and turn == 1:  # the agent rewrites the user's message: a prefix break
             messages[0] = {**messages[0], "content": messages[0]["content"] + " Show your work."}
-        reply = client.chat.completions.create(model=endpoint.model, messages=messages, tools=[CALCULATOR])
+        reply = client.chat.completions.create(model=endpoint.model, messages=messages, tools=[CALCULATOR],
+                                               logprobs=True)
         choice = reply.choices[0]
         reasons.append(choice.finish_reason)
+        logprobs.append([t.logprob for t in choice.logprobs.content])
         messages.append(choice.message.model_dump(exclude_none=True))  # sent back as it came
         if plant == "followup" and turn == 0:
             messages.append({"role": "user", "content": "Check it."})
@@ -56,7 +59,7 @@ def with_openai(task, endpoint, plant: str) -> dict:
             expression = json.loads(call.function.arguments)["expression"]
             ran.append(expression)
             messages.append({"role": "tool", "tool_call_id": call.id, "content": calculate(expression)})
-    return outcome(task, messages[-1].get("content") or "", ran, reasons)
+    return outcome(task, messages[-1].get("content") or "", ran, reasons, logprobs=logprobs)
 
 
 def with_agents_sdk(task, endpoint, plant: str) -> dict:

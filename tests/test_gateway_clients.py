@@ -245,6 +245,10 @@ def test_a_clients_tool_episodes_train_on_the_sampled_tokens(pools, model, clien
         runs = assert_sampled(chain, policy)
         assert len(runs) == 3  # one chain holds the episode's three calls
         assert batch.action_mask[i, :len(chain["env"])].tolist() == [1 - e for e in chain["env"]]
+        if client == "openai":  # the log-probs the client was sent are the ones trained on (special tokens aside)
+            special = set(tok.all_special_ids)
+            assert s.info["logprobs"] == [[lp for t, lp in zip(chain["ids"][a:b], chain["logp"][a:b])
+                                           if t not in special] for a, b in runs]
         answers = [tok.decode(chain["ids"][a:b], skip_special_tokens=False)
                    for (_, a), (b, _) in zip(runs, runs[1:])]  # what the conversation added between turns
         if protocol == "text":  # the answer continues the assistant's message, outside the template
