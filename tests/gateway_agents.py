@@ -5,7 +5,8 @@ endpoint, offers a calculator tool, runs the calls its client parsed, and scores
 ``run`` picks the client by ``task["extra"]["client"]``. ``task["extra"]["plant"]`` plants a bug the gateway must
 catch: ``edit`` rewrites history between calls (the openai agent edits the user's message before its second call;
 the Agents SDK agent's instructions and the LangGraph agent's system prompt change at every call), ``followup``
-(openai only) asks a second question after the first reply, so that an untrained model's episodes have two turns.
+(openai only) asks a second question after the first reply, so that an untrained model's episodes have two turns,
+``responses`` (Agents SDK only) calls the Responses API, the SDK's default, instead of Chat Completions.
 
 The info each returns: ``ran`` (the arguments each tool call ran with, as the client parsed them), ``reasons``
 (each reply's ``finish_reason``) and ``final`` (the last reply's text); the openai agent asks for ``logprobs`` and
@@ -89,9 +90,10 @@ def with_agents_sdk(task, endpoint, plant: str) -> dict:
         async with httpx.AsyncClient(event_hooks={"response": [seen]}) as http:
             client = AsyncOpenAI(base_url=endpoint.base_url, api_key=endpoint.api_key, max_retries=0,
                                  http_client=http)
+            api = agents.OpenAIResponsesModel if plant == "responses" else agents.OpenAIChatCompletionsModel
             agent = agents.Agent(name="calculator", tools=[calculator],
                                  instructions=instructions if plant == "edit" else "Use the calculator.",
-                                 model=agents.OpenAIChatCompletionsModel(model=endpoint.model, openai_client=client))
+                                 model=api(model=endpoint.model, openai_client=client))
             result = await agents.Runner.run(agent, task["messages"][-1]["content"], max_turns=6)
             return str(result.final_output)
 

@@ -337,6 +337,15 @@ def test_a_template_that_rerenders_earlier_turns_is_a_prefix_break(pools, model,
         assert torch.all(adv == adv[0]) and torch.sign(adv[0]) == torch.sign(batch.adv[episode, 0])
 
 
+def test_an_agent_on_the_responses_api_loses_its_episode_saying_what_the_gateway_serves(pools, model):
+    """The Agents SDK's default model calls POST /v1/responses: the episode is lost with a message that names the
+    API the gateway serves (and what to use), not a bare 404."""
+    sessions, batch, _ = play(pools, model, "agents", "text", plant="responses", group_size=1)
+    for s in sessions:
+        assert s.requests == 0 and "/v1/responses is not served" in s.error and "chat/completions" in s.error
+    assert gateway_metrics(batch.episodes)["gateway/errors"] == len(sessions)
+
+
 def test_the_tiny_model_samples_through_the_openai_sdk_and_a_grpo_update_trains_on_it(model, model_dir,
                                                                                    tiny_overrides, tmp_path):
     """No script: the tiny model's own turns (rlft's sampler) through the openai SDK, two turns an episode (the

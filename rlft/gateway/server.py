@@ -176,6 +176,17 @@ class Gateway:
             _ended(session, result)
             return {"ok": True}
 
+        @app.api_route("/s/{sid}/v1/{path:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
+        async def unserved(sid: str, path: str, request: Request):
+            # e.g. the Responses API, the OpenAI Agents SDK's default: say what is served, not a bare 404
+            if (no := refused(request, sid)) is not None:
+                return no
+            e = RequestError(f"/v1/{path[:60]} is not served: the gateway speaks Chat Completions (POST "
+                             "/v1/chat/completions, GET /v1/models); with the OpenAI Agents SDK use "
+                             "OpenAIChatCompletionsModel", status=404, code="not_found")
+            self.sessions[sid].fail(f"request refused ({e.status}): {e}")
+            return _error(e)
+
         return app
 
     # -- the trainer's side -----------------------------------------------------------------------------------
