@@ -6,7 +6,8 @@ endpoint, offers a calculator tool, runs the calls its client parsed, and scores
 catch: ``edit`` rewrites history between calls (the openai agent edits the user's message before its second call;
 the Agents SDK agent's instructions and the LangGraph agent's system prompt change at every call), ``followup``
 (openai only) asks a second question after the first reply, so that an untrained model's episodes have two turns,
-``responses`` (Agents SDK only) calls the Responses API, the SDK's default, instead of Chat Completions.
+``responses`` (Agents SDK only) calls the Responses API, the SDK's default, instead of Chat Completions, ``stream``
+(Agents SDK and LangGraph) runs the agent streamed (``Runner.run_streamed``; ``stream_mode="messages"``).
 
 The info each returns: ``ran`` (the arguments each tool call ran with, as the client parsed them), ``reasons``
 (each reply's ``finish_reason``) and ``final`` (the last reply's text); the openai agent asks for ``logprobs`` and
@@ -80,7 +81,10 @@ def with_agents_sdk(task, endpoint, plant: str) -> dict:
     async def seen(response):  # the finish_reason of each reply, as the server sent it
         if response.url.path.endswith("/chat/completions"):
             await response.aread()
-            reasons.append(response.json()["choices"][0]["finish_reason"])
+            chunks = [json.loads(line[len("data: "):]) for line in response.text.splitlines()
+                      if line.startswith("data: {")] or [response.json()]  # server-sent events, or one reply
+            reasons.extend(c["choices"][0]["finish_reason"] for c in chunks
+                           if c["choices"] and c["choices"][0]["finish_reason"])
 
     def instructions(context, agent) -> str:  # planted: a system prompt that changes at every call
         calls[0] += 1
@@ -94,7 +98,12 @@ def with_agents_sdk(task, endpoint, plant: str) -> dict:
             agent = agents.Agent(name="calculator", tools=[calculator],
                                  instructions=instructions if plant == "edit" else "Use the calculator.",
                                  model=api(model=endpoint.model, openai_client=client))
-            result = await agents.Runner.run(agent, task["messages"][-1]["content"], max_turns=6)
+            if plant == "stream":  # the streamed run: each reply as server-sent events
+                result = agents.Runner.run_streamed(agent, task["messages"][-1]["content"], max_turns=6)
+                async for _ in result.stream_events():
+                    pass
+            else:
+                result = await agents.Runner.run(agent, task["messages"][-1]["content"], max_turns=6)
             return str(result.final_output)
 
     return outcome(task, asyncio.run(main()), ran, reasons)
@@ -121,7 +130,12 @@ def with_langgraph(task, endpoint, plant: str) -> dict:
     with warnings.catch_warnings():  # moved to langchain.agents.create_agent (another package) in LangGraph 1.0
         warnings.simplefilter("ignore")
         agent = create_react_agent(llm, [calculator], prompt=prompt if plant == "edit" else None)
-    out = agent.invoke({"messages": task["messages"]}, {"recursion_limit": 12})
+    if plant == "stream":  # streamed token by token (the model's replies as server-sent events), state at the end
+        for mode, item in agent.stream({"messages": task["messages"]}, {"recursion_limit": 12},
+                                       stream_mode=["messages", "values"]):
+            out = item if mode == "values" else out
+    else:
+        out = agent.invoke({"messages": task["messages"]}, {"recursion_limit": 12})
     replies = [m for m in out["messages"] if m.type == "ai"]
     return outcome(task, replies[-1].content, ran, [m.response_metadata.get("finish_reason") for m in replies])
 

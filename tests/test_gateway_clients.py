@@ -236,7 +236,82 @@ def assert_client_parsed_the_calls(s, protocol: str) -> None:
 @pytest.mark.parametrize("client", CLIENTS)
 def test_a_clients_tool_episodes_train_on_the_sampled_tokens(pools, model, client, protocol):
     sessions, batch, policy = play(pools, model, client, protocol)
-    tok = pools(protocol).gateway.tok
+    assert_trained_as_sampled(sessions, batch, policy, pools(protocol).gateway.tok, client, protocol)
+
+
+@pytest.mark.parametrize("client", ["agents", "langgraph"])
+def test_a_streaming_clients_tool_episodes_train_on_the_sampled_tokens(pools, model, client):
+    """Runner.run_streamed and LangGraph's stream_mode="messages" ask for server-sent events (stream=true)."""
+    sessions, batch, policy = play(pools, model, client, "text", plant="stream")
+    assert_trained_as_sampled(sessions, batch, policy, pools("text").gateway.tok, client, "text")
+
+
+def serve_one(gw: Gateway, policy: Policy, fn):
+    """``fn(endpoint)`` run in a thread against a session of ``gw``, its calls answered by ``policy`` here (the
+    trainer's side); returns (what fn returned or raised, the session)."""
+    import threading
+
+    sid, endpoint = gw.open(30)
+    out = {}
+
+    def go():
+        try:
+            out["value"] = fn(endpoint)
+        except Exception as e:  # noqa: BLE001  shown to the test
+            out["value"] = e
+
+    thread = threading.Thread(target=go)
+    thread.start()
+    while thread.is_alive():
+        if pending := gw.take(0.05):
+            gw.answer(pending, policy)
+    return out["value"], gw.sessions[sid]
+
+
+def test_a_streamed_reply_is_chat_completions_chunks_and_a_bad_stream_field_is_refused(model, model_dir):
+    need("openai")
+    import json
+    import urllib.error
+    import urllib.request
+
+    from openai import OpenAI
+
+    tok = load_tokenizer(model_dir)
+    policy = Policy(model, tok, SCRIPTS["text"], ANSWERED["text"])
+    tools = [{"type": "function", "function": {"name": "calculator", "parameters": {
+        "type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}}}]
+
+    def streamed(endpoint):
+        client = OpenAI(base_url=endpoint.base_url, api_key=endpoint.api_key, max_retries=0)
+        return list(client.chat.completions.create(model=endpoint.model, tools=tools, stream=True,
+                                                   stream_options={"include_usage": True},
+                                                   messages=[{"role": "user", "content": PROMPTS[0]}]))
+
+    def bad(endpoint):
+        body = {"model": endpoint.model, "messages": [{"role": "user", "content": "hi"}], "stream": "yes"}
+        request = urllib.request.Request(endpoint.base_url + "/chat/completions", data=json.dumps(body).encode(),
+                                         headers={"Authorization": f"Bearer {endpoint.api_key}",
+                                                  "Content-Type": "application/json"})
+        try:
+            urllib.request.urlopen(request, timeout=10)
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())
+
+    with Gateway(tok, stop_ids=[tok.eos_token_id]) as gw:
+        chunks, session = serve_one(gw, policy, streamed)
+        assert session.error is None and session.requests == 1
+        first, last = chunks[0].choices[0], chunks[-1]
+        assert first.delta.role == "assistant" and first.delta.content == "Let me see. "
+        (call,) = first.delta.tool_calls
+        assert (call.index, call.function.name, call.function.arguments) == (0, "calculator", '{"expression": "6*7"}')
+        assert [c.choices[0].finish_reason for c in chunks if c.choices] == [None, "tool_calls"]
+        assert last.choices == [] and last.usage.completion_tokens == len(policy.given[0][1])
+        (status, body), session = serve_one(gw, policy, bad)
+        assert status == 400 and body["error"]["param"] == "stream" and "stream must be true or false" in session.error
+
+
+def assert_trained_as_sampled(sessions, batch, policy, tok, client: str, protocol: str) -> None:
+    """The client parsed every call, each episode is one chain, its rows are what the policy was given and wrote."""
     assert len(sessions) == len(batch) == 2 * len(PROMPTS)
     for i, s in enumerate(sessions):
         assert_client_parsed_the_calls(s, protocol)
