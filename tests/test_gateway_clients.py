@@ -239,11 +239,12 @@ def test_a_clients_tool_episodes_train_on_the_sampled_tokens(pools, model, clien
     assert_trained_as_sampled(sessions, batch, policy, pools(protocol).gateway.tok, client, protocol)
 
 
+@pytest.mark.parametrize("protocol", ["text", "json"])
 @pytest.mark.parametrize("client", ["agents", "langgraph"])
-def test_a_streaming_clients_tool_episodes_train_on_the_sampled_tokens(pools, model, client):
+def test_a_streaming_clients_tool_episodes_train_on_the_sampled_tokens(pools, model, client, protocol):
     """Runner.run_streamed and LangGraph's stream_mode="messages" ask for server-sent events (stream=true)."""
-    sessions, batch, policy = play(pools, model, client, "text", plant="stream")
-    assert_trained_as_sampled(sessions, batch, policy, pools("text").gateway.tok, client, "text")
+    sessions, batch, policy = play(pools, model, client, protocol, plant="stream")
+    assert_trained_as_sampled(sessions, batch, policy, pools(protocol).gateway.tok, client, protocol)
 
 
 def serve_one(gw: Gateway, policy: Policy, fn):
