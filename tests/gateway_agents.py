@@ -15,9 +15,20 @@ returns them too (``logprobs``: each reply's, token by token).
 """
 
 import asyncio
+import importlib
 import json
 import re
 import warnings
+
+# The clients are imported here, when a worker process imports this file, not in the functions: a worker runs its
+# episodes in threads, and first imports of these packages from several threads at once (CPython 3.11) sometimes
+# fail with "partially initialized module 'httpx' has no attribute 'Response'", costing the episode.
+for _name in ("openai", "httpx", "agents", "langchain_core.messages", "langchain_core.tools", "langchain_openai",
+              "langgraph.prebuilt"):
+    try:
+        importlib.import_module(_name)
+    except ImportError:  # that client's tests skip
+        pass
 
 CALCULATOR = {"type": "function", "function": {
     "name": "calculator", "description": "Exact integer arithmetic: + - * and parentheses.",

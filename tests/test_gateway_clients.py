@@ -455,3 +455,37 @@ def test_the_tiny_model_samples_through_the_openai_sdk_and_a_grpo_update_trains_
         with torch.no_grad():  # the module's other tests share the model
             for n, p in model.named_parameters():
                 p.copy_(before[n])
+
+
+def test_a_training_run_plays_every_clients_tool_episodes_through_the_gateway(tiny_overrides, tmp_path, monkeypatch):
+    """``rlft.train`` with ``env: {name: agent}`` and data rows naming the client: the RL stage's gateway and
+    workers, each client's three-call episodes (the scripted policy stands in for rlft's sampler), the gateway/*,
+    tool/* and env/* metrics of the step, and the held-out evaluation played through the gateway as well."""
+    import importlib.util
+
+    import rlft
+    from rlft.models.tiny import build_tokenizer
+    from rlft.rollout.hf import SAMPLERS
+
+    need("openai")
+    clients = [c for c in CLIENTS if all(importlib.util.find_spec(p.split(".")[0]) for p in PACKAGES[c])]
+    tok = build_tokenizer()
+
+    def scripted(model, prompts, *, group_size, max_new_tokens, **_):
+        return Policy(model, tok, SCRIPTS["text"], ANSWERED["text"])(prompts, group_size, max_new_tokens)
+
+    monkeypatch.setitem(SAMPLERS._items, "rlft", scripted)
+    rows = [{"prompt": PROMPTS[0], "answer": "43", "client": c} for c in clients]
+    result = rlft.train(overrides=tiny_overrides(
+        tmp_path, "env.name=agent", f"env.entry={ENTRY}", "env.workers=2", "sft.steps=0", "train.steps=1",
+        f"train.prompts_per_step={len(rows)}", "eval.before_rl=false", "reward.fns=[env_reward]", "reward.weights=[1]",
+        "eval.correct_fn=env_reward", "eval.format_fn=env_reward", "eval.ks=[1]", "rollout.max_new_tokens=40",
+        f"data.num_eval={len(rows)}", "data.answer_key=answer"), train_data=rows, eval_data=rows)
+    step = result.metrics[-1]
+    sessions = 2 * len(rows)
+    assert step["gateway/sessions"] == sessions and step["gateway/requests"] == 3 * sessions, step
+    assert step["gateway/errors"] == step["gateway/prefix_breaks"] == 0, step
+    assert step["tool/calculator/calls"] == 2 * sessions and step["env/turns/mean"] == 3
+    assert step["reward/mean"] == 1.0
+    held_out = result.eval["after_rl"]
+    assert held_out["exact_match"] == 1.0 and held_out["turns"] == 3 and held_out["tool_call_rate"] == 1.0
