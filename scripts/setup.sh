@@ -24,7 +24,7 @@ if [ "$gpu" = 1 ]; then
 else
   .venv/bin/python -m pip install -q torch==${TORCH}
 fi
-.venv/bin/python -m pip install -q -e ".[dev,lang,lora,deepspeed,docs,tensorboard,wandb,mlflow,trackio,serve,verifiers,openenv]"
+.venv/bin/python -m pip install -q -e ".[dev,lang,lora,deepspeed,docs,tensorboard,wandb,mlflow,trackio,serve,verifiers,openenv,agents]"
 if [ "$gpu" = 1 ]; then
   .venv/bin/python -c "import torch; print(f'torch {torch.__version__}, CUDA {torch.version.cuda}, GPU: ' + (torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'none visible (check nvidia-smi)'))"
 fi

@@ -30,7 +30,7 @@ def test_no_argument_installs_the_cpu_torch_as_before(tmp_path):
     done, calls = _setup(tmp_path)
     assert done.returncode == 0, done.stderr
     assert calls == ["-m pip install -q --upgrade pip", "-m pip install -q torch==2.13.0",
-                     '-m pip install -q -e .[dev,lang,lora,deepspeed,docs,tensorboard,wandb,mlflow,trackio,serve,verifiers,openenv]']
+                     '-m pip install -q -e .[dev,lang,lora,deepspeed,docs,tensorboard,wandb,mlflow,trackio,serve,verifiers,openenv,agents]']
 
 
 @pytest.mark.parametrize("cuda", ["", "cu126"])
@@ -39,7 +39,7 @@ def test_gpu_installs_the_cuda_build_of_the_same_torch(tmp_path, cuda):
     assert done.returncode == 0, done.stderr
     build = cuda or "cu128"
     assert calls[1] == f"-m pip install -q torch==2.13.0+{build} --extra-index-url https://download.pytorch.org/whl/{build}"
-    assert calls[2] == "-m pip install -q -e .[dev,lang,lora,deepspeed,docs,tensorboard,wandb,mlflow,trackio,serve,verifiers,openenv]"
+    assert calls[2] == "-m pip install -q -e .[dev,lang,lora,deepspeed,docs,tensorboard,wandb,mlflow,trackio,serve,verifiers,openenv,agents]"
     assert calls[3].startswith("-c import torch")
 
 

@@ -18,10 +18,12 @@ What a request asks of sampling is honoured where it is the client's to decide (
 ``tool_choice``, ``logprobs``, and ``max_tokens`` up to the run's per-turn budget, ``max_new_tokens``);
 ``temperature``, ``top_p`` and ``seed`` are the run's (the loss's log-probs are at the run's temperature); ``n``
 above 1 is refused (a prompt's G episodes are rlft's group).
+``stream: true`` is answered as server-sent events: the whole turn in one chunk, as it is sampled at once.
 """
 
 import asyncio  # no `from __future__ import annotations`: FastAPI reads the routes' annotations (Request) at runtime
 import hmac
+import json
 import math
 import queue
 import secrets
@@ -151,7 +153,9 @@ class Gateway:
             try:
                 if not session.live:
                     raise RequestError("this episode is over (ended, lost, or past its deadline)", status=410)
-                params = parse(body_json(await body(request, session), self.limits), self.limits, self.name)
+                req = body_json(await body(request, session), self.limits)
+                stream = _streamed(req)  # taken out of the request: the rest is checked as any other
+                params = parse(req, self.limits, self.name)
                 if params.n != 1:
                     raise RequestError("n must be 1 while training: a prompt's episodes are rlft's group", "n")
             except RequestError as e:
@@ -165,7 +169,9 @@ class Gateway:
             except asyncio.TimeoutError:
                 session.fail("the episode's deadline passed while its call waited")
                 return _error(RequestError("the episode's deadline passed", status=504))
-            return _error(answer) if isinstance(answer, RequestError) else answer
+            if isinstance(answer, RequestError):
+                return _error(answer)
+            return _events(answer, stream["include_usage"]) if stream else answer
 
         @app.post("/s/{sid}/end")
         async def end(sid: str, request: Request):
@@ -179,6 +185,17 @@ class Gateway:
                 return _error(e)
             _ended(session, result)
             return {"ok": True}
+
+        @app.api_route("/s/{sid}/v1/{path:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
+        async def unserved(sid: str, path: str, request: Request):
+            # e.g. the Responses API, the OpenAI Agents SDK's default: say what is served, not a bare 404
+            if (no := refused(request, sid)) is not None:
+                return no
+            e = RequestError(f"/v1/{path[:60]} is not served: the gateway speaks Chat Completions (POST "
+                             "/v1/chat/completions, GET /v1/models); with the OpenAI Agents SDK use "
+                             "OpenAIChatCompletionsModel", status=404, code="not_found")
+            self.sessions[sid].fail(f"request refused ({e.status}): {e}")
+            return _error(e)
 
         return app
 
@@ -326,6 +343,43 @@ def _shared(contexts: list[list[int]]) -> int:
         if n % g == 0 and all(contexts[i] == contexts[i - i % g] for i in range(n)):
             return g
     return 1
+
+
+def _streamed(req: Any) -> dict | None:
+    """A request's ``stream`` and ``stream_options``, taken out of it: None (a plain reply) or ``{"include_usage"}``
+    (server-sent events, which streaming clients ask for: the Agents SDK's ``Runner.run_streamed``, LangGraph's
+    ``stream_mode="messages"``)."""
+    if not isinstance(req, dict):
+        return None
+    stream, options = req.pop("stream", None), req.pop("stream_options", None)
+    if stream not in (None, True, False):
+        raise RequestError(f"stream must be true or false, got {stream!r}", "stream")
+    if options is not None and (not stream or not isinstance(options, dict) or
+                                options.get("include_usage") not in (None, True, False)):
+        raise RequestError("stream_options must be {include_usage: true or false}, with stream=true",
+                           "stream_options")
+    return {"include_usage": bool((options or {}).get("include_usage"))} if stream else None
+
+
+def _events(answer: dict, include_usage: bool):
+    """A reply as Chat Completions' stream: the whole message in one chunk (a turn is sampled at once, so there is
+    nothing to send earlier), then its ``finish_reason``, its usage when asked, and ``[DONE]``."""
+    from fastapi.responses import StreamingResponse
+
+    choice = answer["choices"][0]
+    delta = dict(choice["message"])
+    if "tool_calls" in delta:
+        delta["tool_calls"] = [{"index": k, **c} for k, c in enumerate(delta["tool_calls"])]
+    head = {"id": answer["id"], "object": "chat.completion.chunk", "created": answer["created"],
+            "model": answer["model"], **({"usage": None} if include_usage else {})}
+    chunks = [{**head, "choices": [{"index": 0, "delta": delta, "logprobs": choice["logprobs"],
+                                    "finish_reason": None}]},
+              {**head, "choices": [{"index": 0, "delta": {}, "logprobs": None,
+                                    "finish_reason": choice["finish_reason"]}]}]
+    if include_usage:
+        chunks.append({**head, "choices": [], "usage": answer["usage"]})
+    lines = [f"data: {json.dumps(c)}\n\n" for c in chunks] + ["data: [DONE]\n\n"]
+    return StreamingResponse(iter(lines), media_type="text/event-stream")
 
 
 def _ended(session: Session, result: Any) -> None:
