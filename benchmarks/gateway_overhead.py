@@ -28,8 +28,8 @@ Rounds alternate the two sides; printed are medians over the rounds (the first g
   ``Conversation.text``; tokenising in ``Session.context``; cutting and answering); and the last gateway
   rollout's sampler calls replayed alone after the rounds (the same calls in the same batches, no agents or HTTP
   beside them): what sharing the machine with the agents costs the sampler;
-- with ``--shared-client``, the agent's ``OpenAI`` clients are built on one ``httpx.Client`` per worker process
-  (``http_client=``), not each on its own (the example's way, as most agents are written);
+- with ``--client-per-episode``, each episode's ``OpenAI`` client builds its own HTTP client (as many agents are
+  written), not over the one ``httpx.Client`` per worker process the example shares (``http_client=``);
 - one model call as the agent sees it: client to the gateway's handler (the SDK, HTTP, uvicorn), the handler
   (reading and checking the body), queued (in the batching window, then behind the trainer's other work),
   answered (the batch's rendering and sampling), and back to the agent (JSON, HTTP, the SDK's parsing);
@@ -57,7 +57,7 @@ AGENT = REPO / "examples" / "calculator_agent.py"
 _LOCAL = threading.local()
 _PATCHED: dict = {}
 _PATCHING = threading.Lock()
-SHARED_CLIENT = "RLFT_BENCH_SHARED_CLIENT"  # the worker processes' environment says --shared-client
+PER_EPISODE = "RLFT_BENCH_CLIENT_PER_EPISODE"  # the worker processes' environment says --client-per-episode
 
 
 # -- the agent, timed (runs in the gateway's worker processes: keep this module's imports light) ---------------------
@@ -90,11 +90,11 @@ def _patch() -> None:
     spec = importlib.util.spec_from_file_location("calculator_agent", AGENT)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    if os.environ.get(SHARED_CLIENT) == "1":  # --shared-client: every episode's client on one HTTP client
+    if os.environ.get(PER_EPISODE) == "1":  # --client-per-episode: every episode's client on an HTTP client of its own
         import httpx
 
-        shared, build = httpx.Client(timeout=600), module.OpenAI
-        module.OpenAI = lambda *args, **kwargs: build(*args, http_client=shared, **kwargs)
+        build = module.OpenAI
+        module.OpenAI = lambda *args, **kwargs: build(*args, **{**kwargs, "http_client": httpx.Client(timeout=600)})
     create = Completions.create
 
     @functools.wraps(create)
@@ -294,13 +294,13 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=0, help="default 5 (quick: 2)")
     ap.add_argument("--workers", type=int, default=2, help="the agent's worker processes (env.workers)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads of the trainer")
-    ap.add_argument("--shared-client", action="store_true",
-                    help="the agent's OpenAI clients share one HTTP client per worker process (the example builds "
-                         "one per episode)")
+    ap.add_argument("--client-per-episode", action="store_true",
+                    help="each episode's OpenAI client builds its own HTTP client (the example shares one per worker "
+                         "process)")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json", default="", help="write the raw numbers here")
     args = ap.parse_args()
-    os.environ[SHARED_CLIENT] = "1" if args.shared_client else "0"  # read by the worker processes
+    os.environ[PER_EPISODE] = "1" if args.client_per_episode else "0"  # read by the worker processes
     P = args.prompts or (4 if args.quick else 8)
     G = args.group or (4 if args.quick else 8)
     rounds = args.rounds or (2 if args.quick else 5)

@@ -15,7 +15,11 @@ import json
 import operator
 import re
 
+import httpx
 from openai import OpenAI
+
+HTTP = httpx.Client(timeout=600)  # one connection pool for every episode this process plays (a client built from
+# scratch costs ~50 ms of setup; each episode has its own base_url, so its own OpenAI client, over this pool)
 
 CALCULATOR = {"type": "function", "function": {
     "name": "calculator", "description": "Exact integer arithmetic: + - * and parentheses.",
@@ -44,7 +48,7 @@ def calculate(expression: str) -> str:
 
 def run(task, endpoint, max_turns: int = 3):
     """One episode: ask, answer the calculator calls, score the final ``#### N`` against the task's answer."""
-    client = OpenAI(base_url=endpoint.base_url, api_key=endpoint.api_key, max_retries=0)
+    client = OpenAI(base_url=endpoint.base_url, api_key=endpoint.api_key, max_retries=0, http_client=HTTP)
     messages = list(task["messages"])
     for _ in range(max_turns):
         reply = client.chat.completions.create(model=endpoint.model, messages=messages, tools=[CALCULATOR],
