@@ -127,14 +127,7 @@ class Clock:
         self.n[key] = self.n.get(key, 0) + n
 
     def timed(self, key: str, fn):
-        @functools.wraps(fn)
-        def wrapper(*args, **kwargs):
-            t0 = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                self.add(key, time.perf_counter() - t0)
-        return wrapper
+        return _timed_by(lambda: self, key, fn)
 
 
 class TimedSampler:

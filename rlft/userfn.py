@@ -115,13 +115,8 @@ def resolve(target: str, spec: str, *, classes: bool = False) -> Callable:
         return _given(target, spec)
     with _LOCK:
         if (target, classes) not in _RESOLVED:
-            where, _, attr = target.rpartition(":")
-            check_module(target, spec)
-            obj = _import(where, spec)
-            for part in attr.split("."):
-                if not hasattr(obj, part):
-                    raise ValueError(f"fn: {spec!r}: no attribute {attr!r} in {where}")
-                obj = getattr(obj, part)
+            attr = target.rpartition(":")[2]
+            obj = attribute(target, spec)
             if not callable(obj):
                 raise ValueError(f"fn: {spec!r}: {attr!r} is a {type(obj).__name__}, not a function")
             check_plain(obj, attr, spec, classes=classes)

@@ -461,13 +461,18 @@ def update_grads(model, tok, batch, cfg):
 
 def test_environment_tokens_get_exactly_zero_gradient_and_change_no_metric(sampled_trajectories, model, tok,
                                                                           tiny_overrides, tmp_path):
-    import copy
-
     batch, _, _, _ = sampled_trajectories
     cfg = load_config(None, tiny_overrides(tmp_path, "algo.kl_coef=0.1", "algo.epochs=2", "algo.entropy_coef=0.01",
                                            "rollout.temperature=0.8", "optim.grad_clip=0"))
-    g = torch.Generator().manual_seed(0)
-    batch.scores = torch.rand(len(batch), generator=g)
+    assert_env_tokens_train_nothing(model, tok, batch, cfg)
+
+
+def assert_env_tokens_train_nothing(model, tok, batch, cfg) -> None:
+    """On ``batch`` (random scores, its advantages computed): whatever lies at the environment's tokens changes no
+    gradient and no metric of an update, and the same batch with them unmasked (planted) does: the check can fail."""
+    import copy
+
+    batch.scores = torch.rand(len(batch), generator=torch.Generator().manual_seed(0))
     state = make_state(model, tok)
     state.ref = model
     rl.fill_logprobs(state, batch, cfg)
