@@ -4,6 +4,7 @@ token for token or break into chains, and agents that fail in every way costing 
 from __future__ import annotations
 
 import json
+import math
 import socket
 import textwrap
 import time
@@ -349,3 +350,23 @@ def test_an_agent_function_from_python_is_named_by_its_import_path():
     assert _items({"env.entry": outcome, "env.name": "agent"})[0]["env.entry"] == "rlft.envs.agent:outcome"
     with pytest.raises(ConfigError, match=r"env.entry: '.*<lambda>' runs in the agent's worker processes"):
         _items({"env.entry": lambda task, endpoint: 1.0})
+
+
+@pytest.mark.parametrize("preset", ["grpo", "ppo"])
+def test_the_gateway_demo_trains_at_tiny_size_with_and_without_a_critic(preset, tmp_path, tiny_size_overrides,
+                                                                      recipes_dir):
+    """recipes/gateway_demo.yaml as it ships (examples/calculator_agent.py, the openai SDK through the gateway), at
+    tiny size: every step's episodes are played and trained on, by a preset without a critic and one with."""
+    pytest.importorskip("openai")
+    from rlft.stages.pipeline import run_pipeline
+    from test_pipeline import quiet, read_jsonl
+
+    cfg = load_config(recipes_dir / "gateway_demo.yaml", tiny_size_overrides(
+        tmp_path, f"algo={preset}", "critic.lr=1e-3", "data.synth_train_size=20", "rollout.max_new_tokens=8",
+        "train.steps=2", "eval.ks=[1]", "eval.before_rl=false", "data.num_eval=2"))
+    run_dir = run_pipeline(cfg, echo=quiet).run_dir
+    records = [r for r in read_jsonl(run_dir / "metrics.jsonl") if "gateway/sessions" in r]
+    assert len(records) == 2 and all(r["gateway/errors"] == 0 and r["gateway/sessions"] == 4 for r in records)
+    assert all(r["gateway/requests"] >= 4 and math.isfinite(r["actor/pg_loss"]) for r in records)
+    if preset == "ppo":
+        assert all(math.isfinite(r["critic/vf_loss"]) for r in records)

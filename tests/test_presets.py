@@ -296,6 +296,7 @@ TASK_RECIPES = ["grpo_math.yaml", "grpo_mbpp.yaml",  # tests/test_task_recipes.p
                 "rft_demo.yaml",  # tests/test_rft.py
                 "process_demo.yaml",  # tests/test_process_supervision.py
                 "tool_demo.yaml",  # tests/test_multiturn.py
+                "gateway_demo.yaml",  # tests/test_gateway.py
                 "game_demo.yaml",  # tests/test_game_demo.py
                 "multiagent_demo.yaml",  # tests/test_multiagent.py
                 "judge_demo.yaml", "rlaif_dpo_demo.yaml", "rlaif_demo.yaml",  # tests/test_label.py
