@@ -370,3 +370,20 @@ def test_the_gateway_demo_trains_at_tiny_size_with_and_without_a_critic(preset, 
     assert all(r["gateway/requests"] >= 4 and math.isfinite(r["actor/pg_loss"]) for r in records)
     if preset == "ppo":
         assert all(math.isfinite(r["critic/vf_loss"]) for r in records)
+
+
+def test_an_agent_that_fails_every_episode_stops_the_run_instead_of_training_on_nothing(tmp_path,
+                                                                                      tiny_size_overrides,
+                                                                                      recipes_dir):
+    from rlft.errors import TrainingHalted
+    from rlft.stages.pipeline import run_pipeline
+    from test_pipeline import quiet
+
+    broken = tmp_path / "broken_agent.py"
+    broken.write_text("def run(task, endpoint):\n    raise KeyError('the agent reads a field the rows lack')\n")
+    cfg = load_config(recipes_dir / "gateway_demo.yaml", tiny_size_overrides(
+        tmp_path / "runs", f"env.entry={broken}:run", "sft.steps=0", "train.steps=6", "health.reward_fail_steps=2",
+        "eval.before_rl=false", "data.num_eval=2", "data.synth_train_size=20"))
+    with pytest.raises(TrainingHalted, match=r"the environment \(env.name=agent\) failed on at least 90% of the "
+                                             r"samples of RL steps 1-2 .*KeyError: 'the agent reads a field"):
+        run_pipeline(cfg, echo=quiet)

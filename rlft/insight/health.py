@@ -9,7 +9,9 @@ step. A rule whose metrics a run does not log (no KL term, no validation) never
 fires.
 
 The monitor also counts, per reward, the RL steps in a row where it failed on at least :data:`FAIL_FRAC` of the
-samples (``reward/<fn>/failed_frac``); the RL loop stops the run after ``health.reward_fail_steps`` of them
+samples (``reward/<fn>/failed_frac``), and so for the environment's lost trajectories (``env/failed_frac``: an
+environment or an agent that raises, hangs or is refused on nearly every episode trains on nothing, as a failing
+reward does; its name is :data:`ENV`); the RL loop stops the run after ``health.reward_fail_steps`` of them
 (:meth:`HealthMonitor.failing_reward`). While rewards fail on most samples, the rules that read the rewards'
 spread (``no_learning_signal``, ``reward_std``) stay quiet: the rewards are missing, not equal, and
 ``reward_failures`` says so instead.
@@ -34,6 +36,7 @@ class Rule:
 RULES: Registry[Rule] = Registry("health rule")
 
 FAIL_FRAC = 0.9
+ENV = "env"  # the name :meth:`HealthMonitor.failing_reward` gives the environment (or agent) that lost its episodes
 """A step counts toward ``health.reward_fail_steps`` when a reward failed on at least this share of its samples."""
 
 
@@ -190,8 +193,8 @@ class HealthMonitor:
 
     def _count_failures(self, step: int, metrics: dict[str, float], errors: dict[str, str]) -> None:
         for key, v in metrics.items():
-            if key.startswith("reward/") and key.endswith("/failed_frac"):
-                name = key[len("reward/"):-len("/failed_frac")]
+            if key == "env/failed_frac" or (key.startswith("reward/") and key.endswith("/failed_frac")):
+                name = ENV if key == "env/failed_frac" else key[len("reward/"):-len("/failed_frac")]
                 if v >= FAIL_FRAC:
                     run = self.failing.setdefault(name, [0, step, ""])
                     run[0] += 1

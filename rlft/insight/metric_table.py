@@ -182,6 +182,9 @@ GROUPS: tuple[tuple[str, str, tuple[tuple[str, str], ...]], ...] = (
         ('env/turns/mean', 'Policy turns per trajectory.'),
         ('env/errors', 'Trajectories of the step ended by an environment failure (raised, past `env.deadline_s`, or '
                        'an invalid answer); they are unscored.'),
+        ('env/failed_frac', 'Share of trajectories of the step lost to the environment (or agent); at least 90% of '
+                            'them for `health.reward_fail_steps` steps in a row stops the run, as a failing reward '
+                            'does.'),
         ('env/truncated', 'Share of trajectories cut by a limit (`env.max_turns`, `env.max_tokens`) before the '
                           "environment's verdict."),
         ('env/success', 'Among trajectories the environment scored: share whose reward reaches 1.'),

@@ -26,6 +26,7 @@ def episode_metrics(episodes: Sequence[Mapping[str, Any]]) -> dict[str, float]:
         calls.update(e["tools"])
     out = {"env/turns/mean": sum(e["turns"] for e in episodes) / n,
            "env/errors": float(sum(e["error"] is not None for e in episodes)),
+           "env/failed_frac": sum(e["error"] is not None for e in episodes) / n,  # what health stops a run on
            "env/truncated": sum(bool(e["truncated"]) for e in episodes) / n,
            "tool/calls/mean": (sum(calls.values()) + sum(e["malformed_calls"] for e in episodes)) / n,
            "tool/errors": float(sum(e["tool_errors"] for e in episodes)),

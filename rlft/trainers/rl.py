@@ -24,6 +24,7 @@ from rlft.core.ops import masked_mean, masked_sum
 from rlft.core.shaping import informative_groups, overlong_filter, soft_overlong_penalty
 from rlft.core.value import explained_variance
 from rlft.data.schema import Example
+from rlft.insight.health import ENV
 from rlft.parallel.launch import strategy
 from rlft.models.forward import autocast
 from rlft.rewards import score_batch
@@ -235,6 +236,9 @@ def collect(state: RLState, cfg: Config, t: dict[str, float],
                         "dynamic_sampling/groups_kept": float(n_kept)})
     batch = cat_batches(kept) if kept else drawn[-1][0]
     state.reward_errors = first_errors([s for _, s in drawn])
+    lost = next((e["error"] for b, _ in drawn for e in b.episodes if e["error"] is not None), None)
+    if lost is not None:  # the environment's first failure, for the stop on lost trajectories (health.ENV)
+        state.reward_errors[ENV] = lost
     state.reward_parts = ({k: [v for p in kept_parts for v in p[k]] for k in kept_parts[0]} if kept
                           else drawn[-1][1].per_fn)
     return batch, metrics

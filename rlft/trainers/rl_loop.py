@@ -11,6 +11,7 @@ from pathlib import Path
 from rlft.config import Config, ConfigError
 from rlft.errors import TrainingHalted
 from rlft.insight.eval import HeldOut, evaluate_sets, val_metrics
+from rlft.insight.health import ENV
 from rlft.parallel.dist import current
 from rlft.parallel.launch import strategy
 from rlft.runs import checkpoint, stop
@@ -175,17 +176,18 @@ def halt_on_skips(state: RLState, cfg: Config, run_dir: Path) -> None:
 
 
 def halt_on_rewards(state: RLState, cfg: Config, run_dir: Path) -> None:
-    """Stop, after writing a checkpoint, once a reward has failed on at least 90% of the samples of
-    ``health.reward_fail_steps`` RL steps in a row (``HealthMonitor.failing_reward``)."""
+    """Stop, after writing a checkpoint, once a reward (or the environment, losing its trajectories) has failed on
+    at least 90% of the samples of ``health.reward_fail_steps`` RL steps in a row (``HealthMonitor.failing_reward``)."""
     found = state.health.failing_reward()
     if found is None:
         return
     name, first, n, error = found
+    what = f"the environment (env.name={cfg.env.name})" if name == ENV else f"reward {name!r}"
     save_checkpoint(state, cfg, run_dir)
     raise TrainingHalted(
-        f"reward {name!r} failed on at least 90% of the samples of RL steps {first}-{state.step} ({n} in a row, "
+        f"{what} failed on at least 90% of the samples of RL steps {first}-{state.step} ({n} in a row, "
         f"health.reward_fail_steps={cfg.health.reward_fail_steps}); first error: {error or 'not recorded'}. "
-        f"Checkpoint {checkpoint.latest(run_dir)} written: fix the reward, then train.resume=true continues from it")
+        f"Checkpoint {checkpoint.latest(run_dir)} written: fix it, then train.resume=true continues from it")
 
 
 def progress_bar(total: int, desc: str, cfg: Config, initial: int = 0):
