@@ -387,3 +387,31 @@ def test_an_agent_that_fails_every_episode_stops_the_run_instead_of_training_on_
     with pytest.raises(TrainingHalted, match=r"the environment \(env.name=agent\) failed on at least 90% of the "
                                              r"samples of RL steps 1-2 .*KeyError: 'the agent reads a field"):
         run_pipeline(cfg, echo=quiet)
+
+
+def test_a_stop_signal_abandons_a_rollout_of_hung_agents_at_once(model, tok, agent_file, tmp_path):  # noqa: F811
+    import os
+    import signal
+    import threading
+
+    from rlft.runs import stop
+
+    pytest.importorskip("openai")
+    cfg = _cfg(tmp_path, f"{agent_file}:by_row", timeout_s=120.0)
+    examples = [Example(prompt=[{"role": "user", "content": "hi"}], ground_truth="hangs")]
+    agents = Agents(tok, cfg, 512)
+    port = agents.gateway.port
+    from rlft.rollout import agent as agent_mod
+
+    agent_mod._ACTIVE.append(agents)
+    try:
+        with stop.handling():
+            threading.Timer(3.0, os.kill, (os.getpid(), signal.SIGTERM)).start()
+            started = time.monotonic()
+            with pytest.raises(stop.Stopping, match="SIGTERM during the agents' episodes"):
+                rollout_agent(model, tok, examples, cfg, group_size=2)
+            assert time.monotonic() - started < 30  # not the episodes' 120 s
+    finally:
+        agent_mod._ACTIVE.remove(agents)
+        agents.close()
+    assert not _listening(port)

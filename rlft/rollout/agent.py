@@ -39,6 +39,7 @@ from rlft.gateway.session import Chain, Session
 from rlft.rollout.batch import Batch
 from rlft.rollout.hf import turn_sampler
 from rlft.rollout.trajectory import Trajectory, model_positions, trajectories_batch
+from rlft.runs.stop import check as check_stop
 
 _ACTIVE: list["Agents"] = []  # the run's gateway and workers, while the RL stage runs
 
@@ -77,6 +78,7 @@ class Agents:
                    for share in shares]
         try:
             while any(s.live for s in sessions):
+                check_stop("the agents' episodes")  # a stop signal: the rollout is abandoned, its workers stopped
                 pending = gw.take(0.05)
                 if pending:
                     gw.answer(pending, sample)
@@ -108,7 +110,7 @@ def _drain(gw: Gateway) -> list:
 @contextlib.contextmanager
 def agents_for(cfg: Config, model, tokenizer) -> Iterator[None]:
     """The run's gateway and workers for the duration of the block, when the environment is a black box."""
-    if not _black_box(cfg):
+    if not is_black_box(cfg):
         yield
         return
     agents = Agents(tokenizer, cfg, model_positions(model))
@@ -120,14 +122,10 @@ def agents_for(cfg: Config, model, tokenizer) -> Iterator[None]:
         agents.close()
 
 
-def _black_box(cfg: Config) -> bool:
+def is_black_box(cfg: Config) -> bool:
+    """Whether ``cfg.env`` is played by an agent through the gateway (``env.name``: agent, verifiers)."""
     e = cfg.env
     return e.multi_turn and getattr(factory(e.name, e.fn), "black_box", False)
-
-
-def is_black_box(cfg: Config) -> bool:
-    """Whether ``cfg.env`` is played by an agent through the gateway (``env.name: agent``)."""
-    return _black_box(cfg)
 
 
 @torch.no_grad()
