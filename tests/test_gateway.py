@@ -162,6 +162,10 @@ AGENTS = textwrap.dedent('''
             ask(task, endpoint, key="not-the-key")
         if kind == "silent":
             return 1.0
+        if kind == "too_many":  # calls past env.max_turns=2: the third is refused, and the agent raises on it
+            for _ in range(5):
+                ask(task, endpoint)
+            return 1.0
         if kind == "not_a_number":
             ask(task, endpoint)
             return "yes"
@@ -191,7 +195,7 @@ def _listening(port: int) -> bool:
 
 def test_every_way_an_agent_fails_costs_its_episode_only(model, tok, agent_file, tmp_path):  # noqa: F811
     pytest.importorskip("openai")
-    kinds = ["ok", "raises", "hangs", "huge", "wrong_key", "silent", "not_a_number", "ok"]
+    kinds = ["ok", "raises", "hangs", "huge", "wrong_key", "silent", "not_a_number", "too_many", "ok"]
     cfg = _cfg(tmp_path, f"{agent_file}:by_row", timeout_s=8.0)
     examples = [Example(prompt=[{"role": "user", "content": "hi"}], ground_truth=k) for k in kinds]
     agents = Agents(tok, cfg, 512)
@@ -211,15 +215,18 @@ def test_every_way_an_agent_fails_costs_its_episode_only(model, tok, agent_file,
         agents.close()
     assert not _listening(port)  # the run is over: no listening port is left
     errors = {k: t.error for k, t in zip(kinds, trajs)}
-    assert errors["ok"] is None and [t.reward for t in trajs if t.error is None] == [1.0, 1.0]
+    assert errors["ok"] is None and [t.reward for k, t in zip(kinds, trajs) if k == "ok"] == [1.0, 1.0]
     assert "RuntimeError: the agent broke" in errors["raises"]
     assert "timeout_s=8.0" in errors["hangs"] and took < 8.0 + 15  # the hung episode's deadline, not more
     assert "413" in errors["huge"] and "over the limit" in errors["huge"]
     assert "API key" in errors["wrong_key"]
     assert errors["silent"] == "the agent never called the model"
     assert "expected a number" in errors["not_a_number"]
+    # past max_turns: not lost but cut there (truncated, no verdict: env_reward scores it 0 as any cut trajectory)
+    too_many = trajs[kinds.index("too_many")]
+    assert errors["too_many"] is None and too_many.truncated and too_many.reward is None and too_many.turns == 2
     m = episode_metrics(batch.episodes)
-    assert m["gateway/errors"] == 6.0 and m["gateway/sessions"] == 8.0 and m["env/errors"] == 6.0
+    assert m["gateway/errors"] == 6.0 and m["gateway/sessions"] == 9.0 and m["env/errors"] == 6.0
     assert m["gateway/requests"] >= 2  # the two good episodes' calls, answered
     lost = torch.tensor([t.error is not None for t in trajs])
     assert batch.response_mask[lost & torch.tensor([k == "silent" for k in kinds])].sum() == 0

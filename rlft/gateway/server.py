@@ -10,9 +10,10 @@ the rollout sampler, the requests of identical contexts sharing their prefill, a
 Routes: ``POST /s/SESSION/v1/chat/completions``, ``GET /s/SESSION/v1/models``, and ``POST /s/SESSION/end`` (the
 episode's outcome, posted by the worker that ran the agent: ``{"reward", "info"}`` or ``{"error"}``).
 
-A request that is refused (a wrong key, a body over the bound, a malformed request, a call past the episode's
-turns or tokens, a session past its deadline) is answered with OpenAI's error JSON and costs its episode
-(``Session.error``), counted in ``gateway/errors``; the other episodes go on.
+A request that is refused (a wrong key, a body over the bound, a malformed request, a session past its deadline)
+is answered with OpenAI's error JSON and costs its episode (``Session.error``), counted in ``gateway/errors``; the
+other episodes go on. A call past the episode's turns (``max_turns``) or tokens is refused too, and the episode ends
+there truncated (``Session.truncated``), as a trajectory cut by a limit does, whatever its agent then does.
 
 What a request asks of sampling is honoured where it is the client's to decide (``stop``, ``tools``,
 ``tool_choice``, ``logprobs``, and ``max_tokens`` up to the run's per-turn budget, ``max_new_tokens``);
@@ -248,7 +249,8 @@ class Gateway:
             try:
                 chain, budget = self._context(p)
             except RequestError as e:
-                p.session.fail(f"request refused ({e.status}): {e}")
+                if not p.session.truncated:  # a call past a limit ends its episode truncated, not lost
+                    p.session.fail(f"request refused ({e.status}): {e}")
                 _reply(p, e)
                 continue
             ready.append((p, chain, budget))
@@ -387,6 +389,8 @@ def _ended(session: Session, result: Any) -> None:
     if session.ended:
         return
     session.ended = True
+    if session.truncated and isinstance(result, dict) and result.get("error") is not None:
+        return  # the agent failed on the refusal of a call past a limit: the episode is truncated, as cut there
     if not isinstance(result, dict):
         session.fail("the agent's outcome was not a JSON object")
     elif result.get("error") is not None:
