@@ -168,6 +168,10 @@ class RolloutConfig:
     top_p: float = 1.0
     top_k: int = 0
     """0 disables top-k."""
+    min_p: float = 0.0
+    """Min-p sampling: tokens whose probability is below min_p times the most likely token's are dropped before the draw (after temperature, top-k and top-p); 0 disables it."""
+    replay_support: bool = True
+    """When sampling truncates (rollout.top_p < 1, top_k > 0 or min_p > 0): the sampler records, per sampled token, the set of tokens it could have drawn (its kept set), and the trainer renormalises the policy's, the old and the reference log-probs and the entropy over that set, so that the ratio, the KL and the entropy terms refer to the distribution that sampled; false: over the whole vocabulary (the importance ratio is then biased by the kept set's probability mass). No effect without truncation."""
     sampler: Literal["rlft", "generate", "vllm"] = "rlft"
     """rlft: rlft.rollout.decode (each prompt prefilled once per group, finished rows dropped; the same sampling distribution); generate: transformers' model.generate (also the fallback for a model the rlft sampler cannot drive); vllm (experimental, the vllm extra; one process, or several with recipes/accelerate/ddp.yaml, each with an engine of its own): a vLLM engine beside the policy, its weights pushed whenever the policy's change (rlft.rollout.vllm_engine)."""
     partial_tokens: int = 0
@@ -184,9 +188,20 @@ class RolloutConfig:
         _check(self.temperature > 0, "rollout.temperature", "must be > 0")
         _check(0 < self.top_p <= 1, "rollout.top_p", "must be in (0, 1]")
         _check(self.top_k >= 0, "rollout.top_k", "must be >= 0")
+        _check(0 <= self.min_p < 1, "rollout.min_p", "must be in [0, 1)")
         _check(self.partial_tokens >= 0, "rollout.partial_tokens", "must be >= 0 (0: off)")
         _check(0 < self.vllm_gpu_memory_utilization <= 1, "rollout.vllm_gpu_memory_utilization", "must be in (0, 1]")
         _check(self.vllm_max_model_len >= 0, "rollout.vllm_max_model_len", "must be >= 0 (0: the model's limit)")
+
+    @property
+    def truncates(self) -> bool:
+        """Sampling draws from a truncated, renormalised distribution (top-p, top-k or min-p)."""
+        return self.top_p < 1.0 or self.top_k > 0 or self.min_p > 0.0
+
+    @property
+    def replays(self) -> bool:
+        """The kept sets are recorded at sampling time and the trainer's log-probs renormalised over them."""
+        return self.truncates and self.replay_support
 
     @property
     def sampler_options(self) -> dict:

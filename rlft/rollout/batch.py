@@ -33,6 +33,8 @@ class Batch:
     adv: Tensor | None = None  # (B, T) per-token advantages
     old_logp: Tensor | None = None  # (B, T) behaviour-policy log-probs (only when several passes)
     rollout_logp: Tensor | None = None  # (B, T) log-probs the sampler computed while sampling (every backend), else None
+    rollout_kept: Tensor | None = None  # (B, T, K) long: each response token's kept set under truncated sampling
+    # (rlft.core.support), -1 padding; None when sampling did not truncate or rollout.replay_support is off
     ref_logp: Tensor | None = None  # (B, T) reference-model log-probs (only when a KL term needs them)
     teacher_logp: Tensor | None = None  # (B, T) the distill stage's teachers' log-prob (their weighted mean)
     values: Tensor | None = None  # (B, T) critic values at rollout time (only with a critic)
@@ -110,7 +112,7 @@ class Batch:
         out = {}
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
-            if isinstance(v, Tensor) and v.dim() == 2 and f.name not in ROW_TABLES:
+            if isinstance(v, Tensor) and v.dim() >= 2 and f.name not in ROW_TABLES:
                 v = v[:, full_tp - tp:] if f.name.startswith("prompt") else v[:, :t]
             out[f.name] = v
         return Batch(**out)
@@ -166,6 +168,10 @@ def cat_batches(batches: list[Batch]) -> Batch:
             out[f.name] = torch.cat(vals)
         elif f.name.startswith("prompt"):
             out[f.name] = torch.cat([torch.nn.functional.pad(v, (tp - v.shape[1], 0)) for v in vals])
+        elif vals[0].dim() == 3:  # a kept set per token (rollout_kept): -1 pads both the tokens and the sets
+            k = max(v.shape[2] for v in vals)
+            out[f.name] = torch.cat([torch.nn.functional.pad(v, (0, k - v.shape[2], 0, t - v.shape[1]), value=-1)
+                                     for v in vals])
         else:  # token columns; a role index pads with -1 (no role)
             fill = -1 if f.name == "roles" else 0
             out[f.name] = torch.cat([torch.nn.functional.pad(v, (0, t - v.shape[1]), value=fill) for v in vals])

@@ -71,7 +71,9 @@ class Sampled:
     response_ids: Tensor  # (B, T) right-padded with pad_id after the stop token
     response_mask: Tensor  # (B, T) 1 up to and including the stop token
     truncated: Tensor  # (B,) bool: no stop token within the budget
-    logprobs: Tensor | None = None  # (B, T) log-prob of each token under softmax(logits / temperature); 0 on padding
+    logprobs: Tensor | None = None  # (B, T) log-prob of each token under the distribution it was drawn from; 0 on padding
+    kept: Tensor | None = None  # (B, T, K) long: the ids of the tokens each response token could have been drawn
+    # from (its kept set under top-p, top-k or min-p), -1 padding; None when sampling did not truncate or keep them
 
 
 @lru_cache(maxsize=None)

@@ -168,11 +168,12 @@ def push_weights(engine: _Engine, model) -> bool:
 
 
 def sampling_params(*, group_size: int, max_new_tokens: int, stops: list[int], temperature: float, top_p: float,
-                    top_k: int, greedy: bool, seed: int):
+                    top_k: int, greedy: bool, seed: int, min_p: float = 0.0):
     from vllm import SamplingParams
 
     return SamplingParams(n=group_size, temperature=0.0 if greedy else temperature, top_p=1.0 if greedy else top_p,
-                          top_k=-1 if greedy or top_k == 0 else top_k, max_tokens=max_new_tokens,
+                          top_k=-1 if greedy or top_k == 0 else top_k, min_p=0.0 if greedy else min_p,
+                          max_tokens=max_new_tokens,
                           stop_token_ids=list(stops), ignore_eos=True, seed=seed, detokenize=False, logprobs=0)
 
 
