@@ -129,7 +129,8 @@ def with_advantages(batch: Batch, seed: int = 0) -> Batch:
 
 def naive_logprobs(model, batch: Batch, temperature: float = 1.0) -> list[tuple[torch.Tensor, torch.Tensor, float]]:
     """Per row: (log-probs, entropies, largest |logit|) of its valid response tokens from an unpadded
-    single-sequence forward."""
+    single-sequence forward; with ``batch.rollout_kept``, each token's distribution is renormalised over its kept
+    set, one token at a time."""
     out = []
     with torch.no_grad():
         for i in range(len(batch)):
@@ -138,9 +139,17 @@ def naive_logprobs(model, batch: Batch, temperature: float = 1.0) -> list[tuple[
             seq = torch.cat([prompt, resp])[None]
             logits = model(input_ids=seq).logits[0].float() / temperature  # (L, V)
             logits = logits[len(prompt) - 1: len(prompt) - 1 + len(resp)]  # position t predicts token t + 1
+            if batch.rollout_kept is not None:
+                for t in range(len(resp)):
+                    ids = [v for v in batch.rollout_kept[i, t].tolist() if v >= 0]
+                    if ids:  # -inf outside the kept set: the truncated distribution
+                        dropped = torch.ones(logits.shape[1], dtype=torch.bool)
+                        dropped[ids] = False
+                        logits[t, dropped] = float("-inf")
             logp_all = torch.log_softmax(logits, -1)
-            out.append((logp_all.gather(-1, resp[:, None])[:, 0], -(logp_all.exp() * logp_all).sum(-1),
-                        logits.abs().max().item() if len(resp) else 0.0))
+            p_log_p = torch.where(logp_all.exp() > 0, logp_all.exp() * logp_all, 0.0)
+            out.append((logp_all.gather(-1, resp[:, None])[:, 0], -p_log_p.sum(-1),
+                        logits[torch.isfinite(logits)].abs().max().item() if len(resp) else 0.0))
     return out
 
 

@@ -102,7 +102,7 @@ def scripted(sampler, rng: random.Random, prompts: list[list[int]], *, G: int = 
 
 def as_batch(contexts: list[list[int]], G: int, s: decode.Sampled) -> Batch:
     return Batch(prompt_ids=s.prompt_ids, prompt_mask=s.prompt_mask, response_ids=s.response_ids,
-                 response_mask=s.response_mask, truncated=s.truncated, group_size=G)
+                 response_mask=s.response_mask, truncated=s.truncated, group_size=G, rollout_kept=s.kept)
 
 
 @pytest.mark.parametrize("path", ["lean-step", "model-forward"])
@@ -111,7 +111,7 @@ def test_every_logprob_is_the_unpadded_forward_of_its_whole_context(policy, tok,
     m, stops = policy
     if path == "model-forward":
         monkeypatch.setattr(session.LeanDecoder, "build", classmethod(lambda cls, *a, **kw: None))
-    sampler = ContinuingSampler(m, pad_id=tok.pad_token_id, stops=stops, **warps)
+    sampler = ContinuingSampler(m, pad_id=tok.pad_token_id, stops=stops, replay=True, **warps)
     assert sampler.continues
     rng = random.Random(0)
     prompts = [tok(p, add_special_tokens=False)["input_ids"] for p in ("1+1=", "what is 12*3? ", "hi")]

@@ -29,6 +29,7 @@ from torch import Tensor
 
 from rlft.core.chunked import chunked_logprobs
 from rlft.core.ops import entropy_from_logits, logprobs_from_logits
+from rlft.core.support import PAD, kept_logprobs, kept_logprobs_from_states
 from rlft.models.lora import core_model
 
 #: Response tokens per chunk of the log-prob head (``train.logprob_chunk``; 0: the full logits).
@@ -301,7 +302,7 @@ def _shared_prefix_logits(model, prompt_ids: Tensor, prompt_mask: Tensor, respon
 def response_logprobs(model, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor, response_mask: Tensor,
                       *, temperature: float = 1.0, with_entropy: bool = False, entropy_grad: bool = False,
                       shared_prefix: bool = True, agree: Callable[[int], int] | None = None,
-                      chunk: int = LOGPROB_CHUNK, with_argmax: bool = False) -> tuple:
+                      chunk: int = LOGPROB_CHUNK, with_argmax: bool = False, kept: Tensor | None = None) -> tuple:
     """Log-probs (B, T) of ``response_ids`` under ``model``, and the token entropy (B, T) if asked.
 
     Logits are divided by the sampling temperature, so the log-probs are those of
@@ -312,24 +313,60 @@ def response_logprobs(model, prompt_ids: Tensor, prompt_mask: Tensor, response_i
     ``entropy_grad`` (an entropy bonus); otherwise it is a metric. With ``with_argmax``, a third element: whether
     each response token is the argmax of its logits (B, T) bool (``torch.argmax``'s first maximum; False under the
     mask on the chunked path), SFT's token accuracy.
+
+    ``kept`` (B, T, K) long, -1 padding: each response token's kept set under truncated sampling
+    (``rlft.core.support``); the log-prob and entropy of a token with one are over that set, renormalised, those of
+    a token without one over the whole vocabulary.
     """
+    if kept is not None and with_argmax:
+        raise ValueError("response_logprobs: with_argmax (SFT's accuracy) does not take kept sets")
     head = output_head(model) if chunk > 0 else None
     if head is not None:
         states = response_states(model, prompt_ids, prompt_mask, response_ids, response_mask,
                                  shared_prefix=shared_prefix, agree=agree)  # (B, T, H)
         keep = response_mask.to(states.device) != 0  # (B, T)
-        return _scattered(keep, chunked_logprobs(states[keep], head.weight, response_ids.to(states.device)[keep],
-                                                 bias=head.bias, temperature=temperature, chunk=chunk,
-                                                 with_entropy=with_entropy, entropy_grad=entropy_grad,
-                                                 with_argmax=with_argmax))  # (N,) each, then (B, T)
+        h, targets = states[keep], response_ids.to(states.device)[keep]  # (N, H), (N,)
+        if kept is None:
+            return _scattered(keep, chunked_logprobs(h, head.weight, targets, bias=head.bias, temperature=temperature,
+                                                     chunk=chunk, with_entropy=with_entropy, entropy_grad=entropy_grad,
+                                                     with_argmax=with_argmax))  # (N,) each, then (B, T)
+        return _scattered(keep, _kept_chunked(h, head, targets, kept.to(states.device)[keep], temperature=temperature,
+                                              chunk=chunk, with_entropy=with_entropy, entropy_grad=entropy_grad))
     logits = response_logits(model, prompt_ids, prompt_mask, response_ids, response_mask, temperature=temperature,
                              shared_prefix=shared_prefix, agree=agree)
     labels = response_ids.to(logits.device)
+    if kept is not None:
+        logp, ent = kept_logprobs(logits, labels, kept.to(logits.device), with_entropy=with_entropy)
+        return logp, None if ent is None else ent if entropy_grad else ent.detach()
     logp = logprobs_from_logits(logits, labels)  # (B, T)
     ent = None
     if with_entropy:  # a metric unless an entropy bonus needs its gradient
         ent = entropy_from_logits(logits if entropy_grad else logits.detach())  # (B, T)
     return (logp, ent, logits.detach().argmax(-1) == labels) if with_argmax else (logp, ent)
+
+
+def _kept_chunked(h: Tensor, head, targets: Tensor, kept: Tensor, *, temperature: float, chunk: int,
+                  with_entropy: bool, entropy_grad: bool) -> tuple:
+    """(log-probs (N,), entropies (N,) or None) of the response tokens' hidden states ``h`` (N, H): over its kept
+    set (N, K) where a token has one (``kept_logprobs_from_states``), over the vocabulary elsewhere
+    (``chunked_logprobs``)."""
+    replay = (kept != PAD).any(1)  # (N,)
+    logp = h.new_zeros(h.shape[0], dtype=torch.promote_types(h.dtype, torch.float32))
+    ent = torch.zeros_like(logp) if with_entropy else None
+    for rows, fn in ((replay, "kept"), (~replay, "full")):
+        if not bool(rows.any()):
+            continue
+        if fn == "kept":
+            lp, en = kept_logprobs_from_states(h[rows], head.weight, targets[rows], kept[rows], bias=head.bias,
+                                               temperature=temperature, with_entropy=with_entropy)
+            en = None if en is None else en if entropy_grad else en.detach()
+        else:
+            lp, en = chunked_logprobs(h[rows], head.weight, targets[rows], bias=head.bias, temperature=temperature,
+                                      chunk=chunk, with_entropy=with_entropy, entropy_grad=entropy_grad)
+        logp = logp.index_put((rows.nonzero().squeeze(1),), lp.to(logp.dtype))
+        if ent is not None:
+            ent = ent.index_put((rows.nonzero().squeeze(1),), en.to(ent.dtype))
+    return logp, ent
 
 
 def _scattered(keep: Tensor, values: tuple) -> tuple:

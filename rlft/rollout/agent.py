@@ -135,7 +135,7 @@ def rollout_agent(model, tokenizer, examples: Sequence[Example], cfg: Config, *,
     r = cfg.rollout
     sample = turn_sampler(model, tokenizer, temperature=r.temperature if temperature is None else temperature,
                           top_p=r.top_p, top_k=r.top_k, greedy=greedy, sampler=r.sampler,
-                          sampler_options=r.sampler_options)
+                          sampler_options=r.sampler_options, min_p=r.min_p)
     was_training = model.training
     model.eval()
     try:

@@ -34,6 +34,7 @@ from typing import Iterator
 import torch
 from torch import Tensor
 
+from rlft.core.support import PAD, kept_ids
 from rlft.models.forward import cache_kwarg, returned_cache, with_cache
 from rlft.models.lora import core_model
 from rlft.rollout.batch import left_pad
@@ -155,15 +156,19 @@ def supports_fast_sampling(cls: type) -> bool:
     return cache_kwarg(cls) is not None and all(p in params for p in ("position_ids", "logits_to_keep"))
 
 
-def warp(logits: Tensor, *, temperature: float, top_k: int, top_p: float) -> Tensor:
-    """Sampling scores from float32 logits (b, V): ``generate``'s temperature, top-k and top-p warpers, in its order."""
-    from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+def warp(logits: Tensor, *, temperature: float, top_k: int, top_p: float, min_p: float = 0.0) -> Tensor:
+    """Sampling scores from float32 logits (b, V): ``generate``'s temperature, top-k, top-p and min-p warpers, in its
+    order; the tokens they drop score -inf, the kept ones keep logits / temperature."""
+    from transformers.generation.logits_process import (MinPLogitsWarper, TemperatureLogitsWarper, TopKLogitsWarper,
+                                                        TopPLogitsWarper)
 
     scores = TemperatureLogitsWarper(temperature)(None, logits) if temperature != 1.0 else logits
     if top_k > 0:
         scores = TopKLogitsWarper(top_k=top_k)(None, scores)
     if top_p < 1.0:
         scores = TopPLogitsWarper(top_p=top_p)(None, scores)
+    if min_p > 0.0:
+        scores = MinPLogitsWarper(min_p=min_p)(None, scores)
     return scores
 
 
@@ -180,19 +185,49 @@ def draw(probs: Tensor, *, overwrite: bool = False) -> Tensor:
     return torch.minimum(torch.searchsorted(cdf, u, right=True), torch.searchsorted(cdf, total)).squeeze(1)
 
 
-def choose(logits: Tensor, *, temperature: float, top_k: int, top_p: float, greedy: bool,
-           warped: bool) -> tuple[Tensor, Tensor]:
-    """(the next token of each row, its log-prob under softmax(logits / temperature)) from float32 logits (b, V):
-    the argmax when ``greedy``, else one draw from the warped distribution (``warped``: top-k or top-p set)."""
+def choose(logits: Tensor, *, temperature: float, top_k: int, top_p: float, greedy: bool, warped: bool,
+           min_p: float = 0.0, keep: bool = False) -> tuple[Tensor, Tensor, Tensor | None]:
+    """(the next token of each row (b,), its log-prob under the distribution it was drawn from (b,), the kept sets
+    (b, k) or None) from float32 logits (b, V): the argmax and its log-prob under softmax(logits / temperature) when
+    ``greedy``; else one draw from the warped distribution (``warped``: top-k, top-p or min-p set), renormalised over
+    the tokens the warpers kept, whose ids (``rlft.core.support.kept_ids``) come back when ``keep``; else one draw
+    from softmax(logits / temperature)."""
+    if warped and not greedy:
+        scores = warp(logits, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)  # (b, V) -inf: dropped
+        lse = torch.logsumexp(scores, dim=-1)  # (b,) over the kept tokens
+        kept = kept_ids(scores) if keep else None
+        nxt = draw(torch.softmax(scores, dim=-1), overwrite=True)
+        return nxt, scores.gather(1, nxt[:, None]).squeeze(1) - lse, kept
     logp = torch.log_softmax(logits / temperature if temperature != 1.0 else logits, dim=-1)  # (b, V)
     if greedy:
         nxt = logits.argmax(-1)
-    elif warped:
-        nxt = draw(torch.softmax(warp(logits, temperature=temperature, top_k=top_k, top_p=top_p), dim=-1),
-                   overwrite=True)
     else:  # temperature alone: the sampling distribution is the one the log-probs are taken from
         nxt = draw(logp.exp(), overwrite=True)
-    return nxt, logp.gather(1, nxt[:, None]).squeeze(1)
+    return nxt, logp.gather(1, nxt[:, None]).squeeze(1), None
+
+
+class KeptSets:
+    """The kept sets of a sampling loop's draws, step by step, at the rows' original indices; (B, T, K) at the end
+    (``rlft.core.support``: -1 padding, and a row's steps after its stop token are padding alone)."""
+
+    def __init__(self):
+        self.steps: list[tuple[int, Tensor, Tensor]] = []
+
+    def add(self, t: int, rows: Tensor, live: Tensor, ids: Tensor | None) -> None:
+        """Step ``t``'s sets ``ids`` (b, k) of the batch rows whose original indices are ``rows`` (b,), for the
+        rows still ``live`` (b,) bool (call before ``record``, which ends the rows that drew a stop token)."""
+        if ids is not None:
+            self.steps.append((t, rows[live], ids[live]))
+
+    def tensor(self, B: int, width: int) -> Tensor | None:
+        if not self.steps:
+            return None
+        K = max(ids.shape[1] for _, _, ids in self.steps)
+        out = torch.full((B, width, K), PAD, dtype=torch.long)
+        for t, rows, ids in self.steps:
+            if t < width:
+                out[rows.cpu(), t, :ids.shape[1]] = ids.cpu()
+        return out
 
 
 def record(t: int, nxt: Tensor, lp: Tensor, rows: Tensor, live: Tensor, tokens: Tensor, logps: Tensor,
@@ -212,8 +247,10 @@ def record(t: int, nxt: Tensor, lp: Tensor, rows: Tensor, live: Tensor, tokens: 
 
 @torch.no_grad()
 def sample(model, prompts: list[list[int]], *, group_size: int, max_new_tokens: int, stops: list[int], pad_id: int,
-           temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, greedy: bool = False) -> Sampled:
-    """Sample ``group_size`` responses per prompt; rows ``[i*G, (i+1)*G)`` belong to prompt ``i``."""
+           temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, greedy: bool = False, min_p: float = 0.0,
+           replay: bool = False) -> Sampled:
+    """Sample ``group_size`` responses per prompt; rows ``[i*G, (i+1)*G)`` belong to prompt ``i``. ``replay``: keep
+    each draw's kept set under truncated sampling (``Sampled.kept``)."""
     from transformers import DynamicCache
 
     device = next(model.parameters()).device
@@ -247,10 +284,13 @@ def sample(model, prompts: list[list[int]], *, group_size: int, max_new_tokens: 
     rows = torch.arange(B, device=device)  # original row of each row still in the batch
     live = torch.ones(B, dtype=torch.bool, device=device)  # rows in the batch that have not stopped
     stop_ids = torch.tensor(stops, dtype=torch.long, device=device)
-    warped = top_k > 0 or top_p < 1.0
+    warped = top_k > 0 or top_p < 1.0 or min_p > 0.0
+    kept = KeptSets()
     for t in range(max_new_tokens):
         check_stop("a generation")  # a stop signal: the rollout is abandoned (rlft.runs.stop)
-        nxt, lp = choose(logits, temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy, warped=warped)
+        nxt, lp, sets = choose(logits, temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy,
+                              warped=warped, min_p=min_p, keep=replay)
+        kept.add(t, rows, live, sets)
         n_live = record(t, nxt, lp, rows, live, tokens, logps, lengths, ended, stop_ids, pad_id)
         if n_live == 0 or t == max_new_tokens - 1:
             break
@@ -273,4 +313,5 @@ def sample(model, prompts: list[list[int]], *, group_size: int, max_new_tokens: 
     response_mask = (torch.arange(width, device=device)[None, :] < lengths[:, None]).long()
     prompt_ids, prompt_mask = ids.repeat_interleave(G, 0), mask.repeat_interleave(G, 0)
     return Sampled(prompt_ids=prompt_ids.cpu(), prompt_mask=prompt_mask.cpu(), response_ids=tokens[:, :width].cpu(),
-                   response_mask=response_mask.cpu(), truncated=(~ended).cpu(), logprobs=logps[:, :width].cpu())
+                   response_mask=response_mask.cpu(), truncated=(~ended).cpu(), logprobs=logps[:, :width].cpu(),
+                   kept=kept.tensor(B, width))

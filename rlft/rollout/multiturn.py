@@ -129,7 +129,7 @@ def rollout_env(model, tokenizer, examples: Sequence[Example], prompts: list[lis
     def sampler():
         return turn_sampler(model, tokenizer, temperature=r.temperature if temperature is None else temperature,
                             top_p=r.top_p, top_k=r.top_k, greedy=greedy, sampler=r.sampler,
-                            sampler_options=r.sampler_options, continuing=True)
+                            sampler_options=r.sampler_options, continuing=True, min_p=r.min_p, replay=r.replays)
 
     roles = cfg.roles.names
     run = sampler()
@@ -252,7 +252,8 @@ def multiturn_rollout(tokenizer, prompts: list[list[int]], samples: Sequence[Map
                 n = int(s.response_mask[j].sum())
                 ids = s.response_ids[j, :n].tolist()
                 logp = s.logprobs[j, :n].tolist() if s.logprobs is not None else [0.0] * n
-                turn = _turn(trajs[r], budgets[r], ids, logp, stops, stop_ids, tokenizer, roles)
+                kept = None if s.kept is None else [[v for v in row if v >= 0] for row in s.kept[j, :n].tolist()]
+                turn = _turn(trajs[r], budgets[r], ids, logp, stops, stop_ids, tokenizer, roles, kept)
                 if turn is not None:
                     paused.append((r, turn))
         got = step_envs(envs, [(r, turn.text) for r, turn in paused], limits.deadline_s)
@@ -263,16 +264,17 @@ def multiturn_rollout(tokenizer, prompts: list[list[int]], samples: Sequence[Map
 
 
 def _turn(tr: Trajectory, budget: int, ids: list[int], logp: list[float], stops: list[int],
-          stop_ids: list[list[int]], tokenizer, roles: Sequence[str]) -> Paused | None:
+          stop_ids: list[list[int]], tokenizer, roles: Sequence[str], kept: list[list[int]] | None = None
+          ) -> Paused | None:
     """Append one sampled turn of ``tr``, cut at its end (an end-of-turn token, a stop text, the ``budget``); the
     turn the environment answers, or None when it ran out of tokens (the trajectory is then cut, truncated)."""
     ends = [k + 1 for k, t in enumerate(ids[:budget]) if t in stops][:1]
     paused = _first_stop(ids[:budget], stop_ids)
     cut = min(ends + ([paused] if paused else []) + [min(len(ids), budget)])
     ended_message, paused_here = bool(ends) and cut == ends[0], bool(paused) and cut == paused
-    ids, logp = ids[:cut], logp[:cut]
+    ids, logp, kept = ids[:cut], logp[:cut], None if kept is None else kept[:cut]
     text = tokenizer.decode(ids, skip_special_tokens=True)
-    tr.add(ids, "policy", text, logp, tr.next_role, roles[tr.next_role] if roles else None)
+    tr.add(ids, "policy", text, logp, tr.next_role, roles[tr.next_role] if roles else None, kept)
     tr.open_turn += ids
     tr.turns += 1
     if not (ended_message or paused_here):  # the turn ran out of tokens: the trajectory is cut here

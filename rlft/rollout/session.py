@@ -50,7 +50,7 @@ from torch import Tensor
 from rlft.models.forward import returned_cache, with_cache
 from rlft.models.lora import core_model
 from rlft.rollout.batch import left_pad, right_pad
-from rlft.rollout.decode import (COMPACT_SHARE, Sampled, choose, record, reserved_cache, sample,
+from rlft.rollout.decode import (COMPACT_SHARE, KeptSets, Sampled, choose, record, reserved_cache, sample,
                                  supports_fast_sampling)
 from rlft.rollout.lean import LeanDecoder
 from rlft.runs.stop import check as check_stop
@@ -77,9 +77,10 @@ class ContinuingSampler:
     ``rlft.rollout.multiturn``, keeping each returned row's KV cache for the next call (module docstring)."""
 
     def __init__(self, model, *, pad_id: int, stops: list[int], temperature: float = 1.0, top_p: float = 1.0,
-                 top_k: int = 0, greedy: bool = False):
+                 top_k: int = 0, greedy: bool = False, min_p: float = 0.0, replay: bool = False):
         self.model, self.pad_id, self.stops = model, pad_id, list(stops)
         self.temperature, self.top_p, self.top_k, self.greedy = temperature, top_p, top_k, greedy
+        self.min_p, self.replay = min_p, replay  # replay: each draw's kept set in Sampled.kept
         core = core_model(model)
         self.continues = supports_fast_sampling(type(core)) and reserved_cache(core, 1) is not None
         self.rows: list[_Row] = []
@@ -102,7 +103,7 @@ class ContinuingSampler:
         if not self.continues:
             s = sample(self.model, contexts, group_size=group_size, max_new_tokens=max_new_tokens, stops=self.stops,
                        pad_id=self.pad_id, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
-                       greedy=self.greedy)
+                       greedy=self.greedy, min_p=self.min_p, replay=self.replay)
             n = sum(map(len, contexts))
             self.stats.append({"contexts": len(contexts), "rows": len(contexts) * group_size, "tokens": n,
                                "reused": 0, "prefilled": n, "fresh": len(contexts)})
@@ -180,7 +181,8 @@ class ContinuingSampler:
         rows = torch.arange(B, device=device)  # original row of each row still in the batch
         live = torch.ones(B, dtype=torch.bool, device=device)
         stop_ids = torch.tensor(self.stops, dtype=torch.long, device=device)
-        warped = self.top_k > 0 or self.top_p < 1.0
+        warped = self.top_k > 0 or self.top_p < 1.0 or self.min_p > 0.0
+        kept_sets = KeptSets()
         parked: dict[int, Tensor] = {}  # original row -> its keys and values, out of the batch
 
         def park(local: Tensor) -> None:
@@ -204,8 +206,9 @@ class ContinuingSampler:
 
         for t in range(max_new_tokens):
             check_stop("a generation")  # a stop signal: the rollout is abandoned (rlft.runs.stop)
-            nxt, lp = choose(logits, temperature=temperature, top_k=self.top_k, top_p=self.top_p,
-                             greedy=self.greedy, warped=warped)
+            nxt, lp, sets = choose(logits, temperature=temperature, top_k=self.top_k, top_p=self.top_p,
+                                  greedy=self.greedy, warped=warped, min_p=self.min_p, keep=self.replay)
+            kept_sets.add(t, rows, live, sets)
             n_live = record(t, nxt, lp, rows, live, tokens, logps, lengths, ended, stop_ids, pad_id)
             if n_live == 0 or t == max_new_tokens - 1:
                 break
@@ -231,7 +234,8 @@ class ContinuingSampler:
         self.rows = [_Row(tokens=contexts[b // G] + sampled[b, :max(kept[b] - 1, 0)].tolist(),
                           last=sampled[b, max(kept[b] - 1, 0):kept[b]].tolist(), kv=parked[b]) for b in range(B)]
         return Sampled(prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=sampled.clone(),
-                       response_mask=response_mask.cpu(), truncated=(~ended).cpu(), logprobs=logps[:, :width].cpu())
+                       response_mask=response_mask.cpu(), truncated=(~ended).cpu(), logprobs=logps[:, :width].cpu(),
+                       kept=kept_sets.tensor(B, width))
 
     def _fill(self, cache, src: list[int], n: list[int], Lc: int, capacity: int, device) -> None:
         """Put each context's reused keys and values in ``cache`` (empty, reserved for ``capacity`` tokens), right

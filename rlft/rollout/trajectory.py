@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from rlft.models.lora import core_model
+from rlft.core.support import PAD
 from rlft.rollout.batch import Batch, left_pad, right_pad
 
 
@@ -23,6 +24,8 @@ class Trajectory:
     messages: list[dict]  # the chat so far, as the template renders it (prompt, then turns)
     ids: list[int] = field(default_factory=list)  # the response: policy and environment tokens, in order
     logp: list[float] = field(default_factory=list)  # the sampler's log-prob of each policy token, 0.0 elsewhere
+    kept: list[list[int]] = field(default_factory=list)  # per token of ids: its kept set under truncated sampling
+    # (rlft.core.support), [] for an environment's token or where the sampler kept none
     segments: list[dict] = field(default_factory=list)  # {"who": "policy" | "env", "text", "tokens"} in order
     turns: int = 0  # turns the policy wrote
     done: bool = False
@@ -61,12 +64,14 @@ class Trajectory:
         return role_text(self.segments, role)
 
     def add(self, ids: list[int], who: str, text: str, logp: list[float] | None = None, role: int = -1,
-            role_name: str | None = None) -> None:
-        """Append a segment: ``ids`` the policy sampled (``who="policy"``, with their ``logp`` and ``role``) or
-        the environment wrote (``who="env"``; no ids: shown in samples and reports, never trained on)."""
+            role_name: str | None = None, kept: list[list[int]] | None = None) -> None:
+        """Append a segment: ``ids`` the policy sampled (``who="policy"``, with their ``logp``, ``role`` and
+        ``kept`` sets) or the environment wrote (``who="env"``; no ids: shown in samples and reports, never trained
+        on)."""
         policy = who == "policy"
         self.ids += ids
         self.logp += logp if policy else [0.0] * len(ids)
+        self.kept += kept if policy and kept is not None else [[] for _ in ids]
         self.role += [role if policy else -1] * len(ids)
         segment = {"who": who, "text": text, "tokens": len(ids)}
         if role_name is not None:
@@ -108,8 +113,15 @@ def trajectories_batch(trajs: list[Trajectory], tokenizer, G: int, exact: bool, 
     for k, t in enumerate(trajs):
         logp[k, :len(t.logp)] = torch.tensor(t.logp, dtype=logp.dtype)
     role_ids = right_pad([t.role or [-1] for t in trajs], -1)[0] if roles else None
+    K = max((len(k) for t in trajs for k in t.kept), default=0)
+    kept = None
+    if K:  # the sampler kept sets (truncated sampling, rollout.replays): an environment's tokens have none
+        kept = torch.full((*response_ids.shape, K), PAD, dtype=torch.long)
+        for b, t in enumerate(trajs):
+            for j, ids in enumerate(t.kept):
+                kept[b, j, :len(ids)] = torch.tensor(ids, dtype=torch.long)
     texts = [t.role_text(roles[0]) if roles else t.text(tokenizer) for t in trajs]
     return Batch(prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=response_ids,
                  response_mask=response_mask, truncated=torch.tensor([t.truncated for t in trajs]), group_size=G,
-                 texts=texts, rollout_logp=logp if exact else None, env_mask=env_mask,
+                 texts=texts, rollout_logp=logp if exact else None, rollout_kept=kept, env_mask=env_mask,
                  episodes=[t.record(tokenizer) for t in trajs], roles=role_ids)

@@ -232,13 +232,14 @@ def _chosen(logprobs, ids: list[int]) -> list[float]:
 @torch.no_grad()
 def sample_vllm(model, prompts: list[list[int]], *, group_size: int, max_new_tokens: int, stops: list[int],
                 pad_id: int, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, greedy: bool = False,
-                options: dict | None = None) -> Sampled:
+                options: dict | None = None, min_p: float = 0.0, replay: bool = False) -> Sampled:
     """Sample ``group_size`` responses per prompt from the policy's vLLM engine (see the module's docstring)."""
     engine = _engine(model, options or {})
     push_weights(engine, model)
     seed = int(torch.randint(0, 2**31 - 1, (1,)))
     params = sampling_params(group_size=group_size, max_new_tokens=max_new_tokens, stops=stops,
-                             temperature=temperature, top_p=top_p, top_k=top_k, greedy=greedy, seed=seed)
+                             temperature=temperature, top_p=top_p, top_k=top_k, greedy=greedy, seed=seed,
+                             min_p=min_p)
     outputs = engine.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], params, use_tqdm=False)
     return to_sampled(outputs, prompts, group_size=group_size, max_new_tokens=max_new_tokens, stops=stops,
                       pad_id=pad_id)

@@ -254,7 +254,7 @@ def _rollout_share(state: RLState, cfg: Config, idx: list[int], t: dict[str, flo
             batch, _ = rollout_env(state.policy, state.tokenizer, examples, prompts, cfg, group_size=cfg.algo.group_size)
         else:
             batch = generate(state.policy, state.tokenizer, prompts, group_size=cfg.algo.group_size,
-                             **sampling_args(cfg.rollout))
+                             replay=cfg.rollout.replays, **sampling_args(cfg.rollout))
     return batch, _scored(state, cfg, batch, examples, t, step)
 
 
@@ -425,19 +425,20 @@ def fill_logprobs(state: RLState, batch: Batch, cfg: Config) -> dict[str, float]
     ``batch.rollout_logp``, for the rollout correction against the trainer's recomputed ones."""
     a = cfg.algo
 
-    def logprobs_of(model) -> tuple:
-        return model, lambda mb: batch_logprobs(model, mb, cfg)[0], shares_prefix(model, cfg)
+    def logprobs_of(model, replay: bool = True) -> tuple:
+        return model, lambda mb: batch_logprobs(model, mb, cfg, replay=replay)[0], shares_prefix(model, cfg)
 
     models = {}  # name: (the model, the forward of a micro-batch, whether it computes each group's prompt once)
     needs_old = not a.single_pass or bool(state.teachers)  # the distill signal compares the student's at rollout
-    if needs_old and batch.rollout_logp is not None and samples_exactly(cfg) and not batch.staleness:
+    replayed = batch.rollout_kept is not None or not cfg.rollout.truncates  # the sampler's log-probs are the trainer's
+    if needs_old and batch.rollout_logp is not None and samples_exactly(cfg) and replayed and not batch.staleness:
         batch.old_logp = batch.rollout_logp * batch.response_mask
     elif needs_old:
         models["old_logp"] = logprobs_of(state.policy)
     if a.needs_ref:
         models["ref_logp"] = logprobs_of(state.ref)
     for k, teacher in enumerate(state.teachers):  # frozen, as the reference
-        models[f"teacher_{k}"] = logprobs_of(teacher)
+        models[f"teacher_{k}"] = logprobs_of(teacher, replay=False)  # a teacher's whole distribution
     if state.critic is not None:
         def values(mb: Batch) -> torch.Tensor:
             with autocast(state.critic, cfg.model.autocast):

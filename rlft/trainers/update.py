@@ -107,18 +107,21 @@ def shares_prefix(model, cfg: Config) -> bool:
 def batch_logprobs(model, mb: Batch, cfg: Config, **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``response_logprobs`` of ``mb``'s responses under ``model`` at the rollout temperature (under
     ``model.autocast``; log-softmax runs in float32 there, so the log-probs are float32), ``train.logprob_chunk``
-    response tokens at a time without the full logits where the model allows it. A batch that several
+    response tokens at a time without the full logits where the model allows it; renormalised over each token's
+    kept set (``mb.rollout_kept``) when the run replays the sampling support (``rollout.replays``), unless
+    ``replay=False`` (a teacher's log-probs, which are its whole distribution's). A batch that several
     roles wrote, on a model with roles: each token's under its own role's adapter (``rlft.models.roles.by_role``)."""
     if mb.roles is not None and has_roles(model):
         return by_role(model, mb.roles, lambda rows: _logprobs(model, mb.index(rows), cfg, **kwargs))
     return _logprobs(model, mb, cfg, **kwargs)
 
 
-def _logprobs(model, mb: Batch, cfg: Config, **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _logprobs(model, mb: Batch, cfg: Config, *, replay: bool = True, **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
+    kept = mb.rollout_kept if replay and cfg.rollout.replays else None  # over the sampler's kept sets (rlft.core.support)
     with autocast(model, cfg.model.autocast):
         return response_logprobs(model, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask,
                                  temperature=cfg.rollout.temperature, shared_prefix=cfg.train.shared_prefix,
-                                 chunk=cfg.train.logprob_chunk, **kwargs)
+                                 chunk=cfg.train.logprob_chunk, kept=kept, **kwargs)
 
 
 def rollout_correction(cfg: Config, stale: bool = False) -> str:
