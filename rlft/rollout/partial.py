@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from rlft.core.support import PAD
 from rlft.rollout.batch import Batch, left_pad, right_pad
 from rlft.rollout.decode import Sampled
 
@@ -37,6 +38,8 @@ class Pending:
     done: list[bool] = field(default_factory=list)  # ended by a stop token or at rollout.max_new_tokens
     ended: list[bool] = field(default_factory=list)  # ended by a stop token (a done response that did not: truncated)
     carried: list[int] = field(default_factory=list)  # tokens sampled in earlier steps, at the start of this one
+    kept: list[list[list[int]]] = field(default_factory=list)  # per response, per token: its kept set under
+    # truncated sampling (rlft.core.support), [] where the sampler kept none
 
     @property
     def finished(self) -> bool:
@@ -72,7 +75,8 @@ class PartialRollouts:
             g.carried = [len(t) for t in g.tokens]
         k = n_groups - len(self.pending)
         fresh = [Pending(i, step, [[] for _ in range(self.group_size)], [[] for _ in range(self.group_size)],
-                         [False] * self.group_size, [False] * self.group_size, [0] * self.group_size)
+                         [False] * self.group_size, [False] * self.group_size, [0] * self.group_size,
+                         [[] for _ in range(self.group_size)])
                  for i in (take(k) if k > 0 else [])]
         groups = self.pending + fresh
         while True:
@@ -102,6 +106,11 @@ class PartialRollouts:
         n = int(s.response_mask[row].sum())
         room = self.max_new_tokens - len(g.tokens[j])
         keep = min(n, room)
+        if len(g.kept) < len(g.tokens):  # a group from a checkpoint written before kept sets were kept
+            g.kept += [[] for _ in range(len(g.tokens) - len(g.kept))]
+        g.kept[j] += [[] for _ in range(len(g.tokens[j]) - len(g.kept[j]))]
+        g.kept[j] += ([[v for v in ids if v >= 0] for ids in s.kept[row, :keep].tolist()] if s.kept is not None
+                      else [[] for _ in range(keep)])
         g.tokens[j] += s.response_ids[row, :keep].tolist()
         g.logps[j] += s.logprobs[row, :keep].tolist()
         g.ended[j] = keep == n and not bool(s.truncated[row])  # its stop token is in (never cut off)
@@ -118,6 +127,13 @@ def finished_batch(groups: Sequence[Pending], prompts: Sequence[list[int]], toke
     logp = torch.zeros(response_ids.shape)  # (B, T)
     for r, (g, j) in enumerate(rows):
         logp[r, :len(g.logps[j])] = torch.tensor(g.logps[j], dtype=torch.float32)
+    K = max((len(ids) for g, j in rows if j < len(g.kept) for ids in g.kept[j]), default=0)
+    kept = None
+    if K:  # the sampler kept sets (truncated sampling, rollout.replays)
+        kept = torch.full((*response_ids.shape, K), PAD, dtype=torch.long)
+        for r, (g, j) in enumerate(rows):
+            for t, ids in enumerate(g.kept[j] if j < len(g.kept) else []):
+                kept[r, t, :len(ids)] = torch.tensor(ids, dtype=torch.long)
     ended = torch.tensor([g.ended[j] for g, j in rows])
     stop = torch.zeros_like(response_mask, dtype=torch.bool)  # each ended row's stop token, as generate hides it
     lengths = response_mask.sum(1)
@@ -125,7 +141,7 @@ def finished_batch(groups: Sequence[Pending], prompts: Sequence[list[int]], toke
     shown = response_ids.masked_fill(stop | (response_mask == 0), pad)
     return Batch(prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=response_ids,
                  response_mask=response_mask, truncated=~ended, group_size=len(groups[0].tokens),
-                 texts=tokenizer.batch_decode(shown, skip_special_tokens=True), rollout_logp=logp,
+                 texts=tokenizer.batch_decode(shown, skip_special_tokens=True), rollout_logp=logp, rollout_kept=kept,
                  staleness=max(step - g.started for g in groups))
 
 

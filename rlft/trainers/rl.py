@@ -264,7 +264,7 @@ def _partial_share(state: RLState, cfg: Config, t: dict[str, float], step: int) 
     step ``step``; the finished groups' prompt indices, their batch and scores, and the partial/ metrics."""
     args = sampling_args(cfg.rollout)
     args.pop("max_new_tokens")
-    run = turn_sampler(state.policy, state.tokenizer, **args)
+    run = turn_sampler(state.policy, state.tokenizer, replay=cfg.rollout.replays, **args)
     was_training = state.policy.training
     with _timed(t, "rollout"), autocast(state.policy, cfg.model.autocast), torch.no_grad():
         state.policy.eval()
