@@ -21,7 +21,7 @@ fi
 core=(tests/test_advantages.py tests/test_losses.py tests/test_kl.py tests/test_value.py tests/test_shaping.py
       tests/test_core_ops.py tests/test_passk.py tests/test_preference.py tests/test_process_advantage.py
       tests/test_reward_hacking.py tests/test_chunked_logprobs.py tests/test_trust_region_losses.py
-      tests/test_rollout_corr.py tests/test_distill.py tests/test_sampling_math.py)
+      tests/test_rollout_corr.py tests/test_distill.py tests/test_sampling_math.py tests/test_support.py)
 .venv/bin/python -m pytest --cov=rlft.core --cov-report=term-missing:skip-covered --cov-fail-under=100 "${core[@]}"
 second="RLFT_TEST_THREADS=2"
 if grep -qw avx2 /proc/cpuinfo 2>/dev/null; then  # AVX2 kernels only where the CPU has them
