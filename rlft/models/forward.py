@@ -351,22 +351,19 @@ def _kept_chunked(h: Tensor, head, targets: Tensor, kept: Tensor, *, temperature
     set (N, K) where a token has one (``kept_logprobs_from_states``), over the vocabulary elsewhere
     (``chunked_logprobs``)."""
     replay = (kept != PAD).any(1)  # (N,)
-    logp = h.new_zeros(h.shape[0], dtype=torch.promote_types(h.dtype, torch.float32))
-    ent = torch.zeros_like(logp) if with_entropy else None
-    for rows, fn in ((replay, "kept"), (~replay, "full")):
-        if not bool(rows.any()):
-            continue
-        if fn == "kept":
-            lp, en = kept_logprobs_from_states(h[rows], head.weight, targets[rows], kept[rows], bias=head.bias,
-                                               temperature=temperature, with_entropy=with_entropy)
-            en = None if en is None else en if entropy_grad else en.detach()
-        else:
-            lp, en = chunked_logprobs(h[rows], head.weight, targets[rows], bias=head.bias, temperature=temperature,
-                                      chunk=chunk, with_entropy=with_entropy, entropy_grad=entropy_grad)
-        logp = logp.index_put((rows.nonzero().squeeze(1),), lp.to(logp.dtype))
-        if ent is not None:
-            ent = ent.index_put((rows.nonzero().squeeze(1),), en.to(ent.dtype))
-    return logp, ent
+    lp_k, en_k = kept_logprobs_from_states(h[replay], head.weight, targets[replay], kept[replay], bias=head.bias,
+                                           temperature=temperature, with_entropy=with_entropy)
+    if en_k is not None and not entropy_grad:
+        en_k = en_k.detach()
+    lp_f, en_f = chunked_logprobs(h[~replay], head.weight, targets[~replay], bias=head.bias, temperature=temperature,
+                                  chunk=chunk, with_entropy=with_entropy, entropy_grad=entropy_grad)
+    order = torch.cat([replay.nonzero(), (~replay).nonzero()]).squeeze(1)  # (N,) the token of each part's row
+
+    def merged(a: Tensor, b: Tensor) -> Tensor:
+        both = torch.cat([a, b.to(a.dtype)])
+        return torch.empty_like(both).index_copy(0, order, both)
+
+    return merged(lp_k, lp_f), None if en_k is None else merged(en_k, en_f)
 
 
 def _scattered(keep: Tensor, values: tuple) -> tuple:

@@ -145,6 +145,25 @@ def right_pad(seqs: list[list[int]], pad_id: int) -> tuple[Tensor, Tensor]:
     return ids, mask
 
 
+def kept_lists(kept: Tensor | None, n: int) -> list[list[int]] | None:
+    """The first ``n`` kept sets of one row of ``Sampled.kept`` (T, K) as lists of ids without the -1 padding;
+    None where the sampler kept none."""
+    return None if kept is None else [[v for v in ids if v >= 0] for ids in kept[:n].tolist()]
+
+
+def kept_tensor(rows: list[list[list[int]]], width: int) -> Tensor | None:
+    """``Batch.rollout_kept`` (B, width, K) from per row, per token lists of kept ids ([] for a token without a set),
+    -1 padding; None when no token has a set."""
+    K = max((len(ids) for row in rows for ids in row), default=0)
+    if not K:
+        return None
+    out = torch.full((len(rows), width, K), -1, dtype=torch.long)
+    for b, row in enumerate(rows):
+        for t, ids in enumerate(row):
+            out[b, t, :len(ids)] = torch.tensor(ids, dtype=torch.long)
+    return out
+
+
 def cat_batches(batches: list[Batch]) -> Batch:
     """Concatenate batches along the sequence dimension, re-padding prompts (left) and responses (right).
 

@@ -32,12 +32,11 @@ OWN_MODEL_SAMPLERS = ("rlft", "generate")
 
 def samples_exactly(cfg) -> bool:
     """The run's sampler computes the trainer's own log-probs: a backend in ``OWN_MODEL_SAMPLERS`` on a float32
-    policy without autocast (``model.dtype``, ``model.autocast``), whose truncated sampling, if any, the trainer
-    replays (``rollout.replays``: the sampler's log-probs are over the kept set, and so are the trainer's). What
-    ``algo.rollout_correction=auto`` resolves by, and whether the sampler's log-probs may stand in for the trainer's
-    old ones."""
+    policy without autocast (``model.dtype``, ``model.autocast``). What ``algo.rollout_correction=auto`` resolves by,
+    and whether the sampler's log-probs may stand in for the trainer's old ones (under truncated sampling only for a
+    batch with kept sets, ``rlft.trainers.rl.fill_logprobs``)."""
     return (cfg.rollout.sampler in OWN_MODEL_SAMPLERS and cfg.model.dtype == "float32"
-            and cfg.model.autocast == "none" and (cfg.rollout.replays or not cfg.rollout.truncates))
+            and cfg.model.autocast == "none")
 
 
 def sampling_args(rollout, *, temperature: float | None = None) -> dict:

@@ -47,7 +47,7 @@ from rlft.envs.build import factory
 from rlft.envs.tool_env import shown_tools
 from rlft.models.roles import has_roles, in_role
 from rlft.rollout.agent import is_black_box, rollout_agent
-from rlft.rollout.batch import Batch
+from rlft.rollout.batch import Batch, kept_lists
 from rlft.rollout.env_steps import Paused, answer, open_env, start_env, step_envs
 from rlft.rollout.hf import turn_sampler
 from rlft.rollout.trajectory import Trajectory, model_positions, role_text, trajectories_batch  # noqa: F401
@@ -252,7 +252,7 @@ def multiturn_rollout(tokenizer, prompts: list[list[int]], samples: Sequence[Map
                 n = int(s.response_mask[j].sum())
                 ids = s.response_ids[j, :n].tolist()
                 logp = s.logprobs[j, :n].tolist() if s.logprobs is not None else [0.0] * n
-                kept = None if s.kept is None else [[v for v in row if v >= 0] for row in s.kept[j, :n].tolist()]
+                kept = kept_lists(None if s.kept is None else s.kept[j], n)
                 turn = _turn(trajs[r], budgets[r], ids, logp, stops, stop_ids, tokenizer, roles, kept)
                 if turn is not None:
                     paused.append((r, turn))

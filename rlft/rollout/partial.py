@@ -22,8 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from rlft.core.support import PAD
-from rlft.rollout.batch import Batch, left_pad, right_pad
+from rlft.rollout.batch import Batch, kept_lists, kept_tensor, left_pad, right_pad
 from rlft.rollout.decode import Sampled
 
 
@@ -109,8 +108,7 @@ class PartialRollouts:
         if len(g.kept) < len(g.tokens):  # a group from a checkpoint written before kept sets were kept
             g.kept += [[] for _ in range(len(g.tokens) - len(g.kept))]
         g.kept[j] += [[] for _ in range(len(g.tokens[j]) - len(g.kept[j]))]
-        g.kept[j] += ([[v for v in ids if v >= 0] for ids in s.kept[row, :keep].tolist()] if s.kept is not None
-                      else [[] for _ in range(keep)])
+        g.kept[j] += kept_lists(None if s.kept is None else s.kept[row], keep) or [[] for _ in range(keep)]
         g.tokens[j] += s.response_ids[row, :keep].tolist()
         g.logps[j] += s.logprobs[row, :keep].tolist()
         g.ended[j] = keep == n and not bool(s.truncated[row])  # its stop token is in (never cut off)
@@ -127,13 +125,7 @@ def finished_batch(groups: Sequence[Pending], prompts: Sequence[list[int]], toke
     logp = torch.zeros(response_ids.shape)  # (B, T)
     for r, (g, j) in enumerate(rows):
         logp[r, :len(g.logps[j])] = torch.tensor(g.logps[j], dtype=torch.float32)
-    K = max((len(ids) for g, j in rows if j < len(g.kept) for ids in g.kept[j]), default=0)
-    kept = None
-    if K:  # the sampler kept sets (truncated sampling, rollout.replays)
-        kept = torch.full((*response_ids.shape, K), PAD, dtype=torch.long)
-        for r, (g, j) in enumerate(rows):
-            for t, ids in enumerate(g.kept[j] if j < len(g.kept) else []):
-                kept[r, t, :len(ids)] = torch.tensor(ids, dtype=torch.long)
+    kept = kept_tensor([g.kept[j] if j < len(g.kept) else [] for g, j in rows], response_ids.shape[1])
     ended = torch.tensor([g.ended[j] for g, j in rows])
     stop = torch.zeros_like(response_mask, dtype=torch.bool)  # each ended row's stop token, as generate hides it
     lengths = response_mask.sum(1)

@@ -12,8 +12,7 @@ from typing import Any
 import torch
 
 from rlft.models.lora import core_model
-from rlft.core.support import PAD
-from rlft.rollout.batch import Batch, left_pad, right_pad
+from rlft.rollout.batch import Batch, kept_tensor, left_pad, right_pad
 
 
 @dataclass
@@ -113,13 +112,7 @@ def trajectories_batch(trajs: list[Trajectory], tokenizer, G: int, exact: bool, 
     for k, t in enumerate(trajs):
         logp[k, :len(t.logp)] = torch.tensor(t.logp, dtype=logp.dtype)
     role_ids = right_pad([t.role or [-1] for t in trajs], -1)[0] if roles else None
-    K = max((len(k) for t in trajs for k in t.kept), default=0)
-    kept = None
-    if K:  # the sampler kept sets (truncated sampling, rollout.replays): an environment's tokens have none
-        kept = torch.full((*response_ids.shape, K), PAD, dtype=torch.long)
-        for b, t in enumerate(trajs):
-            for j, ids in enumerate(t.kept):
-                kept[b, j, :len(ids)] = torch.tensor(ids, dtype=torch.long)
+    kept = kept_tensor([t.kept for t in trajs], response_ids.shape[1])  # an environment's tokens have none
     texts = [t.role_text(roles[0]) if roles else t.text(tokenizer) for t in trajs]
     return Batch(prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=response_ids,
                  response_mask=response_mask, truncated=torch.tensor([t.truncated for t in trajs]), group_size=G,
