@@ -209,3 +209,14 @@ def test_partial_rollouts_carry_the_kept_sets_across_segments(model, tok):
     pr2 = PartialRollouts(budget=3, max_new_tokens=9, group_size=2)
     pr2.load_state_dict(pr.state_dict())  # the kept sets of the groups in flight survive a checkpoint
     assert [g.kept for g in pr2.pending] == [g.kept for g in pr.pending]
+
+
+def test_with_the_replay_off_the_exact_sampler_is_not_corrected_by_the_kept_mass(tmp_path, tiny_overrides):
+    """rollout.replay_support=false keeps the trainer on the whole vocabulary; algo.rollout_correction=auto must not
+    then weight each token by pi_old / mu = S (the kept mass), which would shrink the gradient a second time."""
+    from rlft.recipe import load_config
+    from rlft.rollout.hf import samples_exactly
+    from rlft.trainers.update import rollout_correction
+
+    cfg = load_config(None, tiny_overrides(tmp_path, "rollout.top_p=0.8", "rollout.replay_support=false"))
+    assert samples_exactly(cfg) and rollout_correction(cfg) == "off"
